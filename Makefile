@@ -1,0 +1,58 @@
+# The README's two commands: `make serve` and `make test`. Each sets up what it needs by itself.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONFIG ?= configs/fashion_vit.yaml
+DEB_PACKAGES := dataset-fashion-mnist
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help setup deb test lint serve model fit distil export clean
+
+help:
+	@echo "make serve   serve the default model (service: see README)"
+	@echo "make test    set up everything and run the test suite"
+	@echo "make model   fit + distil + export $(CONFIG) (resumable)"
+	@echo "make lint    ruff"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) deb
+
+# Debian packages the tests and the default pipeline read (Fashion-MNIST idx files).
+deb:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+serve: setup
+	@if [ -f service/__main__.py ]; then $(PY) -m service; \
+	else echo "The serving microservice is not built yet (issue: the serving microservice)."; \
+	echo "The default model is committed at model_repository/fashion-vit/1/."; fi
+
+model: setup
+	$(PY) -m training all --config $(CONFIG)
+
+fit: setup
+	$(PY) -m training fit-backbone --config $(CONFIG)
+
+distil: setup
+	$(PY) -m training distil --config $(CONFIG)
+
+export: setup
+	$(PY) -m training export --config $(CONFIG)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

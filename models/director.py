@@ -1,0 +1,85 @@
+"""The DIRECTOR module: embed -> T sampled kernel steps -> readout, scriptable with torch.jit.script.
+
+The first transition's mean and variance are computed once per input and then expanded to that
+input's own sample count; steps 2..T run on all sample rows at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.kernel import TransitionKernel
+
+
+class StochasticRollout(nn.Module):
+    """Samples X_T from X_0 with the kernel; ``noise_scale`` multiplies every step's std (a buffer,
+    fitted post hoc on validation: the sampling analogue of temperature scaling)."""
+
+    def __init__(self, kernel: TransitionKernel, noise_scale: float = 1.0) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.num_steps = kernel.num_steps
+        self.register_buffer("noise_scale", torch.tensor(float(noise_scale)))
+        self.register_buffer("step_modulation", torch.zeros(0))
+        self.folded = False
+
+    def fold_conditioning(self) -> None:
+        """Precompute the adaLN modulation of every step into a buffer (inference artifacts)."""
+        steps = torch.arange(1, self.num_steps + 1, device=self.noise_scale.device)
+        with torch.no_grad():
+            self.step_modulation = self.kernel.conditioning(steps)  # [T, 8D]
+        self.folded = True
+
+    def _modulation(self, t: int) -> torch.Tensor:
+        if self.folded:
+            return self.step_modulation[t - 1 : t]  # [1, 8D]
+        steps = torch.full((1,), t, dtype=torch.long, device=self.noise_scale.device)
+        return self.kernel.conditioning(steps)  # [1, 8D]
+
+    def step(
+        self, x: torch.Tensor, t: int, key_padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [R, N, D] -> (mean, std) [R, N, D] of p(X_t | X_{t-1} = x)."""
+        index = torch.full((1,), t - 1, dtype=torch.long, device=x.device)
+        mean, logvar = self.kernel.forward_conditioned(x, self._modulation(t), index, key_padding_mask)
+        return mean, torch.exp(0.5 * logvar) * self.noise_scale
+
+    def forward(
+        self, x0: torch.Tensor, repeats: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x0 [B, N, D], repeats [B] -> X_T [sum(repeats), N, D], rows grouped by input in order."""
+        mean, std = self.step(x0, 1, key_padding_mask)  # [B, N, D] once per input
+        mean = torch.repeat_interleave(mean, repeats, dim=0)  # [R, N, D]
+        std = torch.repeat_interleave(std, repeats, dim=0)  # [R, N, D]
+        row_mask: torch.Tensor | None = None
+        if key_padding_mask is not None:
+            row_mask = torch.repeat_interleave(key_padding_mask, repeats, dim=0)  # [R, N]
+        x = mean + std * torch.randn_like(mean)  # [R, N, D]
+        for t in range(2, self.num_steps + 1):
+            mean, std = self.step(x, t, row_mask)
+            x = mean + std * torch.randn_like(mean)  # [R, N, D]
+        return x
+
+
+class ImageDirector(nn.Module):
+    """Artifact-contract image model: ``forward(pixels, n_samples) -> [S, B, C]`` logits and
+    ``sample_rows(pixels, repeats) -> [sum(repeats), C]``."""
+
+    def __init__(self, embedding: nn.Module, rollout: StochasticRollout, readout: nn.Module) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.rollout = rollout
+        self.readout = readout
+
+    @torch.jit.export
+    def sample_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+        x0 = self.embedding(pixels)  # [B, N, D]
+        x_t = self.rollout(x0, repeats, None)  # [R, N, D]
+        return self.readout(x_t)  # [R, C]
+
+    def forward(self, pixels: torch.Tensor, n_samples: int) -> torch.Tensor:
+        batch = pixels.shape[0]
+        repeats = torch.full((batch,), n_samples, dtype=torch.long, device=pixels.device)
+        rows = self.sample_rows(pixels, repeats)  # [B*S, C] grouped by input
+        return rows.view(batch, n_samples, -1).transpose(0, 1)  # [S, B, C]

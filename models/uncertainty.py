@@ -1,0 +1,76 @@
+"""Uncertainty summaries of sampled logits (pure torch, shared by training, evaluation and the server).
+
+All entropies are in nats and computed in fp32 from log-softmax, never from ``log(softmax)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class UncertaintySummary:
+    """Per-input summaries of ``S`` sampled logit rows; every field has shape ``[B]`` except
+    ``probabilities`` (``[B, C]``)."""
+
+    probabilities: torch.Tensor
+    prediction: torch.Tensor
+    confidence: torch.Tensor
+    predictive_entropy: torch.Tensor
+    expected_entropy: torch.Tensor
+    mutual_information: torch.Tensor
+    energy: torch.Tensor
+
+
+def summarize(logits: torch.Tensor, temperature: float = 1.0) -> UncertaintySummary:
+    """Summarise sampled logits ``[S, B, C]`` (temperature divides every sample's logits first)."""
+    if logits.dim() != 3:
+        raise ValueError(f"expected logits [S, B, C], got {tuple(logits.shape)}")
+    z = logits.float() / temperature  # [S, B, C]
+    n_samples = z.shape[0]
+    log_p_s = torch.log_softmax(z, dim=-1)  # [S, B, C]
+    p_s = log_p_s.exp()  # [S, B, C]
+    # log of the mean probability, stably: logsumexp over samples minus log S
+    log_p = torch.logsumexp(log_p_s, dim=0) - torch.log(torch.tensor(float(n_samples)))  # [B, C]
+    p = log_p.exp()  # [B, C]
+    predictive_entropy = -(p * log_p).sum(-1)  # [B]
+    expected_entropy = -(p_s * log_p_s).sum(-1).mean(0)  # [B]
+    if n_samples == 1:
+        mutual_information = torch.zeros_like(predictive_entropy)
+    else:
+        mutual_information = (predictive_entropy - expected_entropy).clamp_min(0.0)  # [B]
+    confidence, prediction = p.max(dim=-1)  # [B], [B]
+    energy = (-torch.logsumexp(z, dim=-1)).mean(0)  # [B]
+    return UncertaintySummary(
+        probabilities=p,
+        prediction=prediction,
+        confidence=confidence,
+        predictive_entropy=predictive_entropy,
+        expected_entropy=expected_entropy,
+        mutual_information=mutual_information,
+        energy=energy,
+    )
+
+
+def split_rows(rows: torch.Tensor, repeats: torch.Tensor) -> list[torch.Tensor]:
+    """Split ``sample_rows`` output ``[sum(repeats), C]`` into one ``[S_i, 1, C]`` block per input."""
+    blocks = torch.split(rows, repeats.tolist(), dim=0)
+    return [block.unsqueeze(1) for block in blocks]
+
+
+OOD_SCORES = ("max_softmax", "predictive_entropy", "mutual_information", "energy")
+
+
+def ood_score(summary: UncertaintySummary, name: str) -> torch.Tensor:
+    """One OOD score per input, higher = more out-of-distribution."""
+    if name == "max_softmax":
+        return 1.0 - summary.confidence
+    if name == "predictive_entropy":
+        return summary.predictive_entropy
+    if name == "mutual_information":
+        return summary.mutual_information
+    if name == "energy":
+        return summary.energy
+    raise ValueError(f"unknown OOD score {name!r}; choose from {OOD_SCORES}")

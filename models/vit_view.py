@@ -1,0 +1,100 @@
+"""A timm ``VisionTransformer`` re-read as T transitions that each end with attention (DESIGN.md s.2).
+
+``X_0`` is the patch + position embedding; transition 1 is layer 1's attention sublayer; transition
+t > 1 runs layer t-1's MLP sublayer then layer t's attention sublayer, so ``X_t = a_t``; the readout
+is the last MLP sublayer, the final norm, pooling and the head.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
+
+from models.backbones import ImageClassifier
+from models.observed_variance import attention_with_mixture_variance
+
+
+class VitEmbedding(nn.Module):
+    """Pixels in [0, 1] [B, C, H, W] -> X_0 [B, N, D] (normalisation, patch embedding, prefix, position)."""
+
+    def __init__(self, backbone: ImageClassifier) -> None:
+        super().__init__()
+        vit = backbone.vit
+        if vit.reg_token is not None or vit.no_embed_class or vit.dynamic_img_size:
+            raise ValueError("the ViT view supports class token or none, no register tokens, fixed image size")
+        self.register_buffer("mean", backbone.mean.clone())
+        self.register_buffer("std", backbone.std.clone())
+        self.patch_embed = vit.patch_embed
+        prefix = vit.cls_token if vit.cls_token is not None else torch.zeros(1, 0, vit.embed_dim)
+        self.prefix_tokens = nn.Parameter(prefix.detach().clone(), requires_grad=vit.cls_token is not None)
+        self.pos_embed = vit.pos_embed
+        self.norm_pre = vit.norm_pre
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed((pixels - self.mean) / self.std)  # [B, N_patches, D]
+        prefix = self.prefix_tokens.expand(x.shape[0], -1, -1)  # [B, P, D]
+        x = torch.cat([prefix, x], dim=1) + self.pos_embed  # [B, N, D]
+        return self.norm_pre(x)
+
+
+class VitReadout(nn.Module):
+    """X_T [B, N, D] -> logits [B, C]: the last MLP sublayer, final norm, pooling, head."""
+
+    def __init__(self, vit: VisionTransformer) -> None:
+        super().__init__()
+        if vit.global_pool not in ("avg", "token") or vit.attn_pool is not None:
+            raise ValueError(f"unsupported pooling {vit.global_pool!r}")
+        last: Block = vit.blocks[-1]
+        self.norm2, self.mlp, self.ls2 = last.norm2, last.mlp, last.ls2
+        self.norm = vit.norm
+        self.fc_norm = vit.fc_norm
+        self.head = vit.head
+        self.pool_avg = vit.global_pool == "avg"
+        self.num_prefix_tokens = vit.num_prefix_tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.ls2(self.mlp(self.norm2(x)))  # [B, N, D]
+        x = self.norm(x)
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.pool_avg else x[:, 0]  # [B, D]
+        return self.head(self.fc_norm(x))  # [B, C]
+
+
+def _layer_scale_gain(layer_scale: nn.Module) -> torch.Tensor | float:
+    """The elementwise gain of timm's LayerScale (1 when the block has none)."""
+    return layer_scale.gamma if hasattr(layer_scale, "gamma") else 1.0
+
+
+class VitTransitionView(nn.Module):
+    """The frozen teacher: ``embed``, ``transition(t, x) -> (mean, raw variance)``, ``readout``."""
+
+    def __init__(self, backbone: ImageClassifier) -> None:
+        super().__init__()
+        vit = backbone.vit
+        self.embedding = VitEmbedding(backbone)
+        self.readout_head = VitReadout(vit)
+        self.blocks = vit.blocks
+        self.num_steps = len(vit.blocks)
+        self.dim = vit.embed_dim
+        self.num_heads = vit.blocks[0].attn.num_heads
+
+    def embed(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.embedding(pixels)  # [B, N, D]
+
+    def transition(
+        self, t: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """X_{t-1} [B, N, D] -> (X_t, raw mixture variance of X_t), t in 1..T."""
+        if not 1 <= t <= self.num_steps:
+            raise ValueError(f"t must be in 1..{self.num_steps}, got {t}")
+        if t > 1:
+            prev: Block = self.blocks[t - 2]
+            x = x + prev.ls2(prev.mlp(prev.norm2(x)))  # [B, N, D]
+        block: Block = self.blocks[t - 1]
+        out, variance = attention_with_mixture_variance(block.attn, block.norm1(x), key_padding_mask)
+        gain = _layer_scale_gain(block.ls1)
+        mean = x + out * gain  # [B, N, D]
+        return mean, variance * (gain * gain if isinstance(gain, float) else gain.float().square())
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        return self.readout_head(x)  # [B, C]

@@ -1,0 +1,57 @@
+import math
+
+import numpy as np
+import torch
+
+from models.uncertainty import OOD_SCORES, ood_score, split_rows, summarize
+
+
+def test_summaries_match_numpy_reference() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, 4, 5) * 3
+    s = summarize(logits)
+    p_s = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(-1, keepdims=True)
+    p = p_s.mean(0)
+    h = -(p * np.log(p)).sum(-1)
+    eh = (-(p_s * np.log(p_s)).sum(-1)).mean(0)
+    np.testing.assert_allclose(s.probabilities.numpy(), p, rtol=1e-5)
+    np.testing.assert_allclose(s.predictive_entropy.numpy(), h, rtol=1e-5)
+    np.testing.assert_allclose(s.expected_entropy.numpy(), eh, rtol=1e-5)
+    np.testing.assert_allclose(s.mutual_information.numpy(), np.maximum(h - eh, 0), atol=1e-6)
+    np.testing.assert_allclose(s.confidence.numpy(), p.max(-1), rtol=1e-6)
+    energy = (-np.log(np.exp(logits.numpy()).sum(-1))).mean(0)
+    np.testing.assert_allclose(s.energy.numpy(), energy, rtol=1e-5)
+
+
+def test_mutual_information_zero_at_one_sample_and_nonnegative() -> None:
+    logits = torch.randn(1, 8, 3)
+    assert bool((summarize(logits).mutual_information == 0).all())
+    same = torch.randn(1, 8, 3).expand(16, -1, -1)  # identical samples: MI is 0 up to rounding
+    assert float(summarize(same).mutual_information.max()) < 1e-6
+    assert bool((summarize(torch.randn(16, 8, 3)).mutual_information >= 0).all())
+
+
+def test_disagreeing_samples_have_high_mutual_information() -> None:
+    logits = torch.tensor([[[20.0, 0.0]], [[0.0, 20.0]]])  # two confident, opposite samples
+    s = summarize(logits)
+    assert math.isclose(float(s.mutual_information[0]), math.log(2), rel_tol=1e-4)
+    assert float(s.expected_entropy[0]) < 1e-6
+
+
+def test_temperature_divides_every_sample() -> None:
+    logits = torch.randn(4, 3, 6)
+    torch.testing.assert_close(summarize(logits, temperature=2.0).probabilities, summarize(logits / 2).probabilities)
+
+
+def test_extreme_logits_stay_finite() -> None:
+    s = summarize(torch.tensor([[[1e4, -1e4, 0.0]]]))
+    assert all(torch.isfinite(v).all() for v in (s.predictive_entropy, s.expected_entropy, s.energy))
+
+
+def test_split_rows_and_scores() -> None:
+    rows = torch.arange(12.0).view(6, 2)
+    blocks = split_rows(rows, torch.tensor([1, 2, 3]))
+    assert [tuple(b.shape) for b in blocks] == [(1, 1, 2), (2, 1, 2), (3, 1, 2)]
+    s = summarize(torch.randn(4, 5, 3))
+    for name in OOD_SCORES:
+        assert ood_score(s, name).shape == (5,)

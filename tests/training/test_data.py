@@ -1,0 +1,74 @@
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training.data import (
+    Split,
+    augment,
+    digits_images,
+    load_dataset,
+    load_fashion_mnist_split,
+    photo_patch_images,
+    read_idx,
+    split_validation,
+    uniform_noise_images,
+)
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_read_idx_round_trip(tmp_path: Path) -> None:
+    images = np.random.default_rng(0).integers(0, 256, size=(5, 28, 28))
+    _write_idx(tmp_path / "train-images-idx3-ubyte.gz", images)
+    _write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.arange(5))
+    np.testing.assert_array_equal(read_idx(tmp_path / "train-images-idx3-ubyte.gz"), images)
+    split = load_fashion_mnist_split(tmp_path, "train")
+    assert split.images.shape == (5, 1, 28, 28) and split.images.dtype == torch.float32
+    assert float(split.images.max()) <= 1.0 and split.labels.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_missing_dataset_names_the_debian_package(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        load_fashion_mnist_split(tmp_path, "train")
+
+
+def test_real_fashion_mnist_and_fixed_validation_split() -> None:
+    first = load_dataset("fashion_mnist", "/usr/share/datasets/fashion-mnist", 6000, 0)
+    second = load_dataset("fashion_mnist", "/usr/share/datasets/fashion-mnist", 6000, 0)
+    assert (len(first.train), len(first.val), len(first.test)) == (54000, 6000, 10000)
+    torch.testing.assert_close(first.val.images, second.val.images)
+    assert first.labels[9] == "Ankle boot"
+    assert set(first.val.labels.unique().tolist()) == set(range(10))
+
+
+def test_split_validation_is_disjoint() -> None:
+    ids = torch.arange(100).float().view(100, 1, 1, 1)
+    train, val = split_validation(Split(ids, torch.arange(100)), 20, seed=1)
+    assert len(val) == 20 and len(train) == 80
+    assert not set(train.labels.tolist()) & set(val.labels.tolist())
+
+
+def test_augment_translates_and_flips_within_bounds() -> None:
+    images = torch.rand(16, 1, 28, 28)
+    out = augment(images, torch.Generator().manual_seed(0))
+    assert out.shape == images.shape
+    assert float(out.min()) >= 0 and float(out.max()) <= 1
+    assert not torch.equal(out, images)
+
+
+def test_offline_ood_sets() -> None:
+    shape = (1, 28, 28)
+    assert uniform_noise_images(7, shape, 0).shape == (7, *shape)
+    digits = digits_images(shape)
+    assert digits.shape == (1797, *shape) and float(digits.max()) <= 1
+    photos = photo_patch_images(9, shape, 0)
+    assert photos.shape == (9, *shape)
+    torch.testing.assert_close(photos, photo_patch_images(9, shape, 0))

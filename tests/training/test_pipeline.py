@@ -1,0 +1,125 @@
+"""The real pipeline end to end on a tiny config: fit-backbone, distil (and resume), export, load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.artifact_format import MANIFEST, sha256_file, verify_files
+from training.artifact import load_scripted
+from training.cli import main
+from training.config import load_config
+from training.distil import load_director
+from training.runtime import load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Run the three stages once for the module; returns (config path, artifact folder)."""
+    import yaml
+
+    from tests.conftest import tiny_config_dict
+
+    tmp = tmp_path_factory.mktemp("pipeline")
+    config = tmp / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(tmp)))
+    assert main(["fit-backbone", "--config", str(config)]) == 0
+    assert main(["distil", "--config", str(config)]) == 0
+    assert main(["export", "--config", str(config)]) == 0
+    return config, tmp / "repo" / "tiny" / "1"
+
+
+def test_stages_write_checkpoints_with_their_config(exported: tuple[Path, Path]) -> None:
+    config, _ = exported
+    cfg = load_config(config)
+    run = Path(cfg.run_dir)
+    backbone = load_checkpoint(run / "backbone.pt")
+    director = load_checkpoint(run / "director.pt")
+    assert backbone["config"]["backbone"]["embed_dim"] == 32
+    assert director["config"]["distil"]["lambda_1"] == 0.8
+    assert director["tau"] in cfg.distil.tau_grid
+    assert len(director["history"]) == cfg.distil.epochs
+    for record in director["history"]:
+        assert len(record["var_obs"]) == 2 and len(record["var_p"]) == 2 and len(record["mean_sq_error"]) == 2
+        assert 0.0 <= record["val_accuracy"] <= 1.0
+
+
+def test_distil_resumes_from_its_checkpoint(exported: tuple[Path, Path], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture) -> None:
+    config, _ = exported
+    run = Path(load_config(config).run_dir)
+    copy_run = tmp_path / "run"
+    shutil.copytree(run, copy_run)  # leave the exported run untouched for the other tests
+    before = load_checkpoint(copy_run / "director.pt")["kernel"]
+    args = ["--config", str(config), "--set", f"run_dir={copy_run}", "--set", "distil.epochs=3"]
+    assert main(["distil", *args]) == 0
+    assert "resuming distillation at epoch 2" in capsys.readouterr().out
+    after = load_checkpoint(copy_run / "director.pt")
+    assert len(after["history"]) == 3
+    assert any(not torch.equal(before[k], after["kernel"][k]) for k in before)
+
+
+def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> None:
+    _, folder = exported
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["format_version"].split(".")[0] == "1"
+    assert manifest["modality"] == "image" and manifest["method"] == "director"
+    assert len(manifest["labels"]) == 10
+    assert manifest["input"]["channels"] == 1 and manifest["input"]["height"] == 28
+    assert manifest["sampling"]["default_samples"] == 4 and manifest["sampling"]["max_samples"] == 8
+    assert set(manifest["ood"]["thresholds"]) == {"1", "2", "4"}
+    assert manifest["ood"]["thresholds"]["1"]["score"] != "mutual_information"
+    assert manifest["ood"]["fallback_score"] != "mutual_information"
+    ref = manifest["reference"]
+    assert ref["n_samples"] == 4 and len(ref["confidence_quantiles"]) == 101
+    assert ref["confidence_quantiles"] == sorted(ref["confidence_quantiles"])
+    assert manifest["files"]["director.ts"]["sha256"] == sha256_file(folder / "director.ts")
+    assert verify_files(folder, manifest) == []
+    prov = manifest["provenance"]
+    assert {"backbone", "dataset", "config", "seed", "git_commit", "date", "test_metrics"} <= set(prov)
+    assert len(prov["rollout"]["median_std_over_rms"]) == 2
+
+
+def test_artifact_matches_eager_module_in_distribution(exported: tuple[Path, Path]) -> None:
+    config, folder = exported
+    eager, _ = load_director(load_config(config).run_dir)
+    served = load_scripted(folder / "director.ts")
+    pixels = torch.rand(3, 1, 28, 28)
+    torch.manual_seed(5)
+    expected = eager(pixels, 6)
+    torch.manual_seed(5)
+    got = served(pixels, 6)
+    assert got.shape == (6, 3, 10)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    torch.manual_seed(5)
+    rows = served.sample_rows(pixels, torch.tensor([1, 4, 2]))
+    assert rows.shape == (7, 10)
+
+
+def test_artifact_loads_with_torch_alone(exported: tuple[Path, Path]) -> None:
+    _, folder = exported
+    script = (
+        "import sys, torch\n"
+        f"m = torch.jit.load({str(folder / 'director.ts')!r})\n"
+        "out = m(torch.rand(2, 1, 28, 28), 3)\n"
+        "assert out.shape == (3, 2, 10), out.shape\n"
+        "assert not any(name.split('.')[0] in ('models', 'training', 'service', 'timm') for name in sys.modules)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=folder,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_cli_help_lists_the_stages() -> None:
+    result = subprocess.run([sys.executable, "-m", "training", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for command in ("fit-backbone", "distil", "export"):
+        assert command in result.stdout

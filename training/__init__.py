@@ -1,0 +1,1 @@
+"""Offline pipeline: data, backbone fitting, DIRECTOR distillation, evaluation and export."""

@@ -1,0 +1,130 @@
+"""Typed pipeline configuration, read from the YAML files in ``configs/``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from models.backbones import VitConfig
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100
+    root: str = "/usr/share/datasets/fashion-mnist"
+    val_size: int = 6000
+    split_seed: int = 0
+    train_limit: int | None = None  # tiny configs in tests
+    test_limit: int | None = None
+    labels: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FitConfig:
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_epochs: float = 0.5
+    label_smoothing: float = 0.0
+    augment: bool = True
+    max_steps: int | None = None
+
+
+@dataclass
+class KernelConfig:
+    mlp_ratio: float = 1.0
+    frequency_embedding_size: int = 64
+
+
+@dataclass
+class DistilConfig:
+    epochs: int = 4
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 100
+    lambda_1: float = 0.8
+    lambda_2: float = 0.2
+    beta_nll: float = 0.5  # 0 = plain KL
+    mean_mse_weight: float = 0.0
+    l1_on_rollout: bool = False
+    train_samples: int = 1  # rollouts per input for L2
+    observed_variance: str = "attention"  # attention | floor
+    floor_fraction: float = 1e-4
+    tau: float | None = None  # None: select on validation from tau_grid
+    tau_grid: list[float] = field(default_factory=lambda: [1.0, 0.3, 0.1, 0.03])
+    tau_tolerance: float = 0.01
+    tau_images: int = 2000
+    stats_batches: int = 20
+    finetune_readout: bool = False
+    val_samples: int = 8
+    val_images: int = 2000
+    max_steps: int | None = None
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+
+
+@dataclass
+class ExportConfig:
+    name: str = "fashion-vit"
+    version: int = 1
+    repository: str = "model_repository"
+    default_samples: int = 16
+    max_samples: int = 64
+    sample_counts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    threshold_images: int = 2000
+    ood_validation_images: int = 2000
+    eval_samples: int = 16
+    noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
+
+
+@dataclass
+class PipelineConfig:
+    name: str = "fashion-vit"
+    seed: int = 0
+    run_dir: str = "runs/fashion-vit"
+    device: str = "auto"
+    threads: int | None = None
+    data: DataConfig = field(default_factory=DataConfig)
+    backbone: VitConfig = field(default_factory=VitConfig)
+    fit: FitConfig = field(default_factory=FitConfig)
+    distil: DistilConfig = field(default_factory=DistilConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    source: str = ""
+
+
+def _build(cls: type, values: dict[str, Any] | None, where: str) -> Any:
+    values = values or {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown keys in {where}: {sorted(unknown)}")
+    kwargs = {}
+    for name, value in values.items():
+        ftype = fields[name].type
+        nested = {"DataConfig": DataConfig, "VitConfig": VitConfig, "FitConfig": FitConfig,
+                  "DistilConfig": DistilConfig, "ExportConfig": ExportConfig, "KernelConfig": KernelConfig}
+        kwargs[name] = _build(nested[ftype], value, f"{where}.{name}") if ftype in nested else value
+    return cls(**kwargs)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a YAML config; ``overrides`` maps dotted keys (``distil.epochs``) to values."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    cfg = _build(PipelineConfig, raw, "config")
+    cfg.source = str(path)
+    return cfg
+
+
+def config_dict(cfg: PipelineConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

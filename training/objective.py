@@ -1,0 +1,152 @@
+"""The DIRECTOR training objective (DESIGN.md section 2).
+
+L1 (uncertainty-aware): KL(q_t || p_theta(. | X_{t-1})), closed-form diagonal Gaussians, teacher-forced
+along the frozen backbone's observed trajectory (and optionally along a detached kernel rollout).
+L2 (performance-aware): cross-entropy of the readout of X_T sampled by a full stochastic rollout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.director import StochasticRollout
+from models.kernel import TransitionKernel
+
+
+def gaussian_kl(mu_q: torch.Tensor, var_q: torch.Tensor, mu_p: torch.Tensor, logvar_p: torch.Tensor) -> torch.Tensor:
+    """Elementwise KL(N(mu_q, var_q) || N(mu_p, exp(logvar_p)))."""
+    var_p = logvar_p.exp()
+    return 0.5 * (logvar_p - var_q.log() + (var_q + (mu_q - mu_p).square()) / var_p - 1.0)
+
+
+def masked_mean(values: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over rows, tokens and features of [R, N, D]; padding tokens (mask False) excluded."""
+    if token_mask is None:
+        return values.mean()
+    weights = token_mask.to(values.dtype).unsqueeze(-1)  # [R, N, 1]
+    return (values * weights).sum() / (weights.sum() * values.shape[-1])
+
+
+class ObservedProcess:
+    """The frozen backbone read as q_t = N(X_t, tau * var_t + floor_t) (not a module: never trained)."""
+
+    def __init__(self, view: nn.Module, floors: torch.Tensor, tau: float, mode: str) -> None:
+        if mode not in ("attention", "floor"):
+            raise ValueError(f"observed_variance must be 'attention' or 'floor', got {mode!r}")
+        self.view = view
+        self.floors = floors  # [T]
+        self.tau = tau
+        self.mode = mode
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.view.num_steps)
+
+    def observed_variance(self, t: int, raw_variance: torch.Tensor) -> torch.Tensor:
+        floor = self.floors[t - 1].to(raw_variance.device)
+        if self.mode == "floor":
+            return torch.full_like(raw_variance, float(floor))
+        return self.tau * raw_variance + floor
+
+    @torch.no_grad()
+    def transition(self, t: int, x: torch.Tensor, mask: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw = self.view.transition(t, x, mask)
+        return mean, self.observed_variance(t, raw)
+
+    @torch.no_grad()
+    def trajectory(self, x0: torch.Tensor, mask: torch.Tensor | None = None
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Deterministic observed states [X_0..X_T] and variances [var_1..var_T]."""
+        states, variances = [x0], []
+        for t in range(1, self.num_steps + 1):
+            mean, var = self.transition(t, states[-1], mask)
+            states.append(mean)
+            variances.append(var)
+        return states, variances
+
+    @torch.no_grad()
+    def sample(self, x0: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One stochastic rollout of the observed process itself (used to select tau)."""
+        x = x0
+        for t in range(1, self.num_steps + 1):
+            mean, var = self.transition(t, x, mask)
+            x = mean + var.sqrt() * torch.randn_like(mean)
+        return x
+
+
+@dataclass
+class LossWeights:
+    lambda_1: float = 0.8
+    lambda_2: float = 0.2
+    beta_nll: float = 0.5
+    mean_mse_weight: float = 0.0
+    l1_on_rollout: bool = False
+    train_samples: int = 1
+
+
+class DistillationLoss(nn.Module):
+    """Holds the trainable parts (kernel, readout) so DDP can wrap it; ``forward`` returns the loss and
+    per-step diagnostics. The teacher is a plain attribute: frozen and never synchronised."""
+
+    def __init__(self, kernel: TransitionKernel, readout: nn.Module, process: ObservedProcess,
+                 weights: LossWeights) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.readout = readout
+        self.rollout = StochasticRollout(kernel)
+        self.process = process
+        self.weights = weights
+
+    def _l1(self, inputs: torch.Tensor, steps: torch.Tensor, target_mean: torch.Tensor, target_var: torch.Tensor,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Teacher-forced KL for all T steps in one kernel call; inputs/targets [T*B, N, D]."""
+        mean_p, logvar_p = self.kernel(inputs, steps, mask)  # [T*B, N, D]
+        kl = gaussian_kl(target_mean, target_var, mean_p, logvar_p)  # [T*B, N, D]
+        if self.weights.beta_nll > 0:
+            kl = kl * logvar_p.detach().exp().pow(self.weights.beta_nll)  # beta-NLL weighting
+        loss = masked_mean(kl, mask)
+        if self.weights.mean_mse_weight > 0:
+            loss = loss + self.weights.mean_mse_weight * masked_mean((mean_p - target_mean).square(), mask)
+        return loss, mean_p.detach(), logvar_p.detach()
+
+    def forward(self, x0: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        batch = x0.shape[0]
+        num_steps = self.process.num_steps
+        states, variances = self.process.trajectory(x0, mask)
+        steps = torch.arange(1, num_steps + 1, device=x0.device).repeat_interleave(batch)  # [T*B]
+        step_mask = mask.repeat(num_steps, 1) if mask is not None else None  # [T*B, N]
+        inputs = torch.cat(states[:-1])  # [T*B, N, D]
+        target_mean, target_var = torch.cat(states[1:]), torch.cat(variances)  # [T*B, N, D]
+        l1, mean_p, logvar_p = self._l1(inputs, steps, target_mean, target_var, step_mask)
+
+        if self.weights.l1_on_rollout:
+            with torch.no_grad():  # states the kernel actually visits, detached
+                rolled = [x0]
+                for t in range(1, num_steps):
+                    mean, std = self.rollout.step(rolled[-1], t, mask)
+                    rolled.append(mean + std * torch.randn_like(mean))
+                targets = [self.process.transition(t, rolled[t - 1], mask) for t in range(1, num_steps + 1)]
+            l1_roll, _, _ = self._l1(torch.cat(rolled), steps, torch.cat([m for m, _ in targets]),
+                                     torch.cat([v for _, v in targets]), step_mask)
+            l1 = 0.5 * (l1 + l1_roll)
+
+        repeats = torch.full((batch,), self.weights.train_samples, dtype=torch.long, device=x0.device)
+        x_final = self.rollout(x0, repeats, mask)  # [B*S, N, D] reparameterised
+        logits = self.readout(x_final)  # [B*S, C]
+        l2 = F.cross_entropy(logits, labels.repeat_interleave(self.weights.train_samples))
+        loss = self.weights.lambda_1 * l1 + self.weights.lambda_2 * l2
+
+        with torch.no_grad():
+            per_step = lambda v: v.view(num_steps, batch, -1).mean(dim=(1, 2))  # noqa: E731  [T]
+            diagnostics = {
+                "l1": l1.detach(), "l2": l2.detach(),
+                "var_obs": per_step(target_var), "mean_sq_error": per_step((mean_p - target_mean).square()),
+                "var_p": per_step(logvar_p.exp()),
+            }
+        return loss, diagnostics
