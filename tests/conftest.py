@@ -28,7 +28,7 @@ def tiny_config_dict(tmp_path: Path) -> dict:
                    "val_images": 100, "val_samples": 4},
         "export": {"name": "tiny", "repository": str(tmp_path / "repo"), "threshold_images": 100,
                    "ood_validation_images": 60, "sample_counts": [1, 2, 4], "default_samples": 4,
-                   "max_samples": 8, "eval_samples": 4},
+                   "max_samples": 8, "eval_samples": 4, "docs_dir": str(tmp_path / "docs")},
     }
 
 

@@ -80,6 +80,7 @@ class ExportConfig:
     ood_validation_images: int = 2000
     eval_samples: int = 16
     noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
+    docs_dir: str = "docs/results"
 
 
 @dataclass

@@ -25,7 +25,9 @@ from training.distil import load_director
 from training.fit_backbone import load_backbone
 from training.metrics import classification_report, ece_bootstrap
 from training.ood import auroc, threshold_at_tpr
+from training.plots import reliability_diagram
 from training.predict import chunked, sampled_logits
+from training.report import write_results
 from training.runtime import load_checkpoint, set_threads
 
 QUANTILES = 101  # reference distributions are stored as this many evenly spaced quantiles
@@ -52,22 +54,28 @@ def fit_noise_scale(director: ImageDirector, split: Split, grid: list[float], n_
 
 
 @torch.no_grad()
-def rollout_diagnostics(director: ImageDirector, images: torch.Tensor, seed: int) -> dict[str, list[float]]:
-    """Per step: median predicted std over RMS(X_t) and the mean predicted log-variance (S = 1)."""
+def rollout_trace(director: ImageDirector, images: torch.Tensor, seed: int) -> tuple[dict[str, list[float]],
+                                                                                         torch.Tensor]:
+    """One S = 1 rollout: per step the median predicted std over RMS(X_t) and the mean predicted
+    log-variance, and per input the DIRECTOR-native OOD score (mean predicted log-variance along the
+    rollout, [N])."""
     torch.manual_seed(seed)
     rollout = director.rollout
     x = director.embedding(images)  # [B, N, D]
     ratios, logvars = [], []
-    per_input_logvar = torch.zeros(images.shape[0])
+    per_input = torch.zeros(images.shape[0])
     for t in range(1, rollout.num_steps + 1):
         mean, std = rollout.step(x, t, None)  # [B, N, D]
         x = mean + std * torch.randn_like(mean)
-        rms = x.square().mean().sqrt()
-        ratios.append(float(std.median() / rms))
-        logvar = (2 * std.log())
+        ratios.append(float(std.median() / x.square().mean().sqrt()))
+        logvar = 2 * std.log()  # [B, N, D]
         logvars.append(float(logvar.mean()))
-        per_input_logvar += logvar.mean(dim=(1, 2)) / rollout.num_steps
-    return {"median_std_over_rms": ratios, "mean_logvar": logvars, "per_input_logvar": per_input_logvar.tolist()}
+        per_input += logvar.mean(dim=(1, 2)) / rollout.num_steps
+    return {"median_std_over_rms": ratios, "mean_logvar": logvars}, per_input
+
+
+def mean_logvar_score(director: ImageDirector, images: torch.Tensor, seed: int) -> torch.Tensor:
+    return chunked(lambda x: rollout_trace(director, x, seed)[1], images, 256)  # [N]
 
 
 def _reference(summary: UncertaintySummary, labels: torch.Tensor, n_samples: int) -> dict[str, Any]:
@@ -81,7 +89,6 @@ def _reference(summary: UncertaintySummary, labels: torch.Tensor, n_samples: int
         "mutual_information_quantiles": torch.quantile(summary.mutual_information.double(), q).tolist(),
         "confidence_deciles": torch.quantile(summary.confidence.double(), torch.linspace(0.1, 0.9, 9,
                                                                                             dtype=torch.float64)).tolist(),
-        "ood_rate": 0.05,
     }
 
 
@@ -134,12 +141,17 @@ def export(cfg: PipelineConfig) -> Path:
     progress.update()
 
     thresholds: dict[str, dict[str, Any]] = {}
+    # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
     id_subset = data.val.head(ecfg.threshold_images)
     for n_samples in ecfg.sample_counts:
         summary = summarize(_sampled(served, id_subset.images, n_samples, cfg.seed))
         name = chosen if not (chosen == "mutual_information" and n_samples < 2) else fallback
         thresholds[str(n_samples)] = {"score": name, "threshold": threshold_at_tpr(ood_score(summary, name))}
     progress.update()
+
+    default_entry = thresholds[str(default_s)]
+    reference["ood_rate"] = float((ood_score(val_summary, default_entry["score"]) > default_entry["threshold"])
+                                  .float().mean())
 
     # test-split figures: backbone, temperature-scaled backbone, DIRECTOR; MI on test and OOD sets
     test = data.test
@@ -155,13 +167,14 @@ def export(cfg: PipelineConfig) -> Path:
     digits = digits_images(image_shape)
     noise_summary = summarize(_sampled(served, noise, default_s, cfg.seed))
     digits_summary = summarize(_sampled(served, digits, default_s, cfg.seed))
-    diagnostics = rollout_diagnostics(director, test.images[:500], cfg.seed)
+    diagnostics, _ = rollout_trace(director, test.images[:500], cfg.seed)
+    test_logvar = mean_logvar_score(director, test.images, cfg.seed)
     progress.update()
 
     def block(probs: torch.Tensor) -> dict[str, float]:
         value, low, high = ece_bootstrap(probs, test.labels)
         report = classification_report(probs, test.labels)
-        return {**report, "ece_ci95": [low, high], "ece_half_width": (high - low) / 2}
+        return {**report, "ece_ci95": [low, high], "ece_half_width": (high - low) / 2, "n": int(test.labels.shape[0])}
 
     default_threshold = thresholds[str(default_s)]["threshold"]
 
@@ -172,6 +185,13 @@ def export(cfg: PipelineConfig) -> Path:
             "flagged_rate": float((ood_score(summary, chosen) > default_threshold).float().mean()),
         }
 
+    ood_sets = {"uniform_noise": (noise, noise_summary), "sklearn_digits_upsampled": (digits, digits_summary)}
+    ood_metrics = {}
+    for name, (images, summary) in ood_sets.items():
+        ood_metrics[name] = ood_block(summary)
+        ood_metrics[name]["auroc_vs_test"]["mean_logvar"] = auroc(test_logvar,
+                                                                  mean_logvar_score(director, images, cfg.seed))
+
     test_metrics = {
         "backbone": block(backbone_probs),
         "backbone_temperature_scaled": {**block(ts_probs), "temperature": temperature},
@@ -180,7 +200,7 @@ def export(cfg: PipelineConfig) -> Path:
                                    "flagged_rate": float((ood_score(test_summary, chosen)
                                                           > thresholds[str(default_s)]["threshold"]).float().mean())},
         "director_s1": block(s1_summary.probabilities),
-        "ood": {"uniform_noise": ood_block(noise_summary), "sklearn_digits_upsampled": ood_block(digits_summary)},
+        "ood": ood_metrics,
     }
 
     stats = payload["stats"]
@@ -225,19 +245,30 @@ def export(cfg: PipelineConfig) -> Path:
                         "export": None},
             "test_metrics": test_metrics,
             "noise_scale_nll": noise_scale_nll,
-            "rollout": {k: v for k, v in diagnostics.items() if k != "per_input_logvar"},
+            "rollout": diagnostics,
             "step_statistics": {k: [float(x) for x in v] for k, v in stats.items()},
             "distil_history": payload["history"],
         },
     }
     manifest["provenance"]["seconds"]["export"] = round(time.perf_counter() - t_start, 1)
     write_manifest(tmp_dir, manifest)
+    # swap in with two renames: a polling server sees the version missing for microseconds at most
     if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp_dir.rename(out_dir)
+        retired = out_dir.with_name(f".{out_dir.name}.old")
+        shutil.rmtree(retired, ignore_errors=True)
+        out_dir.rename(retired)
+        tmp_dir.rename(out_dir)
+        shutil.rmtree(retired)
+    else:
+        tmp_dir.rename(out_dir)
     progress.update()
     progress.close()
     (run_dir / "export_report.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    docs_dir = Path(ecfg.docs_dir)
+    png = reliability_diagram({"backbone": backbone_probs, f"backbone + TS (T={temperature:.2f})": ts_probs,
+                               f"DIRECTOR S={default_s}": test_summary.probabilities},
+                              test.labels, docs_dir / f"{ecfg.name}-reliability.png")
+    write_results(manifest, docs_dir, f"python -m training all --config {cfg.source}", png)
     print(f"exported {out_dir} (OOD score {chosen}, fallback {fallback}); test: "
           f"backbone acc {test_metrics['backbone']['accuracy']:.4f} ece {test_metrics['backbone']['ece']:.4f}, "
           f"DIRECTOR S={default_s} acc {test_metrics[f'director_s{default_s}']['accuracy']:.4f} "

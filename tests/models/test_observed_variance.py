@@ -33,6 +33,30 @@ def test_mixture_variance_matches_monte_carlo_hard_attention() -> None:
     torch.testing.assert_close(mc_var, variance, atol=2e-2, rtol=3e-2)
 
 
+def _pairwise_deviation_variance(attn: Attention, x: torch.Tensor) -> torch.Tensor:
+    """Reference: sum_h sum_j A_ij (u_j - m_i)^2 with the [B, N, N, D] deviation tensor, fp64."""
+    batch, tokens, dim = x.shape
+    heads, hd = attn.num_heads, attn.head_dim
+    q, k, v = attn.qkv(x).reshape(batch, tokens, 3, heads, hd).permute(2, 0, 3, 1, 4).double().unbind(0)
+    weights = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(-1)  # [B, H, N, N]
+    w_heads = attn.proj.weight.double().view(dim, heads, hd).permute(1, 2, 0)  # [H, hd, D]
+    u = torch.einsum("bhnk,hkd->bhnd", v, w_heads)  # [B, H, N, D]
+    mean = weights @ u  # [B, H, N, D]
+    deviation = u[:, :, None, :, :] - mean[:, :, :, None, :]  # [B, H, N_i, N_j, D]
+    return (weights[..., None] * deviation.square()).sum(dim=3).sum(dim=1).float()
+
+
+def test_matches_the_pairwise_deviation_form() -> None:
+    torch.manual_seed(0)
+    attn = Attention(24, num_heads=4, qkv_bias=True).eval()
+    x = torch.randn(3, 9, 24) * 3
+    with torch.no_grad():
+        attn.qkv.bias[48:] += 50.0  # values far from zero: where a naive one-pass form loses digits
+        _, variance = attention_with_mixture_variance(attn, x)
+        reference = _pairwise_deviation_variance(attn, x)
+    torch.testing.assert_close(variance, reference, rtol=1e-5, atol=1e-7)
+
+
 def test_variance_is_nonnegative_when_one_pass_cancels() -> None:
     """Large common offsets make E[u^2] - E[u]^2 cancel catastrophically; two passes stay exact."""
     torch.manual_seed(0)

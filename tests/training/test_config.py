@@ -1,0 +1,35 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.backbones import build_vit
+from training.config import load_config
+
+CONFIGS = sorted(Path("configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_loads_and_builds_its_backbone(path: Path) -> None:
+    cfg = load_config(path)
+    model = build_vit(cfg.backbone).eval()
+    pixels = torch.rand(1, cfg.backbone.in_chans, cfg.backbone.img_size, cfg.backbone.img_size)
+    assert model(pixels).shape == (1, cfg.backbone.num_classes)
+    assert cfg.distil.observed_variance in ("attention", "floor")
+
+
+def test_paper_config_matches_the_paper_backbone() -> None:
+    cfg = load_config("configs/cifar10_vit7.yaml")
+    b = cfg.backbone
+    assert (b.depth, b.embed_dim, b.mlp_ratio * b.embed_dim, b.num_heads, b.patch_size, b.global_pool) == (
+        7, 384, 384, 12, 4, "avg")
+    assert cfg.distil.kernel.mlp_ratio == 1.0
+
+
+def test_overrides_and_unknown_keys(tmp_path: Path) -> None:
+    cfg = load_config("configs/fashion_vit.yaml", {"distil.epochs": 1, "export.version": 7})
+    assert cfg.distil.epochs == 1 and cfg.export.version == 7
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("distil:\n  epoch: 3\n")
+    with pytest.raises(ValueError, match="epoch"):
+        load_config(bad)

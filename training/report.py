@@ -1,0 +1,145 @@
+"""Renders an exported model's results page (``docs/results/<name>.md``) from its manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f}%"
+
+
+def _row(name: str, m: dict[str, Any]) -> str:
+    low, high = m["ece_ci95"]
+    return f"| {name} | {_pct(m['accuracy'])} | {_pct(m['ece'])} [{_pct(low)}, {_pct(high)}] | {m['nll']:.4f} |"
+
+
+def _cell(values: dict[str, float], key: str) -> str:
+    return f"{values[key]:.4f}" if key in values else "-"
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def render_results(manifest: dict[str, Any], command: str, reliability_png: str | None) -> str:
+    prov = manifest["provenance"]
+    tm = prov["test_metrics"]
+    s = manifest["sampling"]["default_samples"]
+    director = tm[f"director_s{s}"]
+    backbone, ts = tm["backbone"], tm["backbone_temperature_scaled"]
+    ood = manifest["ood"]
+    secs = prov["seconds"]
+    columns = list(dict.fromkeys([*ood["selection_auroc"], *next(iter(tm["ood"].values()))["auroc_vs_test"]]))
+    lines = [
+        f"# {manifest['name']} v{manifest['version']}: results",
+        "",
+        f"Produced {prov['date']} from commit `{prov['git_commit']}` with:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Config `{prov['config']}`, seed {prov['seed']}, dataset {prov['dataset']}. Stage times on this machine "
+        f"(2 CPU cores): fit-backbone {_minutes(secs['fit_backbone'])}, distil {_minutes(secs['distil'])}, "
+        f"export (with the evaluation below) {_minutes(secs['export'])}.",
+        "",
+        f"Backbone: {prov['backbone']['parameters']:,} parameters; DIRECTOR artifact: "
+        f"{manifest['artifact']['parameters']:,} parameters ({manifest['sampling']['steps']} steps, "
+        f"one DiT block).",
+        "",
+        f"## Test split ({backbone['n']:,} images)",
+        "",
+        "ECE: 15 equal-width bins on the top-label confidence, with a 95% bootstrap interval (200 resamples).",
+        "",
+        "| method | accuracy | ECE [95% CI] | NLL |",
+        "| --- | --- | --- | --- |",
+        _row("backbone (deterministic)", backbone),
+        _row(f"backbone + temperature scaling (T={ts['temperature']:.3f}, fit on validation)", ts),
+        _row("DIRECTOR, S=1", tm["director_s1"]),
+        _row(f"DIRECTOR, S={s}", director),
+        "",
+        "Requirements of the foundation issue, measured:",
+        "",
+        f"- backbone accuracy {_pct(backbone['accuracy'])} (>= 89% required): "
+        f"{'met' if backbone['accuracy'] >= 0.89 else 'NOT met'}",
+        f"- DIRECTOR S={s} accuracy within 1 point of the backbone: "
+        f"{(director['accuracy'] - backbone['accuracy']) * 100:+.2f} points "
+        f"({'met' if director['accuracy'] >= backbone['accuracy'] - 0.01 else 'NOT met'})",
+        f"- DIRECTOR ECE lower than the backbone's by more than the bootstrap half-width: "
+        f"{_pct(backbone['ece'])} - {_pct(director['ece'])} = {_pct(backbone['ece'] - director['ece'])} vs half-width "
+        f"{_pct(backbone['ece_half_width'])} ("
+        f"{'met' if backbone['ece'] - director['ece'] > backbone['ece_half_width'] else 'NOT met'})",
+        "",
+    ]
+    if reliability_png:
+        lines += [f"![reliability diagram]({reliability_png})", ""]
+    lines += [
+        "## Uncertainty and OOD",
+        "",
+        f"Mean mutual information (nats, S={s}): test split {director['mean_mutual_information']:.2e}, "
+        + ", ".join(f"{name} {v['mean_mutual_information']:.2e}" for name, v in tm["ood"].items()) + ".",
+        "",
+        f"The manifest's OOD score is **{ood['score']}** (fallback **{ood['fallback_score']}** where it is undefined),"
+        f" chosen by AUROC on the OOD validation set ({ood['selection_set']}), which is none of the reported sets:",
+        "",
+        "| score | " + " | ".join(columns) + " |",
+        "| --- | " + " | ".join("---" for _ in columns) + " |",
+        "| AUROC, OOD validation | " + " | ".join(_cell(ood["selection_auroc"], c) for c in columns) + " |",
+    ]
+    for name, block in tm["ood"].items():
+        lines.append(f"| AUROC, test vs {name} | " + " | ".join(_cell(block["auroc_vs_test"], c) for c in columns)
+                     + " |")
+    lines += [
+        "",
+        "`mean_logvar` is the DIRECTOR-native score (the mean predicted log-variance along an S=1 rollout). "
+        "It is reported, not selectable: the artifact returns logits only.",
+        "",
+        f"Flagged as OOD at the S={s} threshold (95% of validation inputs pass): test split "
+        f"{_pct(director['flagged_rate'])}, "
+        + ", ".join(f"{n} {_pct(v['flagged_rate'])}" for n, v in tm["ood"].items()) + ".",
+        "",
+        "Thresholds per sample count: " + ", ".join(
+            f"S={k}: {v['score']} > {v['threshold']:.4g}" for k, v in ood["thresholds"].items()) + ".",
+        "",
+        "## The observed process and the kernel",
+        "",
+        f"Observed variance: `{manifest['variance']['observed_variance']}`, tau = {manifest['variance']['tau']} "
+        "(the largest value on the grid whose S=1 sampled observed process keeps validation accuracy within "
+        "1 point of the backbone). S=1 validation accuracy by tau: "
+        + ", ".join(f"{k}: {_pct(v)}" for k, v in manifest["variance"]["tau_selection_accuracy"].items()) + ".",
+        "",
+        f"Noise temperature (a scale on every step's std, fitted on validation NLL at S={s}): "
+        f"**{manifest['sampling']['noise_scale']}**"
+        + (" (validation NLL by scale: " + ", ".join(f"{k}: {v:.4f}" for k, v in prov["noise_scale_nll"].items())
+           + ")." if prov["noise_scale_nll"] else " (not fitted)."),
+        "",
+        "| step t | floor_t | mean raw attention variance | median predicted std / RMS(X_t) "
+        "| mean predicted log-var |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    stats = prov["step_statistics"]
+    rollout = prov["rollout"]
+    for t, floor in enumerate(manifest["variance"]["floors"]):
+        lines.append(f"| {t + 1} | {floor:.3e} | {stats['raw_var_mean'][t]:.3e} | "
+                     f"{rollout['median_std_over_rms'][t]:.4f} | {rollout['mean_logvar'][t]:.3f} |")
+    lines += ["", "Distillation, per epoch (validation subset; per-step values are training-epoch means):", "",
+              "| epoch | L1 | L2 | val acc | val ECE | val NLL | var_obs per step | mean sq. error per step "
+              "| var_p per step |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in prov["distil_history"]:
+        fmt = lambda v: ", ".join(f"{x:.2e}" for x in v)  # noqa: E731
+        lines.append(f"| {r['epoch']} | {r['l1']:.4f} | {r['l2']:.4f} | {_pct(r['val_accuracy'])} | "
+                     f"{_pct(r['val_ece'])} | {r['val_nll']:.4f} | {fmt(r['var_obs'])} | {fmt(r['mean_sq_error'])} | "
+                     f"{fmt(r['var_p'])} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_results(manifest: dict[str, Any], docs_dir: Path, command: str, reliability_png: Path | None) -> Path:
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    path = docs_dir / f"{manifest['name']}.md"
+    rel = reliability_png.name if reliability_png is not None else None
+    path.write_text(render_results(manifest, command, rel))
+    return path
