@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: help setup deb test lint serve model fit distil export clean
 
 help:
-	@echo "make serve   serve the default model (service: see README)"
+	@echo "make serve   serve the default model on port 8000"
 	@echo "make test    set up everything and run the test suite"
 	@echo "make model   fit + distil + export $(CONFIG) (resumable)"
 	@echo "make lint    ruff"
@@ -37,10 +37,9 @@ test: setup
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-serve: setup
-	@if [ -f service/__main__.py ]; then $(PY) -m service; \
-	else echo "The serving microservice is not built yet (issue: the serving microservice)."; \
-	echo "The default model is committed at model_repository/fashion-vit/1/."; fi
+# Serves every model in model_repository/ (default: fashion-vit) on 127.0.0.1:8000; options: python -m service --help
+serve: $(STAMP)
+	$(PY) -m service
 
 model: setup
 	$(PY) -m training all --config $(CONFIG)

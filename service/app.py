@@ -1,0 +1,108 @@
+"""The FastAPI application: state built in the lifespan, routers included, errors registered in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import torch
+from fastapi import FastAPI
+
+from service import __doc__ as package_doc
+from service import __version__
+from service.artifact import Artifact
+from service.batching import BatchStats, BatchWorker
+from service.config import Settings
+from service.device import resolve_device
+from service.errors import register_error_handlers
+from service.feedback import FeedbackStore
+from service.metrics import Metrics, mark_process_dead
+from service.middleware import BodyLimit, HttpMetrics
+from service.repository import ModelRepository
+from service.routes import feedback, health, metrics, models, oip, predict
+from service.state import AppState, Lifecycle
+
+log = logging.getLogger("service")
+
+
+def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> AppState:
+    device = resolve_device(settings.device, settings.bf16, settings.torch_threads)
+    holder: dict[str, AppState] = {}
+
+    def make_worker(name: str, version: str, artifact: Artifact) -> BatchWorker:
+        def on_batch(stats: BatchStats) -> None:
+            labels = (name, version)
+            metrics_.batch_size.labels(*labels).observe(stats.inputs)
+            metrics_.batch_requests.labels(*labels).observe(stats.requests)
+            metrics_.batch_samples.labels(*labels).observe(stats.rows)
+            metrics_.inference.labels(*labels).observe(stats.inference_s)
+            for wait in stats.queue_waits:
+                metrics_.queue_wait.labels(*labels).observe(wait)
+            memory = device.memory_allocated()
+            if memory is not None:
+                metrics_.gpu_memory.set(memory)
+
+        return BatchWorker(artifact, device, settings.max_batch_samples, settings.max_batch_delay_ms,
+                           settings.max_queue, on_batch)
+
+    repository = ModelRepository(settings.model_repository, device, make_worker,
+                                 drain_timeout_s=settings.request_timeout_s,
+                                 on_change=lambda: holder["state"].refresh_model_info())
+    feedback_store = FeedbackStore(settings.feedback_db, settings.feedback_max_rows, settings.feedback_max_age_s,
+                                   settings.feedback_window)
+    state = AppState(settings, device, metrics_, repository, feedback_store, lifecycle)
+    holder["state"] = state
+    return state
+
+
+def restore_live_gauges(state: AppState) -> None:
+    """Live accuracy/ECE from the store, so they survive a restart."""
+    for model, version in state.feedback.labelled_versions():
+        stats = state.feedback.live_stats(model, version)
+        if stats is not None and state.repository.is_known(model, version):
+            state.metrics.live_accuracy.labels(model, version).set(stats.accuracy)
+            state.metrics.live_ece.labels(model, version).set(stats.ece)
+
+
+def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
+    settings = settings or Settings()
+    lifecycle = lifecycle or Lifecycle()
+    metrics_ = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = build_state(settings, metrics_, lifecycle)
+        app.state.director = state
+
+        async def load_then_poll() -> None:
+            await state.repository.scan()
+            await asyncio.to_thread(restore_live_gauges, state)
+            if settings.poll_interval_s > 0:
+                await state.repository.poll(settings.poll_interval_s)
+
+        loader = asyncio.get_running_loop().create_task(load_then_poll(), name="repository")
+        log.info("serving %s on %s (%d threads)", settings.model_repository, state.device.torch_device,
+                 torch.get_num_threads())
+        try:
+            yield
+        finally:
+            lifecycle.draining = True
+            loader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loader
+            await state.repository.close()  # queued requests finish first
+            state.feedback.close()
+            mark_process_dead()
+
+    app = FastAPI(title="DIRECTOR serving", version=__version__, lifespan=lifespan,
+                  description=(package_doc or "") + "\n\nErrors share one JSON shape: "
+                  "`{\"error\": message, \"status\": code, \"type\": kind, \"details\": [...]}`.")
+    app.state.lifecycle = lifecycle
+    register_error_handlers(app)
+    for router in (predict.router, feedback.router, models.router, health.router, metrics.router, oip.router):
+        app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HttpMetrics, metrics=metrics_)  # outermost: counts refusals by BodyLimit too
+    return app

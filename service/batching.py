@@ -1,0 +1,188 @@
+"""Dynamic batching for one model version: a bounded asyncio queue drained by one worker task.
+
+The worker takes the first waiting request, then keeps packing requests until the batch holds
+``max_batch_samples`` rows (inputs x n_samples) or ``max_batch_delay_ms`` has passed since it started
+waiting; the forward runs in a thread so the event loop keeps serving. A request with a ``seed`` runs in
+a batch of its own under that seed. A full queue refuses at once (``QueueFull``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from models.uncertainty import UncertaintySummary
+from service.artifact import Artifact
+from service.device import Device
+from service.inference import forward_rows, summarize_requests
+
+log = logging.getLogger("service.batching")
+
+
+class QueueFull(Exception):
+    """The model's queue is at ``max_queue``."""
+
+
+class Draining(Exception):
+    """The worker no longer accepts requests (shutdown or version retired)."""
+
+
+@dataclass
+class WorkItem:
+    pixels: torch.Tensor  # [n, C, H, W] float32 in [0, 1]
+    n_samples: int
+    seed: int | None
+    future: asyncio.Future[BatchResult]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def rows(self) -> int:
+        return int(self.pixels.shape[0]) * self.n_samples
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    summary: UncertaintySummary  # fields of shape [n]
+    queue_s: float
+    inference_s: float
+    batch_requests: int
+    batch_inputs: int
+    batch_rows: int
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What the metrics observe per batch."""
+
+    requests: int
+    inputs: int
+    rows: int
+    inference_s: float
+    queue_waits: list[float]
+
+
+class BatchWorker:
+    def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
+                 max_queue: int, on_batch: Callable[[BatchStats], None] | None = None) -> None:
+        self.artifact = artifact
+        self.device = device
+        self.max_rows = max_batch_samples
+        self.max_delay_s = max_batch_delay_ms / 1000.0
+        self.queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=max_queue)
+        self.on_batch = on_batch
+        self._held: WorkItem | None = None  # taken from the queue but left for the next batch
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._busy = False
+
+    @property
+    def depth(self) -> int:
+        return self.queue.qsize() + (1 if self._held is not None else 0)
+
+    @property
+    def idle(self) -> bool:
+        return self.depth == 0 and not self._busy
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
+
+    def enqueue(self, pixels: torch.Tensor, n_samples: int, seed: int | None) -> asyncio.Future[BatchResult]:
+        """Queue one request at once or raise; await the future for its result (cancel it to abandon it)."""
+        if self._closed:
+            raise Draining("model version is shutting down")
+        item = WorkItem(pixels, n_samples, seed, asyncio.get_running_loop().create_future())
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull as exc:
+            raise QueueFull(f"queue full ({self.queue.maxsize} requests waiting)") from exc
+        return item.future
+
+    async def close(self, timeout_s: float) -> None:
+        """Refuse new requests, finish the queued ones (up to ``timeout_s``), then stop."""
+        self._closed = True
+        deadline = time.monotonic() + timeout_s
+        while not self.idle and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for item in self._drain_left():
+            if not item.future.done():
+                item.future.set_exception(Draining("model version shut down before the request ran"))
+
+    def _drain_left(self) -> list[WorkItem]:
+        left = [self._held] if self._held is not None else []
+        self._held = None
+        while not self.queue.empty():
+            left.append(self.queue.get_nowait())
+        return left
+
+    async def _next(self) -> WorkItem:
+        if self._held is not None:
+            item, self._held = self._held, None
+            return item
+        return await self.queue.get()
+
+    async def _collect(self) -> list[WorkItem]:
+        first = await self._next()
+        self._busy = True
+        if first.seed is not None:
+            return [first]
+        batch, rows = [first], first.rows
+        deadline = time.perf_counter() + self.max_delay_s
+        while rows < self.max_rows:
+            remaining = deadline - time.perf_counter()
+            try:
+                item = self.queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self.queue.get(),
+                                                                                             remaining)
+            except (TimeoutError, asyncio.QueueEmpty):
+                break
+            if item.seed is not None or rows + item.rows > self.max_rows:
+                self._held = item  # starts the next batch
+                break
+            batch.append(item)
+            rows += item.rows
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._collect()
+            try:
+                live = [item for item in batch if not item.future.done()]  # timed-out requests are skipped
+                if live:
+                    await self._process(live)
+            except Exception as exc:  # report to the waiting requests; keep the worker alive
+                log.exception("batch of %d requests failed", len(batch))
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+            finally:
+                self._busy = False
+
+    async def _process(self, batch: list[WorkItem]) -> None:
+        started = time.perf_counter()
+        sizes = [int(item.pixels.shape[0]) for item in batch]
+        samples = [item.n_samples for item in batch]
+        repeats = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]
+        pixels = torch.cat([item.pixels for item in batch])  # [sum(n), C, H, W]
+        seed = batch[0].seed if len(batch) == 1 else None
+        summaries = await asyncio.to_thread(self._infer, pixels, repeats, sizes, samples, seed)
+        inference_s = time.perf_counter() - started
+        waits = [started - item.enqueued for item in batch]
+        for item, summary, wait in zip(batch, summaries, waits, strict=True):
+            if not item.future.done():
+                item.future.set_result(BatchResult(summary, wait, inference_s, len(batch), sum(sizes),
+                                                   sum(repeats)))
+        if self.on_batch is not None:
+            self.on_batch(BatchStats(len(batch), sum(sizes), sum(repeats), inference_s, waits))
+
+    def _infer(self, pixels: torch.Tensor, repeats: list[int], sizes: list[int], samples: list[int],
+               seed: int | None) -> list[UncertaintySummary]:
+        rows = forward_rows(self.artifact, self.device, pixels, repeats, self.max_rows, seed)
+        return summarize_requests(rows, sizes, samples, self.artifact.temperature)

@@ -1,0 +1,55 @@
+"""``python -m service``: a command line built from the ``Settings`` fields; flags override ``DIRECTOR_*``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+import typing
+from typing import Any, get_args, get_origin
+
+from service.config import Settings
+
+ENV_PREFIX = "DIRECTOR_"
+
+
+def _kind(annotation: Any) -> Any:
+    """The plain type behind ``X | None``, ``Annotated[...]`` and ``Literal[...]``."""
+    origin = get_origin(annotation)
+    if origin is typing.Annotated:
+        return _kind(get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return _kind(next(a for a in get_args(annotation) if a is not type(None)))
+    return annotation
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m service", description="Serve DIRECTOR artifacts from a model repository. Every option is "
+        f"also read from the environment as {ENV_PREFIX}<NAME>; a flag given here overrides it.",
+        argument_default=argparse.SUPPRESS)
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        env = ENV_PREFIX + name.upper()
+        default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)})"
+        help_text = f"{field.description or ''}{default} [env {env}]".replace("%", "%%")
+        kind = _kind(field.annotation)
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        elif get_origin(kind) is typing.Literal:
+            parser.add_argument(flag, choices=list(get_args(kind)), help=help_text)
+        elif get_origin(kind) is list:
+            parser.add_argument(flag, metavar="A,B", help=help_text)
+        else:
+            parser.add_argument(flag, metavar=name.upper(), help=help_text)
+    return parser
+
+
+def settings_from_args(argv: list[str] | None = None) -> Settings:
+    """Parse flags, export them as ``DIRECTOR_*`` (so uvicorn worker processes see them too), build Settings."""
+    args = vars(build_parser().parse_args(argv))
+    for name, value in args.items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        os.environ[ENV_PREFIX + name.upper()] = str(value)
+    return Settings()

@@ -1,0 +1,58 @@
+"""Server settings: one pydantic-settings object, read from ``DIRECTOR_*`` environment variables.
+
+``python -m service`` builds its command line from these fields (see ``service.cli``); a flag given on
+the command line overrides the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every option of the server. List values are comma-separated in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="DIRECTOR_", extra="ignore", protected_namespaces=())
+
+    host: str = Field("127.0.0.1", description="address to bind (0.0.0.0 inside a container)")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port")
+    workers: int = Field(1, ge=1, description="uvicorn worker processes (each loads every model)")
+    model_repository: Path = Field(Path("model_repository"), description="folder of <model>/<version>/ artifacts")
+    default_model: str = Field("fashion-vit", description="model used when a request names none")
+    required_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="comma-separated models that must be ready before /health/ready is 200")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch's default)")
+    bf16: bool = Field(False, description="bf16 autocast for inference on CUDA (ignored on CPU)")
+    max_batch_samples: int = Field(256, ge=1, description="rows per forward: sum over inputs of n_samples")
+    max_batch_delay_ms: float = Field(5.0, ge=0, description="how long a batch waits for more requests")
+    max_queue: int = Field(256, ge=1, description="queued requests per model version before 503")
+    request_timeout_s: float = Field(30.0, gt=0, description="queue + inference time before 504")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
+    max_image_pixels: int = Field(4_000_000, ge=1, description="largest width x height of an image (413 above)")
+    max_inputs_per_request: int = Field(256, ge=1, description="inputs per request (413 above)")
+    max_text_chars: int = Field(5000, ge=1, description="longest text input in characters (413 above)")
+    api_key: SecretStr | None = Field(None, description="if set, every route but health and metrics needs "
+                                                        "'Authorization: Bearer <key>'")
+    poll_interval_s: float = Field(5.0, ge=0, description="model repository polling period (0 = off)")
+    shutdown_grace_s: float = Field(0.0, ge=0, description="on SIGTERM, report not-ready this long before "
+                                                           "closing the listener")
+    feedback_db: Path = Field(Path("var/feedback.sqlite3"), description="SQLite file of logged predictions")
+    feedback_max_rows: int = Field(100_000, ge=1, description="logged predictions kept (oldest dropped)")
+    feedback_max_age_s: float = Field(7 * 24 * 3600.0, gt=0, description="logged predictions older than this "
+                                                                         "are dropped")
+    feedback_window: int = Field(1000, ge=1, description="latest labelled predictions behind live accuracy/ECE")
+    drift_window: int = Field(1000, ge=10, description="live confidences kept for the drift monitor")
+    drift_min_window: int = Field(200, ge=10, description="confidences needed before drift is reported")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
+
+    @field_validator("required_models", mode="before")
+    @classmethod
+    def _split_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value

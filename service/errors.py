@@ -1,0 +1,108 @@
+"""One error shape for every route, registered in one place.
+
+Body: ``{"error": message, "status": code, "type": kind, "details": [...] | null}``. ``error`` is a string so
+Open Inference Protocol clients (which read ``error``) understand it too. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("service.errors")
+
+KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+         413: "too_large", 422: "invalid_input", 500: "internal", 503: "unavailable", 504: "timeout"}
+
+
+class ErrorBody(BaseModel):
+    """The JSON body of every error response."""
+
+    error: str
+    status: int
+    type: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ApiError(Exception):
+    """An error with an HTTP status that reaches the client as an ``ErrorBody``."""
+
+    def __init__(self, status: int, message: str, details: list[dict[str, Any]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.details = details
+        self.headers = headers
+
+
+def bad_input(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+def not_found(message: str) -> ApiError:
+    return ApiError(404, message)
+
+
+def too_large(message: str) -> ApiError:
+    return ApiError(413, message)
+
+
+def invalid(message: str, loc: list[str | int] | None = None) -> ApiError:
+    return ApiError(422, message, [{"loc": loc or [], "msg": message}])
+
+
+def overloaded(message: str, retry_after_s: int = 1) -> ApiError:
+    return ApiError(503, message, headers={"Retry-After": str(retry_after_s)})
+
+
+def error_response(status: int, message: str, details: list[dict[str, Any]] | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorBody(error=message, status=status, type=KINDS.get(status, "error"), details=details)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """Pydantic errors without the offending input (which may be megabytes of pixels)."""
+    return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "")), "type": str(err.get("type", ""))}
+            for err in exc.errors()]
+
+
+def register_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = _validation_details(exc)
+        if any(d["type"] == "json_invalid" for d in details):
+            return error_response(400, "request body is not valid JSON", details)
+        return error_response(422, "request does not match the schema", details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal server error")
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "undecodable input (bad base64, not PNG/JPEG, invalid JSON)"},
+    401: {"model": ErrorBody, "description": "API key configured and missing or wrong"},
+    404: {"model": ErrorBody, "description": "unknown model or version"},
+    413: {"model": ErrorBody, "description": "body, image pixels, text or number of inputs too large"},
+    422: {"model": ErrorBody, "description": "schema violation: bad n_samples, wrong shape, NaN/Inf, "
+                                            "text to an image model"},
+    503: {"model": ErrorBody, "description": "queue full, model not ready or server draining; see Retry-After"},
+    504: {"model": ErrorBody, "description": "request timed out in the queue or in inference"},
+}

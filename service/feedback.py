@@ -1,0 +1,131 @@
+"""Logged predictions and delayed ground truth in one bounded SQLite file (survives restarts).
+
+Each predicted input is a row keyed by (request id, input index). ``POST /feedback`` sets its true label;
+live accuracy and ECE are computed over the latest ``window`` labelled rows of a model version. Rows older
+than ``max_age_s`` or beyond the newest ``max_rows`` are pruned."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS predictions (
+    request_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    n_samples INTEGER NOT NULL,
+    class_index INTEGER NOT NULL,
+    label TEXT NOT NULL,
+    confidence REAL NOT NULL,
+    created REAL NOT NULL,
+    correct INTEGER,
+    feedback_at REAL,
+    PRIMARY KEY (request_id, idx)
+);
+CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
+CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
+"""
+ECE_BINS = 10
+
+
+@dataclass(frozen=True)
+class LoggedPrediction:
+    model: str
+    version: str
+    class_index: int
+    label: str
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    accuracy: float
+    ece: float
+    n: int
+
+
+class FeedbackStore:
+    def __init__(self, path: Path, max_rows: int, max_age_s: float, window: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_rows, self.max_age_s, self.window = max_rows, max_age_s, window
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10.0, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.executescript(SCHEMA)
+        self._inserts = 0
+        self.prune()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def log(self, request_id: str, model: str, version: str, n_samples: int,
+            rows: list[tuple[int, str, float]]) -> None:
+        """Log one request's predictions: ``rows`` of (class_index, label, confidence) in input order."""
+        now = time.time()
+        with self._lock:
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, "
+                "label, confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(request_id, i, model, version, n_samples, c, lab, conf, now)
+                 for i, (c, lab, conf) in enumerate(rows)])
+            self._inserts += len(rows)
+            due = self._inserts >= max(1, min(1000, self.max_rows // 10))
+        if due:
+            self.prune()
+
+    def prune(self) -> int:
+        with self._lock:
+            self._inserts = 0
+            cur = self._conn.execute("DELETE FROM predictions WHERE created < ?", (time.time() - self.max_age_s,))
+            removed = cur.rowcount
+            cur = self._conn.execute(
+                "DELETE FROM predictions WHERE rowid IN (SELECT rowid FROM predictions ORDER BY created DESC, "
+                "rowid DESC LIMIT -1 OFFSET ?)", (self.max_rows,))
+            return removed + cur.rowcount
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0])
+
+    def lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
+        with self._lock:
+            row = self._conn.execute("SELECT model, version, class_index, label FROM predictions "
+                                     "WHERE request_id = ? AND idx = ?", (request_id, index)).fetchone()
+        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+
+    def record(self, request_id: str, index: int, correct: bool) -> None:
+        with self._lock:
+            self._conn.execute("UPDATE predictions SET correct = ?, feedback_at = ? WHERE request_id = ? AND idx = ?",
+                               (int(correct), time.time(), request_id, index))
+
+    def live_stats(self, model: str, version: str) -> LiveStats | None:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT confidence, correct FROM predictions WHERE model = ? AND version = ? AND correct IS NOT "
+                "NULL ORDER BY feedback_at DESC LIMIT ?", (model, version, self.window)).fetchall()
+        if not rows:
+            return None
+        return LiveStats(accuracy=sum(c for _, c in rows) / len(rows), ece=expected_calibration_error(rows),
+                         n=len(rows))
+
+    def labelled_versions(self) -> list[tuple[str, str]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT DISTINCT model, version FROM predictions WHERE correct IS NOT NULL")
+            return [(m, v) for m, v in rows.fetchall()]
+
+
+def expected_calibration_error(rows: list[tuple[float, int]], bins: int = ECE_BINS) -> float:
+    """ECE with equal-width confidence bins: sum over bins of |accuracy - mean confidence| x share."""
+    totals = [[0, 0.0, 0] for _ in range(bins)]  # count, confidence sum, correct sum
+    for confidence, correct in rows:
+        b = min(int(confidence * bins), bins - 1)
+        totals[b][0] += 1
+        totals[b][1] += confidence
+        totals[b][2] += correct
+    n = len(rows)
+    return sum(abs(c_sum / count - k / count) * count / n for count, c_sum, k in totals if count)

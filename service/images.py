@@ -1,0 +1,102 @@
+"""Inputs to pixel tensors in the manifest's layout: float32 ``[C, H, W]`` in [0, 1].
+
+Conversion (documented in docs/api.md and the OpenAPI schema):
+- encoded images (PNG or JPEG only): the header's width x height is checked against the pixel limit
+  *before* the image is decoded; transparency is composited onto black (the Fashion-MNIST convention is
+  a light object on a dark background); colour is converted with PIL to ``L`` (1 channel, ITU-R 601
+  luma) or ``RGB`` (3 channels); a different size is resized bilinearly to height x width (aspect ratio
+  not kept); values are divided by 255.
+- pixel arrays: ``[H, W]`` (1-channel models) or ``[C, H, W]`` with exactly the manifest's size, values
+  finite and in [0, 1]; no resizing (an array of the wrong shape is refused with 422).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from service.errors import ApiError, bad_input, invalid, too_large
+
+FORMATS = ["PNG", "JPEG"]
+
+
+def decode_base64(data: str, loc: list[str | int]) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ApiError(400, f"{_where(loc)}: image_base64 is not valid base64", [{"loc": loc, "msg": str(exc)}]
+                       ) from exc
+
+
+def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, loc: list[str | int]
+                    ) -> torch.Tensor:
+    channels, height, width = shape
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
+            if image.width * image.height > max_pixels:
+                raise too_large(f"{_where(loc)}: image is {image.width}x{image.height} = "
+                                f"{image.width * image.height} pixels, the limit is {max_pixels}")
+            image.load()
+    except ApiError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning) as exc:
+        raise bad_input(f"{_where(loc)}: not a decodable PNG or JPEG image ({type(exc).__name__})") from exc
+    image = _flatten_alpha(image)
+    image = image.convert("L" if channels == 1 else "RGB")
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.float32) / 255.0  # [H, W] or [H, W, 3]
+    tensor = torch.from_numpy(array.copy())
+    return tensor.unsqueeze(0) if channels == 1 else tensor.permute(2, 0, 1).contiguous()
+
+
+def _flatten_alpha(image: Image.Image) -> Image.Image:
+    if image.mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    if image.mode in ("RGBA", "LA", "PA"):
+        background = Image.new("RGBA", image.size, (0, 0, 0, 255))
+        return Image.alpha_composite(background, image.convert("RGBA")).convert("RGB")
+    return image
+
+
+def pixels_to_tensor(pixels: Any, shape: tuple[int, int, int], loc: list[str | int]) -> torch.Tensor:
+    channels, height, width = shape
+    try:
+        array = np.asarray(pixels, dtype=np.float32)
+    except (ValueError, TypeError) as exc:
+        raise invalid(f"{_where(loc)}: pixels must be a rectangular nested list of numbers", loc) from exc
+    if array.ndim == 2 and channels == 1:
+        array = array[None]
+    if array.shape != (channels, height, width):
+        expected = f"[{height}, {width}] or " if channels == 1 else ""
+        raise invalid(f"{_where(loc)}: pixels have shape {list(array.shape)}, expected {expected}"
+                      f"[{channels}, {height}, {width}]", loc)
+    check_values(array, loc)
+    return torch.from_numpy(array.copy())
+
+
+def check_values(array: np.ndarray, loc: list[str | int]) -> None:
+    if not np.isfinite(array).all():
+        raise invalid(f"{_where(loc)}: pixels contain NaN or Inf", loc)
+    low, high = float(array.min(initial=0.0)), float(array.max(initial=0.0))
+    if low < 0.0 or high > 1.0:
+        raise invalid(f"{_where(loc)}: pixel values must lie in [0, 1], got [{low:.4g}, {high:.4g}]", loc)
+
+
+def _where(loc: list[str | int]) -> str:
+    return ".".join(str(part) for part in loc) if loc else "input"
+
+
+def finite(value: float) -> bool:
+    return math.isfinite(value)

@@ -1,0 +1,52 @@
+"""One batched forward over several requests: ``sample_rows`` with mixed sample counts, rows split back
+per input with ``split_rows`` and summarised per request with ``summarize``. Runs in a worker thread."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from models.uncertainty import UncertaintySummary, split_rows, summarize
+from service.artifact import Artifact
+from service.device import Device
+
+
+def chunks_by_rows(repeats: Sequence[int], max_rows: int) -> list[slice]:
+    """Consecutive input ranges whose summed sample counts stay within ``max_rows`` (an input larger than
+    ``max_rows`` gets a forward of its own): memory is bounded by rows, not by requests."""
+    out, start, rows = [], 0, 0
+    for i, count in enumerate(repeats):
+        if i > start and rows + count > max_rows:
+            out.append(slice(start, i))
+            start, rows = i, 0
+        rows += count
+    if start < len(repeats):
+        out.append(slice(start, len(repeats)))
+    return out
+
+
+def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repeats: list[int], max_rows: int,
+                 seed: int | None = None) -> torch.Tensor:
+    """Sampled logit rows ``[sum(repeats), C]`` (fp32, CPU), grouped by input in order."""
+    outputs = []
+    with device.lock, torch.inference_mode(), device.autocast():
+        if seed is not None:
+            torch.manual_seed(seed)
+        for part in chunks_by_rows(repeats, max_rows):
+            x = pixels[part].to(device.torch_device, non_blocking=True)  # [b, C, H, W]
+            r = torch.tensor(repeats[part], dtype=torch.long, device=device.torch_device)  # [b]
+            outputs.append(artifact.module.sample_rows(x, r).float().cpu())  # [sum(r), C]
+    return torch.cat(outputs)
+
+
+def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float
+                       ) -> list[UncertaintySummary]:
+    """Split rows back: per input ``[S_i, 1, C]`` blocks, then one ``[S, n, C]`` summary per request."""
+    repeats = torch.tensor([s for size, s in zip(sizes, samples, strict=True) for _ in range(size)])
+    blocks = split_rows(rows, repeats)  # one [S_i, 1, C] per input
+    out, start = [], 0
+    for size in sizes:
+        out.append(summarize(torch.cat(blocks[start:start + size], dim=1), temperature))  # [S, n, C] -> [n]
+        start += size
+    return out

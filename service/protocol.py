@@ -1,0 +1,148 @@
+"""Request and response schemas of the JSON API (``/predict``, ``/feedback``, ``/models``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SEED_MAX = 2**63 - 1
+
+
+class ImageInput(BaseModel):
+    """An encoded PNG or JPEG image, converted to the model's channels and size (see docs/api.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    image_base64: str = Field(..., description="base64 (standard alphabet) of a PNG or JPEG file")
+
+
+class PixelsInput(BaseModel):
+    """Pixels already in the model's layout: ``[H, W]`` (1-channel models) or ``[C, H, W]``, floats in [0, 1]."""
+
+    model_config = ConfigDict(extra="forbid")
+    pixels: list[Any] = Field(..., description="nested list [C][H][W] (or [H][W]) of floats in [0, 1]")
+
+
+class TextInput(BaseModel):
+    """A text string, for text models (sent to an image model it is refused with 422)."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(..., description="raw text; longer than the server's character limit -> 413")
+
+
+Input = ImageInput | PixelsInput | TextInput
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model: str | None = Field(None, description="model name; the server's default model when omitted")
+    version: str | None = Field(None, description="model version; the highest ready version when omitted")
+    inputs: list[Input] = Field(..., min_length=1, description="one or more inputs, answered in order")
+    n_samples: int | None = Field(None, ge=1, description="stochastic samples per input, 1..manifest max_samples; "
+                                                         "the manifest's default_samples when omitted")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="run alone under torch.manual_seed(seed): "
+                                                                  "the same request gives the same answer")
+    return_probabilities: bool = Field(True, description="include the label -> probability map per input")
+
+
+class Prediction(BaseModel):
+    index: int = Field(..., description="position of the input in the request")
+    label: str
+    class_index: int
+    confidence: float = Field(..., description="max of the mean probability over samples")
+    probabilities: dict[str, float] | None = Field(None, description="label -> mean probability over samples")
+    predictive_entropy: float = Field(..., description="entropy of the mean probability, nats")
+    expected_entropy: float = Field(..., description="mean over samples of each sample's entropy, nats")
+    mutual_information: float = Field(..., description="predictive - expected entropy (>= 0; 0 at n_samples=1), "
+                                                       "nats")
+    ood_score: float = Field(..., description="the manifest's OOD score for this sample count; higher = more OOD")
+    is_ood: bool = Field(..., description="ood_score > the threshold passing 95% of in-distribution validation "
+                                          "inputs")
+
+
+class OodInfo(BaseModel):
+    score: str = Field(..., description="name of the OOD score (max_softmax, predictive_entropy, "
+                                        "mutual_information, energy)")
+    threshold: float
+    calibrated_n_samples: int = Field(..., description="sample count the threshold was calibrated at")
+    note: str | None = Field(None, description="set when n_samples has no calibrated threshold of its own")
+
+
+class Timings(BaseModel):
+    queue_ms: float = Field(..., description="wait in the model's queue")
+    inference_ms: float = Field(..., description="forward + summaries of the batch this request ran in")
+    total_ms: float = Field(..., description="server time from request to response")
+    batch_requests: int = Field(..., description="requests that shared the forward")
+    batch_rows: int = Field(..., description="sampled rows in the forward (inputs x n_samples, summed)")
+
+
+class PredictResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    id: str = Field(..., description="request id; quote it in /feedback")
+    model: str
+    model_version: str
+    n_samples: int
+    ood: OodInfo
+    predictions: list[Prediction]
+    timings: Timings
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(..., min_length=1, max_length=64, description="the id of a /predict response")
+    index: int = Field(0, ge=0, description="input index in that request")
+    label: str | int = Field(..., description="true label: a label name or a class index")
+
+    @model_validator(mode="after")
+    def _no_bool(self) -> FeedbackRequest:
+        if isinstance(self.label, bool):
+            raise ValueError("label must be a label name or a class index")
+        return self
+
+
+class FeedbackResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    id: str
+    index: int
+    model: str
+    model_version: str
+    correct: bool
+    live_accuracy: float | None
+    live_ece: float | None
+    labelled: int = Field(..., description="labelled predictions behind the live figures")
+
+
+class VersionInfo(BaseModel):
+    version: str
+    state: str = Field(..., description="ready | loading | unavailable")
+    reason: str | None = Field(None, description="why the version is unavailable")
+    method: str | None = None
+    modality: str | None = None
+    default_samples: int | None = None
+    max_samples: int | None = None
+    loaded_at: float | None = Field(None, description="unix time the version became ready")
+    queue_depth: int | None = None
+
+
+class ModelSummary(BaseModel):
+    name: str
+    default_version: str | None = Field(None, description="highest ready version")
+    versions: list[VersionInfo]
+
+
+class ModelList(BaseModel):
+    default_model: str
+    models: list[ModelSummary]
+
+
+class ModelDetail(ModelSummary):
+    manifest: dict[str, Any] | None = Field(None, description="manifest of the default (or requested) version")
+    reference: dict[str, Any] | None = Field(None, description="reference calibration: validation accuracy, ECE, "
+                                                              "NLL and confidence/entropy quantiles")
+
+
+class Health(BaseModel):
+    status: str
+    draining: bool = False
+    models: dict[str, dict[str, str]] = Field(default_factory=dict, description="model -> version -> state")
+    missing_required: list[str] = Field(default_factory=list)

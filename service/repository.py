@@ -1,0 +1,183 @@
+"""The model repository: every ``<model>/<version>/`` folder, its state and its batching worker.
+
+States: ``loading`` -> ``ready`` or ``unavailable`` (with the reason). A broken folder is reported and
+never takes the others down. ``scan()`` (run at start and then every ``poll_interval_s``) picks up new,
+changed and removed folders without a restart: a changed folder is loaded beside the old one and swapped
+in only once warm; a replaced or removed version's worker finishes its queued requests before stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from service.artifact import Artifact, ArtifactError, load_artifact, read_manifest
+from service.batching import BatchWorker
+from service.device import Device
+
+log = logging.getLogger("service.repository")
+
+
+class State(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass
+class ModelVersion:
+    name: str
+    version: str
+    folder: Path
+    fingerprint: tuple[tuple[str, int, int], ...]
+    state: State = State.LOADING
+    reason: str | None = None
+    artifact: Artifact | None = None
+    worker: BatchWorker | None = None
+    loaded_at: float | None = None
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        return str(self.manifest.get("method", "unknown"))
+
+
+def version_key(version: str) -> tuple[int, int, str]:
+    """Numeric versions sort numerically and above non-numeric ones."""
+    return (1, int(version), "") if version.isdigit() else (0, 0, version)
+
+
+def fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    try:
+        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
+                            if p.is_file()))
+    except OSError:
+        return ()
+
+
+WorkerFactory = Callable[[str, str, Artifact], BatchWorker]
+
+
+class ModelRepository:
+    def __init__(self, root: Path, device: Device, make_worker: WorkerFactory, drain_timeout_s: float,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.root = root
+        self.device = device
+        self.make_worker = make_worker
+        self.drain_timeout_s = drain_timeout_s
+        self.on_change = on_change
+        self.models: dict[str, dict[str, ModelVersion]] = {}
+        self.scanned_once = False
+        self._scan_lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    # lookups -------------------------------------------------------------------------------------------
+    def versions(self, name: str) -> list[ModelVersion]:
+        return sorted(self.models.get(name, {}).values(), key=lambda v: version_key(v.version))
+
+    def default_version(self, name: str) -> ModelVersion | None:
+        ready = [v for v in self.versions(name) if v.state is State.READY]
+        return ready[-1] if ready else None
+
+    def get(self, name: str, version: str | None) -> ModelVersion | None:
+        """The named version, or the highest ready one; None when there is none."""
+        if version is None:
+            return self.default_version(name)
+        return self.models.get(name, {}).get(version)
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [v for name in sorted(self.models) for v in self.versions(name)]
+
+    def is_known(self, name: str, version: str | None = None) -> bool:
+        return name in self.models and (version is None or version in self.models[name])
+
+    # scanning ------------------------------------------------------------------------------------------
+    def _folders(self) -> dict[tuple[str, str], Path]:
+        found: dict[tuple[str, str], Path] = {}
+        if not self.root.is_dir():
+            return found
+        for model_dir in sorted(self.root.iterdir()):
+            if not model_dir.is_dir() or model_dir.name.startswith("."):
+                continue
+            for version_dir in sorted(model_dir.iterdir()):
+                # hidden folders are exports in progress (training/export.py writes .<version>.tmp first)
+                if version_dir.is_dir() and not version_dir.name.startswith("."):
+                    found[(model_dir.name, version_dir.name)] = version_dir
+        return found
+
+    async def scan(self) -> None:
+        async with self._scan_lock:
+            found = self._folders()
+            for (name, version), folder in found.items():
+                current = self.models.get(name, {}).get(version)
+                print_ = fingerprint(folder)
+                if current is not None and current.fingerprint == print_:
+                    continue
+                await self._load(name, version, folder, print_, current)
+            for name in list(self.models):
+                for version in list(self.models[name]):
+                    if (name, version) not in found:
+                        entry = self.models[name].pop(version)
+                        log.info("model %s version %s removed from the repository", name, version)
+                        self._notify()
+                        self._retire(entry)
+                if not self.models[name]:
+                    del self.models[name]
+            self.scanned_once = True
+
+    async def _load(self, name: str, version: str, folder: Path, print_: tuple, current: ModelVersion | None
+                    ) -> None:
+        entry = ModelVersion(name, version, folder, print_)
+        try:
+            entry.manifest = read_manifest(folder)
+        except ArtifactError:
+            entry.manifest = {}
+        if current is None:  # visible as "loading" while it loads; a reload keeps serving the old one
+            self.models.setdefault(name, {})[version] = entry
+            self._notify()
+        started = time.perf_counter()
+        try:
+            entry.artifact = await asyncio.to_thread(load_artifact, folder, self.device)
+        except ArtifactError as exc:
+            entry.state, entry.reason = State.UNAVAILABLE, str(exc)
+            log.warning("model %s version %s unavailable: %s", name, version, exc)
+        except Exception as exc:  # never let one folder stop the scan
+            entry.state, entry.reason = State.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
+            log.exception("model %s version %s failed to load", name, version)
+        else:
+            entry.worker = self.make_worker(name, version, entry.artifact)
+            entry.worker.start()
+            entry.state, entry.loaded_at = State.READY, time.time()
+            log.info("model %s version %s ready in %.2fs", name, version, time.perf_counter() - started)
+        self.models.setdefault(name, {})[version] = entry
+        if current is not None:
+            self._retire(current)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def _retire(self, entry: ModelVersion) -> None:
+        if entry.worker is None:
+            return
+        task = asyncio.get_running_loop().create_task(entry.worker.close(self.drain_timeout_s))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def poll(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.scan()
+            except Exception:
+                log.exception("repository scan failed")
+
+    async def close(self) -> None:
+        """Finish every queued request, then stop all workers."""
+        workers = [v.worker for v in self.all_versions() if v.worker is not None]
+        await asyncio.gather(*(w.close(self.drain_timeout_s) for w in workers), *self._retiring)

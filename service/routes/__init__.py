@@ -1,0 +1,1 @@
+"""Thin HTTP routers; the logic lives in ``service.serving``."""

@@ -1,0 +1,29 @@
+"""GET /health/live and /health/ready (no API key)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from service.deps import State
+from service.protocol import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health/live", response_model=Health, summary="The process is up")
+async def live(state: State) -> Health:
+    return Health(status="alive", draining=state.lifecycle.draining)
+
+
+@router.get("/health/ready", response_model=Health, responses={503: {"model": Health, "description": "not ready"}},
+            summary="Ready to serve",
+            description="200 when the repository has been scanned, no version is still loading, at least one "
+                        "version is ready, every model in DIRECTOR_REQUIRED_MODELS has a ready version, and the "
+                        "server is not draining; 503 otherwise (a broken artifact that is not required does not "
+                        "make the server unready).")
+async def ready(state: State) -> JSONResponse:
+    is_ready, models, missing = state.readiness()
+    body = Health(status="ready" if is_ready else "not_ready", draining=state.lifecycle.draining, models=models,
+                  missing_required=missing)
+    return JSONResponse(body.model_dump(), status_code=200 if is_ready else 503)

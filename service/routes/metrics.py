@@ -1,0 +1,20 @@
+"""GET /metrics in the Prometheus text format (no API key)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from service.deps import State
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
+            responses={200: {"content": {"text/plain": {}}}})
+async def metrics(state: State) -> Response:
+    device = state.device.memory_allocated()
+    if device is not None:
+        state.metrics.gpu_memory.set(device)
+    return Response(state.metrics.expose(), media_type=CONTENT_TYPE_LATEST)

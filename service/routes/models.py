@@ -1,0 +1,56 @@
+"""GET /models, /models/{name}, /models/{name}/versions/{version}: manifests, states and reasons."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from service.deps import State, require_api_key
+from service.errors import ERROR_RESPONSES, not_found
+from service.protocol import ModelDetail, ModelList, ModelSummary, VersionInfo
+from service.repository import ModelVersion
+from service.state import AppState
+
+router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+def version_info(entry: ModelVersion) -> VersionInfo:
+    sampling = entry.manifest.get("sampling", {}) if isinstance(entry.manifest.get("sampling"), dict) else {}
+    return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
+                       method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
+                       default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
+                       loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None)
+
+
+def summary(state: AppState, name: str) -> ModelSummary:
+    default = state.repository.default_version(name)
+    return ModelSummary(name=name, default_version=default.version if default else None,
+                        versions=[version_info(v) for v in state.repository.versions(name)])
+
+
+def detail(state: AppState, name: str, entry: ModelVersion | None) -> ModelDetail:
+    manifest = entry.manifest if entry is not None and entry.manifest else None
+    return ModelDetail(**summary(state, name).model_dump(), manifest=manifest,
+                       reference=manifest.get("reference") if manifest else None)
+
+
+@router.get("/models", response_model=ModelList, summary="All models and versions with their state")
+async def list_models(state: State) -> ModelList:
+    return ModelList(default_model=state.settings.default_model,
+                     models=[summary(state, name) for name in sorted(state.repository.models)])
+
+
+@router.get("/models/{name}", response_model=ModelDetail,
+            summary="A model: versions, states, and the default version's manifest and reference calibration")
+async def get_model(name: str, state: State) -> ModelDetail:
+    if not state.repository.is_known(name):
+        raise not_found(f"unknown model {name!r}")
+    versions = state.repository.versions(name)
+    return detail(state, name, state.repository.default_version(name) or versions[-1])
+
+
+@router.get("/models/{name}/versions/{version}", response_model=ModelDetail,
+            summary="One version of a model with its manifest")
+async def get_model_version(name: str, version: str, state: State) -> ModelDetail:
+    if not state.repository.is_known(name, version):
+        raise not_found(f"unknown model {name!r} version {version!r}")
+    return detail(state, name, state.repository.get(name, version))

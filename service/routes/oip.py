@@ -1,0 +1,134 @@
+"""Open Inference Protocol v2 routes (/v2 ...); tensors are mapped in ``service.oip``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from service import __version__, oip, serving
+from service.deps import State, require_api_key
+from service.errors import ERROR_RESPONSES, invalid, not_found
+from service.repository import ModelVersion
+from service.repository import State as ModelState
+from service.state import AppState
+
+SERVER_NAME = "director-serving"
+health = APIRouter(prefix="/v2", tags=["open inference protocol"])
+guarded = APIRouter(prefix="/v2", tags=["open inference protocol"], dependencies=[Depends(require_api_key)],
+                    responses=ERROR_RESPONSES)
+# the body is read raw (it may carry binary tensors), so its schema is documented here
+INFER_BODY = {"requestBody": {"required": True, "description": (
+    "OIP inference request: inputs [{name: pixels, datatype: FP32, shape: [N, C, H, W], data}], parameters "
+    "{n_samples, seed}, outputs [{name}]; the binary tensor extension (Inference-Header-Content-Length) is "
+    "accepted"), "content": {"application/json": {"schema": {"type": "object", "required": ["inputs"]}},
+                             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@health.get("/health/live", summary="OIP liveness")
+async def v2_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@health.get("/health/ready", summary="OIP readiness (same rule as /health/ready)",
+            responses={503: {"description": "not ready"}})
+async def v2_ready(state: State) -> JSONResponse:
+    ready = state.readiness()[0]
+    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+
+@guarded.get("", summary="OIP server metadata")
+async def v2_server() -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+def _entry(state: AppState, name: str, version: str | None) -> ModelVersion:
+    if not state.repository.is_known(name):
+        raise not_found(f"unknown model {name!r}")
+    entry = state.repository.get(name, version)
+    if entry is None and version is not None:
+        raise not_found(f"unknown model {name!r} version {version!r}")
+    if entry is None:
+        raise not_found(f"model {name!r} has no ready version")
+    return entry
+
+
+def _metadata(state: AppState, name: str, version: str | None) -> dict[str, Any]:
+    entry = _entry(state, name, version)
+    if entry.artifact is None:
+        return {"name": name, "versions": [entry.version], "platform": "pytorch_torchscript", "inputs": [],
+                "outputs": [], "state": entry.state.value, "reason": entry.reason}
+    versions = [entry.version] if version is not None else [
+        v.version for v in state.repository.versions(name) if v.state is ModelState.READY]
+    return oip.metadata(name, versions, entry.artifact.input_shape, len(entry.artifact.labels))
+
+
+def _ready(state: AppState, name: str, version: str | None) -> JSONResponse:
+    entry = _entry(state, name, version) if version is not None or state.repository.is_known(name) else None
+    if entry is None:
+        raise not_found(f"unknown model {name!r}")
+    ready = entry.state is ModelState.READY and not state.lifecycle.draining
+    return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
+
+
+async def _infer(request: Request, state: AppState, name: str, version: str | None) -> dict[str, Any]:
+    raw = await request.body()
+    body, tail = oip.parse_body(raw, request.headers.get(oip.HEADER_LENGTH))
+    entry = serving.resolve(state, name, version)
+    assert entry.artifact is not None
+    parameters = body.get("parameters") or {}
+    n_samples = serving.check_samples(entry, oip.int_parameter(parameters, "n_samples"))
+    seed = oip.int_parameter(parameters, "seed")
+    if seed is not None and seed < 0:
+        raise invalid("parameter seed must be >= 0", ["body", "parameters", "seed"])
+    pixels = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.manifest["modality"])
+    serving.check_count(state, int(pixels.shape[0]))
+    outcome = await serving.run(state, entry, pixels, n_samples, seed)
+    requested = [o.get("name") for o in body.get("outputs") or [] if isinstance(o, dict)] or None
+    response: dict[str, Any] = {
+        "model_name": entry.name, "model_version": entry.version,
+        "parameters": {"n_samples": n_samples, "prediction_id": outcome.id, "ood_score_name": outcome.rule.score,
+                       "ood_threshold": outcome.rule.threshold},
+        "outputs": oip.outputs_json(outcome, requested),
+    }
+    if "id" in body:
+        response["id"] = str(body["id"])
+    return response
+
+
+@guarded.get("/models/{name}", summary="OIP model metadata (default version)")
+async def v2_model(name: str, state: State) -> dict[str, Any]:
+    return _metadata(state, name, None)
+
+
+@guarded.get("/models/{name}/versions/{version}", summary="OIP model metadata (one version)")
+async def v2_model_version(name: str, version: str, state: State) -> dict[str, Any]:
+    return _metadata(state, name, version)
+
+
+@guarded.get("/models/{name}/ready", summary="OIP model readiness", responses={503: {"description": "not ready"}})
+async def v2_model_ready(name: str, state: State) -> JSONResponse:
+    return _ready(state, name, None)
+
+
+@guarded.get("/models/{name}/versions/{version}/ready", summary="OIP model version readiness",
+             responses={503: {"description": "not ready"}})
+async def v2_model_version_ready(name: str, version: str, state: State) -> JSONResponse:
+    return _ready(state, name, version)
+
+
+@guarded.post("/models/{name}/infer", summary="OIP inference (default version)", openapi_extra=INFER_BODY)
+async def v2_infer(name: str, request: Request, state: State) -> dict[str, Any]:
+    return await _infer(request, state, name, None)
+
+
+@guarded.post("/models/{name}/versions/{version}/infer", summary="OIP inference (one version)",
+              openapi_extra=INFER_BODY)
+async def v2_infer_version(name: str, version: str, request: Request, state: State) -> dict[str, Any]:
+    return await _infer(request, state, name, version)
+
+
+router = APIRouter()
+router.include_router(health)
+router.include_router(guarded)

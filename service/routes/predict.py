@@ -1,0 +1,82 @@
+"""POST /predict (JSON) and POST /predict/image (multipart upload)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, UploadFile
+
+from service import serving
+from service.deps import State, require_api_key
+from service.errors import ERROR_RESPONSES, too_large
+from service.images import image_to_tensor
+from service.protocol import OodInfo, Prediction, PredictRequest, PredictResponse, Timings
+from service.serving import Outcome
+
+router = APIRouter(tags=["predict"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+def to_response(outcome: Outcome, return_probabilities: bool, started: float) -> PredictResponse:
+    entry, s = outcome.entry, outcome.summary
+    assert entry.artifact is not None
+    labels = entry.artifact.labels
+    probabilities = s.probabilities.tolist()
+    predictions = [
+        Prediction(index=i, label=labels[c], class_index=c, confidence=conf,
+                   probabilities=dict(zip(labels, probabilities[i], strict=True)) if return_probabilities else None,
+                   predictive_entropy=pe, expected_entropy=ee, mutual_information=mi, ood_score=score,
+                   is_ood=flag)
+        for i, (c, conf, pe, ee, mi, score, flag) in enumerate(zip(
+            s.prediction.tolist(), s.confidence.tolist(), s.predictive_entropy.tolist(), s.expected_entropy.tolist(),
+            s.mutual_information.tolist(), outcome.ood, outcome.is_ood, strict=True))
+    ]
+    rule, batch = outcome.rule, outcome.batch
+    return PredictResponse(
+        id=outcome.id, model=entry.name, model_version=entry.version, n_samples=outcome.n_samples,
+        ood=OodInfo(score=rule.score, threshold=rule.threshold, calibrated_n_samples=rule.calibrated_samples,
+                    note=rule.note),
+        predictions=predictions,
+        timings=Timings(queue_ms=round(batch.queue_s * 1000, 3), inference_ms=round(batch.inference_s * 1000, 3),
+                        total_ms=serving.elapsed_ms(started), batch_requests=batch.batch_requests,
+                        batch_rows=batch.batch_rows),
+    )
+
+
+@router.post("/predict", response_model=PredictResponse, response_model_exclude_none=True,
+             summary="Predict with uncertainty",
+             description="Classify one or more inputs with `n_samples` stochastic forwards each. Images are "
+                         "converted to the model's channels and size (PIL `L`/`RGB`, transparency onto black, "
+                         "bilinear resize, aspect ratio not kept); pixel arrays must already have the model's "
+                         "shape. Requests are batched dynamically with other requests unless `seed` is given.")
+async def predict(body: PredictRequest, state: State) -> PredictResponse:
+    started = time.perf_counter()
+    entry = serving.resolve(state, body.model, body.version)
+    n_samples = serving.check_samples(entry, body.n_samples)
+    pixels = serving.inputs_to_pixels(state, entry, body.inputs)
+    outcome = await serving.run(state, entry, pixels, n_samples, body.seed)
+    return to_response(outcome, body.return_probabilities, started)
+
+
+@router.post("/predict/image", response_model=PredictResponse, response_model_exclude_none=True,
+             summary="Predict one uploaded image (multipart/form-data)",
+             description="Same as /predict for a single PNG or JPEG file sent as the form field `file`.")
+async def predict_image(
+    state: State,
+    file: Annotated[UploadFile, File(description="PNG or JPEG image")],
+    model: Annotated[str | None, Form(description="model name (default: the server's default model)")] = None,
+    version: Annotated[str | None, Form(description="model version (default: highest ready)")] = None,
+    n_samples: Annotated[int | None, Form(ge=1, description="stochastic samples")] = None,
+    seed: Annotated[int | None, Form(ge=0, le=2**63 - 1, description="reproducible run")] = None,
+    return_probabilities: Annotated[bool, Form()] = True,
+) -> PredictResponse:
+    started = time.perf_counter()
+    entry = serving.resolve(state, model, version)
+    count = serving.check_samples(entry, n_samples)
+    data = await file.read(state.settings.max_body_bytes + 1)
+    if len(data) > state.settings.max_body_bytes:
+        raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
+    assert entry.artifact is not None
+    pixels = image_to_tensor(data, entry.artifact.input_shape, state.settings.max_image_pixels, ["body", "file"])
+    outcome = await serving.run(state, entry, pixels.unsqueeze(0), count, seed)
+    return to_response(outcome, return_probabilities, started)

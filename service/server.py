@@ -1,0 +1,63 @@
+"""Running the app under uvicorn with a graceful shutdown.
+
+On SIGTERM/SIGINT the server first reports not-ready (``draining``) for ``shutdown_grace_s`` so a load
+balancer stops sending traffic, then uvicorn stops accepting connections and waits for in-flight requests;
+the lifespan then lets every queued request finish before the process exits."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from types import FrameType
+
+import uvicorn
+
+from service.config import Settings
+from service.state import Lifecycle
+
+log = logging.getLogger("service.server")
+
+
+class DirectorServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace_s: float) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.grace_s = grace_s
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.lifecycle.draining or self.grace_s <= 0:  # second signal, or no grace period: go now
+            self.lifecycle.draining = True
+            super().handle_exit(sig, frame)
+            return
+        self.lifecycle.draining = True
+        log.info("draining: not ready for %.1fs before closing the listener", self.grace_s)
+        timer = threading.Timer(self.grace_s, super().handle_exit, (sig, frame))
+        timer.daemon = True
+        timer.start()
+
+
+def uvicorn_config(app: object, settings: Settings, **extra: object) -> uvicorn.Config:
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                          timeout_graceful_shutdown=int(settings.request_timeout_s) + 5, access_log=False,
+                          **extra)
+
+
+def serve(settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.workers > 1:
+        # several processes: metrics must go through prometheus-client's multiprocess mode; the variable has
+        # to be set before prometheus_client is imported in the workers
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="director-prometheus-")
+            log.info("PROMETHEUS_MULTIPROC_DIR=%s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        uvicorn.run("service.app:create_app", factory=True, host=settings.host, port=settings.port,
+                    workers=settings.workers, log_level=settings.log_level, access_log=False,
+                    timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
+        return
+    from service.app import create_app  # after the environment is final
+
+    lifecycle = Lifecycle()
+    app = create_app(settings, lifecycle)
+    DirectorServer(uvicorn_config(app, settings), lifecycle, settings.shutdown_grace_s).run()

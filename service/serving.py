@@ -1,0 +1,173 @@
+"""Prediction logic behind the HTTP routes (JSON API and Open Inference Protocol share it): resolve the
+model version, turn inputs into pixels, queue them on the version's batching worker, and turn the
+summaries into per-input results with the manifest's OOD rule. Records metrics, drift and the log that
+``/feedback`` joins to."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from models.uncertainty import UncertaintySummary, ood_score
+from service.artifact import ArtifactError, OodRule, ood_rule
+from service.batching import BatchResult, Draining, QueueFull
+from service.drift import DriftMonitor
+from service.errors import ApiError, invalid, not_found, overloaded, too_large
+from service.images import decode_base64, image_to_tensor, pixels_to_tensor
+from service.protocol import ImageInput, Input, PixelsInput, TextInput
+from service.repository import ModelVersion, State
+from service.state import AppState
+
+log = logging.getLogger("service.serving")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request's result, protocol-neutral."""
+
+    id: str
+    entry: ModelVersion
+    n_samples: int
+    rule: OodRule
+    summary: UncertaintySummary  # fields [n]
+    ood: list[float]
+    is_ood: list[bool]
+    batch: BatchResult
+
+
+def resolve(state: AppState, model: str | None, version: str | None) -> ModelVersion:
+    name = model or state.settings.default_model
+    repo = state.repository
+    if not repo.is_known(name):
+        raise not_found(f"unknown model {name!r}; known: {', '.join(sorted(repo.models)) or 'none'}")
+    entry = repo.get(name, version)
+    if entry is None and version is not None:
+        known = ", ".join(v.version for v in repo.versions(name))
+        raise not_found(f"model {name!r} has no version {version!r}; known: {known}")
+    if entry is None:
+        raise overloaded(f"model {name!r} has no ready version yet", retry_after_s=5)
+    if entry.state is State.LOADING:
+        raise overloaded(f"model {name!r} version {entry.version} is still loading", retry_after_s=5)
+    if entry.state is State.UNAVAILABLE:
+        raise ApiError(503, f"model {name!r} version {entry.version} is unavailable: {entry.reason}")
+    return entry
+
+
+def check_samples(entry: ModelVersion, n_samples: int | None) -> int:
+    artifact = entry.artifact
+    assert artifact is not None
+    count = artifact.default_samples if n_samples is None else n_samples
+    if not 1 <= count <= artifact.max_samples:
+        raise invalid(f"n_samples must be between 1 and {artifact.max_samples} for {entry.name} "
+                      f"version {entry.version}, got {count}", ["body", "n_samples"])
+    return count
+
+
+def check_count(state: AppState, count: int) -> None:
+    limit = state.settings.max_inputs_per_request
+    if count > limit:
+        raise too_large(f"{count} inputs in one request, the limit is {limit}")
+
+
+def inputs_to_pixels(state: AppState, entry: ModelVersion, inputs: list[Input]) -> torch.Tensor:
+    """``[n, C, H, W]`` float32 in [0, 1] from JSON inputs."""
+    artifact = entry.artifact
+    assert artifact is not None
+    check_count(state, len(inputs))
+    shape = artifact.input_shape
+    tensors = []
+    for i, item in enumerate(inputs):
+        loc: list[str | int] = ["body", "inputs", i]
+        if isinstance(item, TextInput):
+            if len(item.text) > state.settings.max_text_chars:
+                raise too_large(f"inputs.{i}: text has {len(item.text)} characters, the limit is "
+                                f"{state.settings.max_text_chars}")
+            raise invalid(f"inputs.{i}: model {entry.name!r} takes images; text inputs need a text model", loc)
+        if isinstance(item, ImageInput):
+            data = decode_base64(item.image_base64, [*loc, "image_base64"])
+            tensors.append(image_to_tensor(data, shape, state.settings.max_image_pixels, [*loc, "image_base64"]))
+        elif isinstance(item, PixelsInput):
+            tensors.append(pixels_to_tensor(item.pixels, shape, [*loc, "pixels"]))
+    return torch.stack(tensors)
+
+
+async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samples: int, seed: int | None
+              ) -> Outcome:
+    """Queue ``pixels`` on the version's worker; map overload, drain and timeout to 503/503/504."""
+    labels = (entry.name, entry.version)
+    metrics = state.metrics
+    if state.lifecycle.draining:
+        metrics.rejected.labels(*labels, "draining").inc()
+        raise overloaded("server is draining", retry_after_s=5)
+    worker = entry.worker
+    assert worker is not None and entry.artifact is not None
+    try:
+        rule = ood_rule(entry.artifact.manifest, n_samples)
+    except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
+        raise invalid(str(exc), ["body", "n_samples"]) from exc
+    try:
+        future = worker.enqueue(pixels, n_samples, seed)
+        metrics.queue_depth.labels(*labels).set(worker.depth)
+        batch = await asyncio.wait_for(future, state.settings.request_timeout_s)
+    except QueueFull as exc:
+        metrics.rejected.labels(*labels, "queue_full").inc()
+        raise overloaded(f"model {entry.name!r} is overloaded: {exc}") from exc
+    except Draining as exc:
+        metrics.rejected.labels(*labels, "draining").inc()
+        raise overloaded(str(exc), retry_after_s=5) from exc
+    except TimeoutError as exc:
+        metrics.rejected.labels(*labels, "timeout").inc()
+        raise ApiError(504, f"no result within {state.settings.request_timeout_s:g}s") from exc
+    finally:
+        metrics.queue_depth.labels(*labels).set(worker.depth)
+    scores = ood_score(batch.summary, rule.score).tolist()
+    flags = [score > rule.threshold for score in scores]
+    outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch)
+    await record(state, outcome)
+    return outcome
+
+
+async def record(state: AppState, outcome: Outcome) -> None:
+    entry, summary = outcome.entry, outcome.summary
+    state.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood)
+    artifact = entry.artifact
+    assert artifact is not None
+    if outcome.n_samples == artifact.default_samples and "reference" in artifact.manifest:
+        monitor = drift_monitor(state, entry)
+        if monitor is not None:
+            drift = monitor.observe(summary.confidence.tolist())
+            if drift is not None:
+                state.metrics.drift_ks.labels(entry.name, entry.version).set(drift.ks)
+                state.metrics.drift_psi.labels(entry.name, entry.version).set(drift.psi)
+    labels = artifact.labels
+    rows = [(int(c), labels[int(c)], float(p)) for c, p in zip(summary.prediction, summary.confidence,
+                                                               strict=True)]
+    try:
+        await asyncio.to_thread(state.feedback.log, outcome.id, entry.name, entry.version, outcome.n_samples, rows)
+    except Exception:  # the prediction is still good: losing its log only weakens live accuracy
+        log.exception("could not log prediction %s", outcome.id)
+
+
+def drift_monitor(state: AppState, entry: ModelVersion) -> DriftMonitor | None:
+    key = (entry.name, entry.version)
+    monitor = state.drift.get(key)
+    artifact = entry.artifact
+    assert artifact is not None
+    if monitor is None or monitor.owner != id(artifact):  # a reloaded version starts a fresh window
+        try:
+            monitor = DriftMonitor(artifact.manifest["reference"], state.settings.drift_window,
+                                   state.settings.drift_min_window, owner=id(artifact))
+        except (KeyError, TypeError, ValueError):
+            log.warning("model %s version %s has no usable reference distribution", *key)
+            return None
+        state.drift[key] = monitor
+    return monitor
+
+
+def elapsed_ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000.0, 3)

@@ -1,0 +1,57 @@
+"""Everything the routes share, built once in the lifespan (``app.state.director``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.config import Settings
+from service.device import Device
+from service.drift import DriftMonitor
+from service.feedback import FeedbackStore
+from service.metrics import UNKNOWN, Metrics
+from service.repository import ModelRepository, State
+
+
+@dataclass
+class Lifecycle:
+    """``draining`` turns /health/ready to 503 and refuses new predictions while queued work finishes."""
+
+    draining: bool = False
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    device: Device
+    metrics: Metrics
+    repository: ModelRepository
+    feedback: FeedbackStore
+    lifecycle: Lifecycle
+    drift: dict[tuple[str, str], DriftMonitor] = field(default_factory=dict)
+
+    def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:
+        """Bounded label values: names the repository does not know become ``unknown``."""
+        if model is None or not self.repository.is_known(model):
+            return UNKNOWN, UNKNOWN
+        if version is None or not self.repository.is_known(model, version):
+            return model, UNKNOWN
+        return model, version
+
+    def refresh_model_info(self) -> None:
+        gauge = self.metrics.model_info
+        gauge.clear()
+        for entry in self.repository.all_versions():
+            gauge.labels(entry.name, entry.version, entry.method, entry.state.value).set(1)
+
+    def readiness(self) -> tuple[bool, dict[str, dict[str, str]], list[str]]:
+        """Ready: the first scan is done, nothing is loading, at least one version is ready, every required
+        model has a ready version, and the server is not draining."""
+        repo = self.repository
+        states = {v.name: {} for v in repo.all_versions()}
+        for v in repo.all_versions():
+            states[v.name][v.version] = v.state.value
+        missing = [name for name in self.settings.required_models if repo.default_version(name) is None]
+        loading = any(v.state is State.LOADING for v in repo.all_versions())
+        any_ready = any(v.state is State.READY for v in repo.all_versions())
+        ready = repo.scanned_once and not loading and any_ready and not missing and not self.lifecycle.draining
+        return ready, states, missing

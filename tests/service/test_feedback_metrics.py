@@ -1,0 +1,115 @@
+"""Feedback (live accuracy and ECE, surviving a restart), drift gauges, OOD counters and /metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from service.drift import DriftMonitor
+from service.feedback import FeedbackStore, expected_calibration_error
+from tests.service.conftest import Running, metric_value, random_pixels, serve, settings_for
+
+
+def predict(server: Running, n: int, seed: int, n_samples: int = 4) -> dict:
+    body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(seed), n)], "n_samples": n_samples}
+    response = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_feedback_moves_live_accuracy_and_survives_a_restart(tiny_repository: Path, tmp_path: Path) -> None:
+    settings = settings_for(tiny_repository, tmp_path)
+    with serve(settings) as server:
+        out = predict(server, 2, seed=10)
+        first, second = out["predictions"]
+        right = httpx.post(f"{server.url}/feedback", json={"id": out["id"], "index": 0, "label": first["label"]})
+        assert right.status_code == 200, right.text
+        assert right.json()["correct"] is True and right.json()["live_accuracy"] == 1.0
+        wrong_index = (second["class_index"] + 1) % 10
+        wrong = httpx.post(f"{server.url}/feedback", json={"id": out["id"], "index": 1, "label": wrong_index}).json()
+        assert wrong["correct"] is False and wrong["live_accuracy"] == 0.5 and wrong["labelled"] == 2
+        text = httpx.get(f"{server.url}/metrics").text
+        assert metric_value(text, "director_live_accuracy", model="tiny", version="1") == 0.5
+        assert metric_value(text, "director_feedback_total", model="tiny", version="1") == 2.0
+        ece = metric_value(text, "director_live_ece", model="tiny", version="1")
+        assert ece is not None and 0.0 <= ece <= 1.0
+        missing = httpx.post(f"{server.url}/feedback", json={"id": "0" * 32, "index": 0, "label": 1})
+        assert missing.status_code == 404
+        bad_label = httpx.post(f"{server.url}/feedback", json={"id": out["id"], "index": 0, "label": "Spaceship"})
+        assert bad_label.status_code == 422
+        bad_index = httpx.post(f"{server.url}/feedback", json={"id": out["id"], "index": 0, "label": 10})
+        assert bad_index.status_code == 422
+    with serve(settings) as restarted:
+        text = httpx.get(f"{restarted.url}/metrics").text
+        assert metric_value(text, "director_live_accuracy", model="tiny", version="1") == 0.5
+        again = httpx.post(f"{restarted.url}/feedback", json={"id": out["id"], "index": 1, "label":
+                                                              second["label"]}).json()
+        assert again["live_accuracy"] == 1.0
+
+
+def test_feedback_store_is_bounded_in_rows_and_age(tmp_path: Path) -> None:
+    store = FeedbackStore(tmp_path / "f.sqlite3", max_rows=5, max_age_s=3600, window=100)
+    for i in range(12):
+        store.log(f"r{i}", "m", "1", 4, [(0, "a", 0.9)])
+    store.prune()
+    assert store.count() == 5
+    assert store.lookup("r11", 0) is not None and store.lookup("r0", 0) is None
+    store.close()
+    aged = FeedbackStore(tmp_path / "f.sqlite3", max_rows=5, max_age_s=1e-9, window=100)
+    assert aged.count() == 0  # everything is older than the age limit
+    aged.close()
+
+
+def test_ece_of_perfectly_calibrated_and_overconfident_rows() -> None:
+    assert expected_calibration_error([(0.75, 1), (0.75, 1), (0.75, 1), (0.75, 0)]) == pytest.approx(0.0)
+    assert expected_calibration_error([(0.95, 0), (0.95, 0)]) == pytest.approx(0.95)
+
+
+def test_drift_monitor_waits_for_its_window_and_separates_shifts() -> None:
+    rng = np.random.default_rng(0)
+    reference_sample = rng.beta(8, 2, 20000)
+    levels = np.linspace(0, 1, 101)
+    reference = {"quantile_levels": levels.tolist(), "confidence_quantiles": np.quantile(reference_sample,
+                                                                                         levels).tolist(),
+                 "confidence_deciles": np.quantile(reference_sample, np.linspace(0.1, 0.9, 9)).tolist()}
+    same = DriftMonitor(reference, window=500, min_window=100)
+    assert same.observe(rng.beta(8, 2, 99).tolist()) is None
+    calm = same.observe(rng.beta(8, 2, 401).tolist())
+    assert calm is not None and calm.window == 500 and calm.ks < 0.08 and calm.psi < 0.05
+    shifted = DriftMonitor(reference, window=500, min_window=100).observe(rng.beta(2, 2, 500).tolist())
+    assert shifted is not None and shifted.ks > 0.4 and shifted.psi > 0.5
+
+
+def test_metrics_cover_predictions_ood_and_drift(tiny_server: Running) -> None:
+    before = httpx.get(f"{tiny_server.url}/metrics").text
+    predicted_before = metric_value(before, "director_predictions_total", model="tiny", version="1") or 0.0
+    ood_before = metric_value(before, "director_ood_predictions_total", model="tiny", version="1") or 0.0
+    flagged = 0
+    for seed in range(3):  # 24 inputs at the default sample count: more than drift_min_window (20)
+        out = predict(tiny_server, 8, seed=100 + seed)
+        flagged += sum(p["is_ood"] for p in out["predictions"])
+    text = httpx.get(f"{tiny_server.url}/metrics").text
+    assert metric_value(text, "director_predictions_total", model="tiny", version="1") == predicted_before + 24
+    assert metric_value(text, "director_ood_predictions_total", model="tiny", version="1") == ood_before + flagged
+    ks = metric_value(text, "director_confidence_drift_ks", model="tiny", version="1")
+    psi = metric_value(text, "director_confidence_drift_psi", model="tiny", version="1")
+    assert ks is not None and 0.0 <= ks <= 1.0 and psi is not None and psi >= 0.0
+    for name in ("director_request_duration_seconds_count", "director_queue_wait_seconds_count",
+                 "director_inference_duration_seconds_count", "director_batch_samples_count",
+                 "director_prediction_confidence_count", "director_predictive_entropy_nats_count",
+                 "director_mutual_information_nats_count", "director_ood_score_count"):
+        assert name in text, name
+    assert 'director_model_info{method="director",model="tiny",state="ready",version="1"} 1.0' in text
+    assert metric_value(text, "director_queue_depth", model="tiny", version="1") == 0.0
+
+
+def test_drift_is_not_reported_before_the_minimum_window(tiny_repository: Path, tmp_path: Path) -> None:
+    with serve(settings_for(tiny_repository, tmp_path, drift_min_window=50)) as server:
+        predict(server, 8, seed=1)
+        predict(server, 8, seed=2, n_samples=2)  # not the default sample count: not in the drift window
+        text = httpx.get(f"{server.url}/metrics").text
+        assert metric_value(text, "director_confidence_drift_ks", model="tiny", version="1") is None
+        assert metric_value(text, "director_predictions_total", model="tiny", version="1") == 16.0

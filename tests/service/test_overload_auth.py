@@ -1,0 +1,72 @@
+"""Overload (503 + Retry-After, refused fast), timeouts (504) and the API key (401)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from tests.service.conftest import metric_value, random_pixels, serve, settings_for
+
+HEAVY = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
+
+
+def test_full_queue_is_refused_at_once_with_retry_after(tiny_repository: Path, tmp_path: Path) -> None:
+    # 32 inputs x 8 samples in forwards of 8 rows: each request keeps the worker busy for a while
+    settings = settings_for(tiny_repository, tmp_path, max_queue=1, max_batch_samples=8, max_batch_delay_ms=0)
+    with serve(settings) as server:
+
+        async def fire() -> list[tuple[httpx.Response, float]]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+
+                async def one() -> tuple[httpx.Response, float]:
+                    start = time.perf_counter()
+                    response = await client.post("/predict", json=HEAVY)
+                    return response, time.perf_counter() - start
+
+                return await asyncio.gather(*(one() for _ in range(12)))
+
+        results = asyncio.run(fire())
+        codes = [r.status_code for r, _ in results]
+        assert set(codes) <= {200, 503} and 503 in codes and 200 in codes, codes
+        for response, seconds in results:
+            if response.status_code == 503:
+                assert response.headers["retry-after"] == "1"
+                assert response.json()["type"] == "unavailable" and "overloaded" in response.json()["error"]
+                assert seconds < 2.0
+        text = httpx.get(f"{server.url}/metrics").text
+        rejected = metric_value(text, "director_rejected_requests_total", model="tiny", version="1",
+                                reason="queue_full")
+        assert rejected == codes.count(503)
+
+
+def test_request_over_its_time_limit_gets_504(tiny_repository: Path, tmp_path: Path) -> None:
+    settings = settings_for(tiny_repository, tmp_path, request_timeout_s=0.001, max_batch_samples=8,
+                            max_batch_delay_ms=50)
+    with serve(settings) as server:
+        response = httpx.post(f"{server.url}/predict", json=HEAVY, timeout=60)
+        assert response.status_code == 504 and response.json()["type"] == "timeout"
+        text = httpx.get(f"{server.url}/metrics").text
+        assert metric_value(text, "director_rejected_requests_total", model="tiny", version="1",
+                            reason="timeout") == 1.0
+
+
+def test_api_key_guards_everything_but_health_and_metrics(tiny_repository: Path, tmp_path: Path) -> None:
+    with serve(settings_for(tiny_repository, tmp_path, api_key="s3cret")) as server:
+        body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(1))[0]}]}
+        for method, path, payload in [("POST", "/predict", body), ("GET", "/models", None),
+                                      ("GET", "/models/tiny", None), ("POST", "/feedback", {"id": "x", "label": 1}),
+                                      ("GET", "/v2", None), ("GET", "/v2/models/tiny", None)]:
+            missing = httpx.request(method, f"{server.url}{path}", json=payload)
+            assert missing.status_code == 401, path
+            assert missing.headers["www-authenticate"] == "Bearer" and missing.json()["type"] == "unauthorized"
+            wrong = httpx.request(method, f"{server.url}{path}", json=payload,
+                                  headers={"Authorization": "Bearer wrong"})
+            assert wrong.status_code == 401, path
+        ok = httpx.post(f"{server.url}/predict", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        for path in ("/health/live", "/health/ready", "/metrics", "/v2/health/live", "/v2/health/ready"):
+            assert httpx.get(f"{server.url}{path}").status_code == 200, path

@@ -1,0 +1,117 @@
+"""``python -m service`` as a real process: --help, graceful shutdown on SIGTERM, several workers with
+multiprocess metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from service.config import Settings
+from tests.service.conftest import REPO_ROOT, metric_value, random_pixels
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def service_process(args: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.Popen, str]]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "service did not become ready"
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_help_lists_every_setting() -> None:
+    result = subprocess.run([sys.executable, "-m", "service", "--help"], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=60)
+    assert result.returncode == 0
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in result.stdout, name
+        assert "DIRECTOR_" + name.upper() in result.stdout, name
+
+
+def test_flags_override_the_environment(monkeypatch) -> None:  # noqa: ANN001 - pytest fixture
+    from service.cli import settings_from_args
+
+    monkeypatch.setenv("DIRECTOR_PORT", "9999")
+    monkeypatch.setenv("DIRECTOR_MAX_QUEUE", "7")
+    monkeypatch.setenv("DIRECTOR_REQUIRED_MODELS", "a,b")
+    settings = settings_from_args(["--port", "8123", "--bf16"])
+    assert settings.port == 8123 and settings.max_queue == 7 and settings.bf16 is True
+    assert settings.required_models == ["a", "b"]
+
+
+def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> None:
+    env = {"DIRECTOR_FEEDBACK_DB": str(tmp_path / "f.sqlite3"), "DIRECTOR_TORCH_THREADS": "1"}
+    args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--shutdown-grace-s", "1.5",
+            "--max-batch-samples", "8", "--poll-interval-s", "0", "--log-level", "info"]
+    body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
+    with service_process(args, env) as (proc, url):
+
+        async def scenario() -> tuple[list[httpx.Response], int]:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                in_flight = [asyncio.create_task(client.post("/predict", json=body)) for _ in range(6)]
+                await asyncio.sleep(0.3)
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.3)
+                ready = await client.get("/health/ready")  # still listening during the grace period
+                return await asyncio.gather(*in_flight), ready.status_code
+
+        responses, ready_status = asyncio.run(scenario())
+        assert ready_status == 503
+        assert [r.status_code for r in responses] == [200] * 6
+        # uvicorn re-raises the captured SIGTERM after its graceful shutdown (exit status 143 in a shell)
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        log = proc.stdout.read() if proc.stdout else ""
+        assert "draining" in log and "Application shutdown complete" in log
+
+
+def test_two_workers_give_whole_totals_in_multiprocess_mode(tiny_repository: Path, tmp_path: Path) -> None:
+    prom_dir = tmp_path / "prom"
+    prom_dir.mkdir()
+    env = {"DIRECTOR_FEEDBACK_DB": str(tmp_path / "f.sqlite3"), "DIRECTOR_TORCH_THREADS": "1",
+           "PROMETHEUS_MULTIPROC_DIR": str(prom_dir)}
+    args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--workers", "2",
+            "--poll-interval-s", "0", "--log-level", "warning"]
+    with service_process(args, env) as (proc, url):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for seed in range(10):  # a fresh connection each time spreads requests over the workers
+                body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(seed), 2)]}
+                assert httpx.post(f"{url}/predict", json=body, timeout=30).status_code == 200
+            text = client.get("/metrics").text
+        assert metric_value(text, "director_predictions_total", model="tiny", version="1") == 20.0
+        assert metric_value(text, "director_requests_total", endpoint="/predict", code="200") == 10.0
+        assert len(list(prom_dir.glob("counter_*.db"))) >= 2  # both workers wrote their share
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)

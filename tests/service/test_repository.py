@@ -1,0 +1,125 @@
+"""The model repository over real HTTP: broken artifacts beside a good one, required models, and a new
+version appearing while requests run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from tests.service.conftest import copy_version, random_pixels, serve, settings_for
+
+
+def break_artifacts(tiny_artifact: Path, repository: Path) -> None:
+    corrupt = copy_version(tiny_artifact, repository, "corrupt", "1")
+    data = bytearray((corrupt / "director.ts").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (corrupt / "director.ts").write_bytes(bytes(data))
+    future = copy_version(tiny_artifact, repository, "future", "1")
+    manifest = json.loads((future / "manifest.json").read_text())
+    (future / "manifest.json").write_text(json.dumps({**manifest, "format_version": "2.0"}))
+    garbage = copy_version(tiny_artifact, repository, "garbage", "1")
+    (garbage / "manifest.json").write_text("{not json")
+    (repository / "empty" / "1").mkdir(parents=True)
+
+
+def test_broken_artifacts_are_reported_and_do_not_take_the_good_one_down(tiny_artifact: Path, tmp_path: Path
+                                                                         ) -> None:
+    repository = tmp_path / "repo"
+    copy_version(tiny_artifact, repository, "tiny", "1")
+    break_artifacts(tiny_artifact, repository)
+    with serve(settings_for(repository, tmp_path)) as server:
+        models = {m["name"]: m for m in httpx.get(f"{server.url}/models").json()["models"]}
+        assert models["tiny"]["versions"][0]["state"] == "ready"
+        reasons = {name: models[name]["versions"][0] for name in ("corrupt", "future", "garbage", "empty")}
+        assert all(v["state"] == "unavailable" for v in reasons.values())
+        assert "sha256" in reasons["corrupt"]["reason"]
+        assert "format_version 2.0" in reasons["future"]["reason"]
+        assert "not valid JSON" in reasons["garbage"]["reason"]
+        assert "missing" in reasons["empty"]["reason"]
+        detail = httpx.get(f"{server.url}/models/corrupt").json()
+        assert detail["default_version"] is None and detail["versions"][0]["state"] == "unavailable"
+        ready = httpx.get(f"{server.url}/health/ready")
+        assert ready.status_code == 200  # nothing broken is required
+        body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(0))[0]}]}
+        assert httpx.post(f"{server.url}/predict", json=body, timeout=30).status_code == 200
+        refused = httpx.post(f"{server.url}/predict", json={**body, "model": "corrupt", "version": "1"}, timeout=30)
+        assert refused.status_code == 503 and "sha256" in refused.json()["error"]
+        text = httpx.get(f"{server.url}/metrics").text
+        assert 'director_model_info{method="director",model="corrupt",state="unavailable",version="1"} 1.0' in text
+
+
+def test_required_models_gate_readiness(tiny_artifact: Path, tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    copy_version(tiny_artifact, repository, "tiny", "1")
+    break_artifacts(tiny_artifact, repository)
+    with serve(settings_for(repository, tmp_path, required_models=["tiny", "corrupt", "absent"]),
+               wait_ready=False) as server:
+        ready = httpx.get(f"{server.url}/health/ready")
+        assert ready.status_code == 503
+        assert ready.json()["missing_required"] == ["corrupt", "absent"]
+        assert httpx.get(f"{server.url}/health/live").status_code == 200
+    with serve(settings_for(repository, tmp_path, required_models=["tiny"])) as server:
+        assert httpx.get(f"{server.url}/health/ready").json()["status"] == "ready"
+
+
+def test_empty_repository_is_live_but_not_ready(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    with serve(settings_for(tmp_path / "repo", tmp_path), wait_ready=False) as server:
+        assert httpx.get(f"{server.url}/health/live").json()["status"] == "alive"
+        assert httpx.get(f"{server.url}/health/ready").status_code == 503
+        response = httpx.post(f"{server.url}/predict", json={"inputs": [{"pixels": [[0.0]]}]})
+        assert response.status_code == 404
+
+
+def test_new_version_is_picked_up_while_requests_run(tiny_artifact: Path, tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    copy_version(tiny_artifact, repository, "tiny", "1")
+    rng = np.random.default_rng(1)
+    with serve(settings_for(repository, tmp_path, poll_interval_s=0.1)) as server:
+
+        async def hammer() -> list[httpx.Response]:
+            responses: list[httpx.Response] = []
+            stop_at = time.monotonic() + 30
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+                async def client_loop() -> None:
+                    while time.monotonic() < stop_at:
+                        r = await client.post("/predict", json={"inputs": [{"pixels": random_pixels(rng)[0]}],
+                                                                "n_samples": 2})
+                        responses.append(r)
+                        if r.status_code != 200 or r.json()["model_version"] == "2" and len(
+                                [x for x in responses if x.status_code == 200 and x.json()["model_version"] == "2"]
+                        ) >= 10:
+                            return
+
+                async def publish() -> None:
+                    await asyncio.sleep(0.5)
+                    await asyncio.to_thread(copy_version, tiny_artifact, repository, "tiny", "2")
+
+                await asyncio.gather(publish(), *(client_loop() for _ in range(4)))
+            return responses
+
+        responses = asyncio.run(hammer())
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
+        versions = [r.json()["model_version"] for r in responses]
+        assert "1" in versions and "2" in versions
+        assert versions.index("2") > 0
+        detail = httpx.get(f"{server.url}/models/tiny").json()
+        assert detail["default_version"] == "2" and [v["version"] for v in detail["versions"]] == ["1", "2"]
+        pinned = httpx.post(f"{server.url}/predict", json={"version": "1", "inputs": [{"pixels":
+                                                                                       random_pixels(rng)[0]}]})
+        assert pinned.json()["model_version"] == "1"
+        shutil.rmtree(repository / "tiny" / "1")
+        deadline = time.monotonic() + 10
+        while len(httpx.get(f"{server.url}/models/tiny").json()["versions"]) != 1:
+            assert time.monotonic() < deadline, "removed version still listed"
+            time.sleep(0.1)
+        gone = httpx.post(f"{server.url}/predict", json={"version": "1", "inputs": [{"pixels":
+                                                                                     random_pixels(rng)[0]}]})
+        assert gone.status_code == 404
