@@ -74,7 +74,7 @@ def serve(settings: Settings, wait_ready: bool = True) -> Iterator[Running]:
                             settings.shutdown_grace_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # generous: a loaded CI machine may take long to warm a model up
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.02)
@@ -85,7 +85,7 @@ def serve(settings: Settings, wait_ready: bool = True) -> Iterator[Running]:
         assert time.monotonic() < deadline, "repository scan did not finish"
         time.sleep(0.02)
     if wait_ready:
-        assert httpx.get(f"{url}/health/ready").status_code == 200
+        assert httpx.get(f"{url}/health/ready", timeout=30).status_code == 200
     try:
         yield Running(url, state, lifecycle, server)
     finally:

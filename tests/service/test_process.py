@@ -4,6 +4,7 @@ multiprocess metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -31,11 +32,12 @@ def free_port() -> int:
 def service_process(args: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.Popen, str]]:
     port = free_port()
     cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args]
+    # its own process group: a failed test must not leave uvicorn's worker processes holding the pipe open
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180
         while True:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             assert time.monotonic() < deadline, "service did not become ready"
@@ -47,9 +49,20 @@ def service_process(args: list[str], env: dict[str, str]) -> Iterator[tuple[subp
             time.sleep(0.2)
         yield proc, url
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: the server and any worker it spawned
+        proc.wait(timeout=30)
+
+
+def post_when_every_worker_is_ready(url: str, body: dict, attempts: int = 150) -> httpx.Response:
+    """/health/ready answered by one worker says nothing of the other, which may still be loading and answers
+    503 + Retry-After (by design): retry those, bounded, on fresh connections."""
+    for _ in range(attempts):
+        response = httpx.post(url, json=body, timeout=30)
+        if response.status_code != 503:
+            return response
+        time.sleep(0.2)
+    return response
 
 
 def test_help_lists_every_setting() -> None:
@@ -108,7 +121,7 @@ def test_two_workers_give_whole_totals_in_multiprocess_mode(tiny_repository: Pat
         with httpx.Client(base_url=url, timeout=30) as client:
             for seed in range(10):  # a fresh connection each time spreads requests over the workers
                 body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(seed), 2)]}
-                assert httpx.post(f"{url}/predict", json=body, timeout=30).status_code == 200
+                assert post_when_every_worker_is_ready(f"{url}/predict", body).status_code == 200
             text = client.get("/metrics").text
         assert metric_value(text, "director_predictions_total", model="tiny", version="1") == 20.0
         assert metric_value(text, "director_requests_total", endpoint="/predict", code="200") == 10.0

@@ -72,3 +72,26 @@ def test_offline_ood_sets() -> None:
     photos = photo_patch_images(9, shape, 0)
     assert photos.shape == (9, *shape)
     torch.testing.assert_close(photos, photo_patch_images(9, shape, 0))
+
+
+def test_cifar_loader_reads_the_torchvision_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny CIFAR-10 folder in torchvision's pickled layout; only the md5 check is bypassed (the real
+    files are downloaded by torchvision on a machine with internet)."""
+    import pickle
+
+    import torchvision.datasets.cifar as cifar
+
+    from training.data import load_cifar
+
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), "labels": list(range(4))}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
+    monkeypatch.setattr(cifar, "check_integrity", lambda *args, **kwargs: True)
+    train, test, labels = load_cifar("cifar10", tmp_path)
+    assert train.images.shape == (20, 3, 32, 32) and test.images.shape == (4, 3, 32, 32)
+    assert float(train.images.max()) <= 1.0 and train.labels.tolist()[:4] == [0, 1, 2, 3]
+    assert labels == [f"c{i}" for i in range(10)]
