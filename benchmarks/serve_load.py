@@ -111,6 +111,31 @@ def raw_artifact(folder: Path, n_samples: int, batch_sizes: list[int], threads: 
     return out
 
 
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    """The results table for docs/benchmarks.md (the analysis below it is written by hand)."""
+    s = results["n_samples"]
+    lines = [
+        "# Serving benchmark (CPU, this machine)", "", "Command (one run measures both modes and the raw artifact):",
+        "", "```bash", results["command"], "```", "",
+        f"Model `{results['model']}`, one input per request, n_samples = {s}, torch {results['torch']}, "
+        f"{results['cpu_count']} CPU cores. The server's torch threads are pinned to {results['threads']}; the async "
+        "load generator runs on the same machine, on loopback. `batching`: `max_batch_samples` "
+        f"{results['max_batch_samples']}, `max_batch_delay_ms` {results['max_batch_delay_ms']:g}. `batch-1`: "
+        f"`max_batch_samples` {s} (one request per forward), no delay. Raw: `sample_rows` of the TorchScript "
+        "artifact alone, same thread count.", "",
+        "| clients | batching rps | p50 / p95 / p99 ms | batch-1 rps | p50 / p95 / p99 ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for a, b in zip(results["runs"]["batching"], results["runs"]["batch-1"], strict=True):
+        lines.append(f"| {a['concurrency']} | {a['throughput_rps']} | {a['p50_ms']} / {a['p95_ms']} / {a['p99_ms']} "
+                     f"| {b['throughput_rps']} | {b['p50_ms']} / {b['p95_ms']} / {b['p99_ms']} |")
+    lines += ["", "| raw artifact batch (inputs) | rows per forward | ms per forward | inputs/s |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {x['batch']} | {x['batch'] * s} | {x['ms_per_forward']} | {x['inputs_per_s']} |"
+              for x in results["raw_artifact"]]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
@@ -121,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per run (upper bound)")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds per run (upper bound)")
     parser.add_argument("--threads", type=int, default=1, help="server torch threads (pinned)")
-    parser.add_argument("--max-batch-samples", type=int, default=256)
+    parser.add_argument("--max-batch-samples", type=int, default=128)
+    parser.add_argument("--max-batch-delay-ms", type=float, default=0.0, help="batching window of the batching mode")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the results table as Markdown here")
     args = parser.parse_args(argv)
 
     folder = args.repository / args.model / args.version
@@ -131,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     pixels = np.random.default_rng(0).random(shape).round(4).tolist()
     body = {"inputs": [{"pixels": pixels}], "n_samples": args.n_samples, "return_probabilities": False}
     modes = {
-        "batching": ["--max-batch-samples", str(args.max_batch_samples), "--max-batch-delay-ms", "5"],
+        "batching": ["--max-batch-samples", str(args.max_batch_samples), "--max-batch-delay-ms",
+                     str(args.max_batch_delay_ms)],
         "batch-1": ["--max-batch-samples", str(args.n_samples), "--max-batch-delay-ms", "0"],
     }
-    results: dict[str, Any] = {"command": " ".join([sys.executable, *sys.argv]), "threads": args.threads,
-                               "cpu_count": os.cpu_count(), "torch": torch.__version__, "n_samples": args.n_samples,
-                               "runs": {}}
+    results: dict[str, Any] = {
+        "command": " ".join([".venv/bin/python", "benchmarks/serve_load.py", *sys.argv[1:]]),
+        "threads": args.threads, "max_batch_samples": args.max_batch_samples,
+        "max_batch_delay_ms": args.max_batch_delay_ms, "cpu_count": os.cpu_count(), "model": args.model,
+        "torch": torch.__version__, "n_samples": args.n_samples, "runs": {},
+    }
     for mode, extra in modes.items():
         proc, url = start_server(args.repository, args.model, args.threads, extra)
         try:
@@ -153,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     print("raw", json.dumps(results["raw_artifact"]))
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.markdown is not None:
+        write_markdown(results, args.markdown)
     return 0
 
 

@@ -28,8 +28,10 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch's default)")
     bf16: bool = Field(False, description="bf16 autocast for inference on CUDA (ignored on CPU)")
-    max_batch_samples: int = Field(256, ge=1, description="rows per forward: sum over inputs of n_samples")
-    max_batch_delay_ms: float = Field(5.0, ge=0, description="how long a batch waits for more requests")
+    max_batch_samples: int = Field(128, ge=1, description="rows per forward: sum over inputs of n_samples (128 "
+                                   "measured best on a 2-core CPU, docs/benchmarks.md; raise it on a GPU)")
+    max_batch_delay_ms: float = Field(0.0, ge=0, description="how long a batch waits for more requests (0: it takes "
+                                      "what queued during the previous forward; measured best in docs/benchmarks.md)")
     max_queue: int = Field(256, ge=1, description="queued requests per model version before 503")
     request_timeout_s: float = Field(30.0, gt=0, description="queue + inference time before 504")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
