@@ -129,6 +129,10 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     for a, b in zip(results["runs"]["batching"], results["runs"]["batch-1"], strict=True):
         lines.append(f"| {a['concurrency']} | {a['throughput_rps']} | {a['p50_ms']} / {a['p95_ms']} / {a['p99_ms']} "
                      f"| {b['throughput_rps']} | {b['p50_ms']} / {b['p95_ms']} / {b['p99_ms']} |")
+    over = results.get("overload")
+    if over is not None:
+        lines += ["", f"Overload: {over['concurrency']} clients against `max_queue` {over['max_queue']}: status codes "
+                  f"{over['codes']}, served p99 {over['p99_ms']} ms, refused p99 {over['refused_p99_ms']} ms."]
     lines += ["", "| raw artifact batch (inputs) | rows per forward | ms per forward | inputs/s |",
               "| --- | --- | --- | --- |"]
     lines += [f"| {x['batch']} | {x['batch'] * s} | {x['ms_per_forward']} | {x['inputs_per_s']} |"
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="server torch threads (pinned)")
     parser.add_argument("--max-batch-samples", type=int, default=128)
     parser.add_argument("--max-batch-delay-ms", type=float, default=0.0, help="batching window of the batching mode")
+    parser.add_argument("--overload-clients", type=int, default=128)
+    parser.add_argument("--overload-queue", type=int, default=12, help="max_queue of the overload run")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the results table as Markdown here")
     args = parser.parse_args(argv)
@@ -180,6 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+    # overload: a short queue and 128 clients, about 10x what the server absorbs; the excess must be refused fast
+    proc, url = start_server(args.repository, args.model, args.threads,
+                             [*modes["batching"], "--max-queue", str(args.overload_queue)])
+    try:
+        results["overload"] = asyncio.run(drive(url, body, args.overload_clients, args.requests * 4, args.seconds))
+        results["overload"]["max_queue"] = args.overload_queue
+        print("overload", json.dumps(results["overload"]), flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
     results["raw_artifact"] = raw_artifact(folder, args.n_samples, [1, 8, 32, 128], args.threads)
     print("raw", json.dumps(results["raw_artifact"]))
     if args.out is not None:
