@@ -75,8 +75,10 @@ def select_tau(view: VitTransitionView, floors: torch.Tensor, split: Split, grid
     """Largest tau whose S=1 sampled observed process keeps validation accuracy within ``tolerance`` of
     the backbone's (DESIGN.md section 2)."""
     images, labels = split.images, split.labels
-    base = classification_report(
-        chunked(lambda x: view.readout(_deterministic(view, x.to(device))).cpu(), images, 256).softmax(-1), labels)
+    deterministic = ObservedProcess(view, floors, 0.0, "attention")  # its trajectory is the backbone's own
+    base = classification_report(chunked(
+        lambda x: view.readout(deterministic.trajectory(view.embed(x.to(device)))[0][-1]).cpu(), images, 256
+    ).softmax(-1), labels)
     accuracies = {"backbone": base["accuracy"]}
     chosen = min(grid)
     for tau in sorted(grid, reverse=True):
@@ -88,13 +90,6 @@ def select_tau(view: VitTransitionView, floors: torch.Tensor, split: Split, grid
             chosen = tau
             break
     return chosen, accuracies
-
-
-def _deterministic(view: VitTransitionView, pixels: torch.Tensor) -> torch.Tensor:
-    x = view.embed(pixels)
-    for t in range(1, view.num_steps + 1):
-        x, _ = view.transition(t, x)
-    return x
 
 
 def build_kernel(cfg: PipelineConfig, view: VitTransitionView, floors: torch.Tensor, tau: float,

@@ -144,7 +144,10 @@ def export(cfg: PipelineConfig) -> Path:
     # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
     id_subset = data.val.head(ecfg.threshold_images)
     for n_samples in ecfg.sample_counts:
-        summary = summarize(_sampled(served, id_subset.images, n_samples, cfg.seed))
+        if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
+            summary = summarize(val_logits[:, : len(id_subset)])
+        else:
+            summary = summarize(_sampled(served, id_subset.images, n_samples, cfg.seed))
         name = chosen if not (chosen == "mutual_information" and n_samples < 2) else fallback
         thresholds[str(n_samples)] = {"score": name, "threshold": threshold_at_tpr(ood_score(summary, name))}
     progress.update()

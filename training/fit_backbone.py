@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from models.backbones import ImageClassifier, build_vit
+from models.backbones import ImageClassifier, VitConfig, build_vit
 from training.config import PipelineConfig, config_dict
 from training.data import augment, batches, load_dataset
 from training.metrics import classification_report
@@ -29,8 +29,6 @@ BACKBONE_FILE = "backbone.pt"
 def load_backbone(run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier:
     """The fitted backbone of a run, frozen in eval mode."""
     payload = load_checkpoint(Path(run_dir) / BACKBONE_FILE)
-    from models.backbones import VitConfig
-
     model = build_vit(VitConfig(**payload["backbone_config"]))
     model.load_state_dict(payload["state_dict"])
     return model.to(device).eval().requires_grad_(False)
