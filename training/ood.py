@@ -1,18 +1,61 @@
-"""OOD scoring conventions: OOD is the positive class and a higher score means more OOD."""
+"""OOD detection metrics, one fixed convention: OOD is the positive class and a higher score means more OOD.
+
+Every function takes the scores of in-distribution inputs (``id_scores [N_id]``) and of OOD inputs
+(``ood_scores [N_ood]``) and returns a Python float. An input passes (is accepted as in-distribution)
+when its score is <= the threshold; ``threshold_at_tpr`` is the one threshold rule, the same the
+exported manifest and the server use.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+OOD_CONVENTION = "OOD is the positive class; a higher score means more OOD; an input passes when score <= threshold"
+
+
+def _scores_and_truth(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated scores (float64) and truth (1 = OOD)."""
+    scores = torch.cat([id_scores.detach().reshape(-1).double().cpu(), ood_scores.detach().reshape(-1).double().cpu()])
+    truth = np.concatenate([np.zeros(id_scores.numel()), np.ones(ood_scores.numel())])
+    return scores.numpy(), truth
 
 
 def auroc(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> float:
-    scores = torch.cat([id_scores, ood_scores]).numpy()
-    truth = np.concatenate([np.zeros(len(id_scores)), np.ones(len(ood_scores))])
+    """Area under the ROC curve of separating OOD (positive) from ID by the score (ties count one half)."""
+    scores, truth = _scores_and_truth(id_scores, ood_scores)
     return float(roc_auc_score(truth, scores))
+
+
+def aupr_out(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> float:
+    """Area under the precision-recall curve with OOD as the positive class (average precision)."""
+    scores, truth = _scores_and_truth(id_scores, ood_scores)
+    return float(average_precision_score(truth, scores))
+
+
+def aupr_in(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> float:
+    """Area under the precision-recall curve with ID as the positive class, ranked by the negated score."""
+    scores, truth = _scores_and_truth(id_scores, ood_scores)
+    return float(average_precision_score(1.0 - truth, -scores))
 
 
 def threshold_at_tpr(id_scores: torch.Tensor, tpr: float = 0.95) -> float:
     """Threshold such that a fraction ``tpr`` of in-distribution inputs has score <= threshold (passes)."""
-    return float(torch.quantile(id_scores.double(), tpr))
+    return float(torch.quantile(id_scores.detach().reshape(-1).double().cpu(), tpr))
+
+
+def fpr_at_tpr(id_scores: torch.Tensor, ood_scores: torch.Tensor, tpr: float = 0.95) -> float:
+    """Fraction of OOD inputs that pass (score <= threshold) at the threshold that lets ``tpr`` of the ID
+    inputs pass. "TPR" is the in-distribution pass rate, as in the OOD literature's FPR95 (there ID is
+    the positive class of that one number, even though OOD is the positive class of the AUROC here)."""
+    threshold = threshold_at_tpr(id_scores, tpr)
+    return float((ood_scores.detach().reshape(-1).double().cpu() <= threshold).double().mean())
+
+
+def ood_report(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> dict[str, float]:
+    """AUROC, AUPR-In, AUPR-Out and FPR at 95% ID pass rate."""
+    return {
+        "auroc": auroc(id_scores, ood_scores), "aupr_in": aupr_in(id_scores, ood_scores),
+        "aupr_out": aupr_out(id_scores, ood_scores), "fpr95": fpr_at_tpr(id_scores, ood_scores, 0.95),
+    }
