@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -44,11 +46,57 @@ def git_commit() -> str:
         return "unknown"
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats replaced by None: strict JSON has no NaN (e.g. an AUROC of a split
+    without errors), and clients such as browsers and FastAPI's encoder reject it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
     """Add the sha256 of every file in ``directory`` except the manifest, then write the manifest."""
     files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
              for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
     manifest = {**manifest, "files": files}
     path = directory / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    path.write_text(json.dumps(json_safe(manifest), indent=2, allow_nan=False) + "\n")
     return path
+
+
+def staging_dir(out_dir: Path) -> Path:
+    """An empty sibling folder to write a new version into before ``install_version`` swaps it in."""
+    tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir(parents=True)
+    return tmp_dir
+
+
+def install_version(tmp_dir: Path, out_dir: Path) -> None:
+    """Swap a staged version in with two renames: a polling server sees it missing for microseconds at most."""
+    if out_dir.exists():
+        retired = out_dir.with_name(f".{out_dir.name}.old")
+        shutil.rmtree(retired, ignore_errors=True)
+        out_dir.rename(retired)
+        tmp_dir.rename(out_dir)
+        shutil.rmtree(retired)
+    else:
+        tmp_dir.rename(out_dir)
+
+
+def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, probe: torch.Tensor, path: Path,
+                      n_samples: int = 4) -> torch.jit.ScriptModule:
+    """Script ``artifact_module`` to ``path``, load it back and check it matches ``eager`` under one seed."""
+    save_scripted(script_module(artifact_module), path)
+    served = load_scripted(path)
+    torch.manual_seed(0)
+    eager_out = eager(probe, n_samples)
+    torch.manual_seed(0)
+    served_out = served(probe, n_samples)
+    if not torch.allclose(eager_out, served_out, atol=1e-4):
+        raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
+    return served

@@ -84,6 +84,30 @@ class ExportConfig:
 
 
 @dataclass
+class EvaluateConfig:
+    """The evaluation table (issue 3): methods, shift, OOD sets, ablations. Trained baselines and ablation
+    kernels are cached under ``<run_dir>/baselines`` and ``<run_dir>/ablations``; logits under ``<run_dir>/eval``."""
+
+    task: str = "fashion-mnist"
+    ensemble_members: int = 3  # member 0 is the pipeline's own backbone
+    samples: int = 16  # S for MC dropout and DIRECTOR
+    sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    noise_scale_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])
+    corruption_images: int = 2000
+    corruptions: list[str] = field(default_factory=list)  # empty: all of training.corruptions.CORRUPTIONS
+    severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    ood_images: int = 1000
+    ablations: list[str] = field(default_factory=lambda: ["both", "floor", "l1_only", "l2_only",
+                                                          "tau_1.0", "tau_0.1", "tau_0.03"])
+    ablation_epochs: int = 2
+    distil_seeds: list[int] = field(default_factory=lambda: [1, 2])  # extra seeds beside cfg.seed, full recipe
+    latency_images: int = 64
+    latency_repeats: int = 3
+    bootstrap: int = 200
+    rows_per_forward: int = 256
+
+
+@dataclass
 class PipelineConfig:
     name: str = "fashion-vit"
     seed: int = 0
@@ -95,6 +119,7 @@ class PipelineConfig:
     fit: FitConfig = field(default_factory=FitConfig)
     distil: DistilConfig = field(default_factory=DistilConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     source: str = ""
 
 
@@ -108,7 +133,8 @@ def _build(cls: type, values: dict[str, Any] | None, where: str) -> Any:
     for name, value in values.items():
         ftype = fields[name].type
         nested = {"DataConfig": DataConfig, "VitConfig": VitConfig, "FitConfig": FitConfig,
-                  "DistilConfig": DistilConfig, "ExportConfig": ExportConfig, "KernelConfig": KernelConfig}
+                  "DistilConfig": DistilConfig, "ExportConfig": ExportConfig, "KernelConfig": KernelConfig,
+                  "EvaluateConfig": EvaluateConfig}
         kwargs[name] = _build(nested[ftype], value, f"{where}.{name}") if ftype in nested else value
     return cls(**kwargs)
 

@@ -164,3 +164,26 @@ def photo_patch_images(n: int, shape: tuple[int, int, int], seed: int) -> torch.
             crop = (0.299 * crop[:, 0] + 0.587 * crop[:, 1] + 0.114 * crop[:, 2]).unsqueeze(1)
         out.append(crop)
     return torch.cat(out).clamp(0, 1)
+
+
+def letter_images(n: int, shape: tuple[int, int, int], seed: int) -> torch.Tensor:
+    """Latin letters rendered with Pillow's bundled font (a notMNIST-like OOD set): random letter, size,
+    offset and stroke, light on dark like Fashion-MNIST, in [0, 1]."""
+    import string
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    gen = torch.Generator().manual_seed(seed)
+    letters = string.ascii_letters
+    channels, height, width = shape
+    out = torch.empty((n, channels, height, width))
+    for i in range(n):
+        letter = letters[int(torch.randint(len(letters), (1,), generator=gen))]
+        size = int(torch.randint(height // 2, height, (1,), generator=gen))
+        stroke = int(torch.randint(0, 2, (1,), generator=gen))
+        dx, dy = (int(v) for v in torch.randint(-height // 8, height // 8 + 1, (2,), generator=gen))
+        image = Image.new("L", (width, height))
+        ImageDraw.Draw(image).text((width / 2 + dx, height / 2 + dy), letter, fill=255, anchor="mm",
+                                   font=ImageFont.load_default(size=size), stroke_width=stroke, stroke_fill=255)
+        out[i] = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).expand(channels, -1, -1)
+    return out

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,10 @@ from tqdm import tqdm
 from models.artifact_format import ARTIFACT, FORMAT_VERSION
 from models.director import ImageDirector
 from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
-from training.artifact import git_commit, load_scripted, save_scripted, script_module, write_manifest
+from training.artifact import git_commit, install_version, script_and_verify, staging_dir, write_manifest
 from training.calibration import fit_temperature
-from training.config import PipelineConfig, config_dict
-from training.data import Split, digits_images, load_dataset, photo_patch_images, uniform_noise_images
+from training.config import ExportConfig, PipelineConfig, config_dict
+from training.data import Dataset, Split, digits_images, load_dataset, photo_patch_images, uniform_noise_images
 from training.distil import load_director
 from training.fit_backbone import load_backbone
 from training.metrics import classification_report, ece_bootstrap
@@ -92,6 +92,47 @@ def _reference(summary: UncertaintySummary, labels: torch.Tensor, n_samples: int
     }
 
 
+@dataclass
+class ServedStatistics:
+    """What every manifest needs from the artifact that will be served, whatever its method."""
+
+    reference: dict[str, Any]
+    ood: dict[str, Any]
+
+
+def served_statistics(served: torch.nn.Module, data: Dataset, ecfg: ExportConfig, sample_counts: list[int],
+                      default_s: int, seed: int) -> ServedStatistics:
+    """Reference distributions on validation, the OOD score chosen by AUROC on the OOD-validation set
+    (sklearn photo patches, none of the reported sets), and its 95%-TPR threshold per sample count."""
+    image_shape = tuple(int(s) for s in data.val.images.shape[1:])
+    val_logits = _sampled(served, data.val.images, default_s, seed)  # [S, Nv, C]
+    val_summary = summarize(val_logits)
+    reference = _reference(val_summary, data.val.labels, default_s)
+    ood_val = photo_patch_images(ecfg.ood_validation_images, image_shape, seed)
+    ood_val_summary = summarize(_sampled(served, ood_val, default_s, seed))
+    candidates = [n for n in OOD_SCORES if default_s > 1 or n != "mutual_information"]
+    score_auroc = {name: auroc(ood_score(val_summary, name), ood_score(ood_val_summary, name)) for name in candidates}
+    chosen = max(score_auroc, key=score_auroc.get)
+    fallback = max((n for n in score_auroc if n != "mutual_information"), key=score_auroc.get)
+
+    thresholds: dict[str, dict[str, Any]] = {}
+    # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
+    id_subset = data.val.head(ecfg.threshold_images)
+    for n_samples in sample_counts:
+        if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
+            summary = summarize(val_logits[:, : len(id_subset)])
+        else:
+            summary = summarize(_sampled(served, id_subset.images, n_samples, seed))
+        name = chosen if not (chosen == "mutual_information" and n_samples < 2) else fallback
+        thresholds[str(n_samples)] = {"score": name, "threshold": threshold_at_tpr(ood_score(summary, name))}
+    default_entry = thresholds[str(default_s)]
+    reference["ood_rate"] = float((ood_score(val_summary, default_entry["score"]) > default_entry["threshold"])
+                                  .float().mean())
+    ood = {"score": chosen, "fallback_score": fallback, "tpr": 0.95, "thresholds": thresholds,
+           "selection_set": "sklearn sample-photo patches (OOD validation only)", "selection_auroc": score_auroc}
+    return ServedStatistics(reference, ood)
+
+
 def export(cfg: PipelineConfig) -> Path:
     t_start = time.perf_counter()
     set_threads(cfg.threads)
@@ -112,49 +153,17 @@ def export(cfg: PipelineConfig) -> Path:
 
     # TorchScript artifact: adaLN folded into per-step buffers; written to a temporary folder first
     out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
-    tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    tmp_dir.mkdir(parents=True)
+    tmp_dir = staging_dir(out_dir)
     artifact_module = copy.deepcopy(director).eval()
     artifact_module.rollout.fold_conditioning()
-    save_scripted(script_module(artifact_module), tmp_dir / ARTIFACT)
-    served = load_scripted(tmp_dir / ARTIFACT)
-    probe = data.val.images[:8]
-    torch.manual_seed(0)
-    eager_out = director(probe, 4)
-    torch.manual_seed(0)
-    served_out = served(probe, 4)
-    if not torch.allclose(eager_out, served_out, atol=1e-4):
-        raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
+    served = script_and_verify(artifact_module, director, data.val.images[:8], tmp_dir / ARTIFACT)
     progress.update()
 
     # reference statistics and the OOD score, from the artifact that will be served
-    val_logits = _sampled(served, data.val.images, default_s, cfg.seed)  # [S, Nv, C]
-    val_summary = summarize(val_logits)
-    reference = _reference(val_summary, data.val.labels, default_s)
-    progress.update()
-    ood_val = photo_patch_images(ecfg.ood_validation_images, image_shape, cfg.seed)
-    ood_val_summary = summarize(_sampled(served, ood_val, default_s, cfg.seed))
-    score_auroc = {name: auroc(ood_score(val_summary, name), ood_score(ood_val_summary, name)) for name in OOD_SCORES}
-    chosen = max(score_auroc, key=score_auroc.get)
-    fallback = max((n for n in score_auroc if n != "mutual_information"), key=score_auroc.get)
-    progress.update()
-
-    thresholds: dict[str, dict[str, Any]] = {}
-    # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
-    id_subset = data.val.head(ecfg.threshold_images)
-    for n_samples in ecfg.sample_counts:
-        if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
-            summary = summarize(val_logits[:, : len(id_subset)])
-        else:
-            summary = summarize(_sampled(served, id_subset.images, n_samples, cfg.seed))
-        name = chosen if not (chosen == "mutual_information" and n_samples < 2) else fallback
-        thresholds[str(n_samples)] = {"score": name, "threshold": threshold_at_tpr(ood_score(summary, name))}
-    progress.update()
-
-    default_entry = thresholds[str(default_s)]
-    reference["ood_rate"] = float((ood_score(val_summary, default_entry["score"]) > default_entry["threshold"])
-                                  .float().mean())
+    served_stats = served_statistics(served, data, ecfg, ecfg.sample_counts, default_s, cfg.seed)
+    reference, ood_section = served_stats.reference, served_stats.ood
+    chosen, thresholds = ood_section["score"], ood_section["thresholds"]
+    progress.update(3)
 
     # test-split figures: backbone, temperature-scaled backbone, DIRECTOR; MI on test and OOD sets
     test = data.test
@@ -228,9 +237,7 @@ def export(cfg: PipelineConfig) -> Path:
                      "floors": [float(f) for f in payload["floors"]],
                      "tau_selection_accuracy": payload["tau_accuracies"]},
         "temperature": 1.0,
-        "ood": {"score": chosen, "fallback_score": fallback, "tpr": 0.95,
-                "thresholds": thresholds, "selection_set": "sklearn sample-photo patches (OOD validation only)",
-                "selection_auroc": score_auroc},
+        "ood": ood_section,
         "reference": reference,
         "artifact": {"file": ARTIFACT, "format": "torchscript", "torch": torch.__version__,
                      "forward": "forward(pixels: Tensor[B, C, H, W] float32 in [0, 1], n_samples: int) "
@@ -255,15 +262,7 @@ def export(cfg: PipelineConfig) -> Path:
     }
     manifest["provenance"]["seconds"]["export"] = round(time.perf_counter() - t_start, 1)
     write_manifest(tmp_dir, manifest)
-    # swap in with two renames: a polling server sees the version missing for microseconds at most
-    if out_dir.exists():
-        retired = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(retired, ignore_errors=True)
-        out_dir.rename(retired)
-        tmp_dir.rename(out_dir)
-        shutil.rmtree(retired)
-    else:
-        tmp_dir.rename(out_dir)
+    install_version(tmp_dir, out_dir)
     progress.update()
     progress.close()
     (run_dir / "export_report.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -272,7 +271,7 @@ def export(cfg: PipelineConfig) -> Path:
                                f"DIRECTOR S={default_s}": test_summary.probabilities},
                               test.labels, docs_dir / f"{ecfg.name}-reliability.png")
     write_results(manifest, docs_dir, f"python -m training all --config {cfg.source}", png)
-    print(f"exported {out_dir} (OOD score {chosen}, fallback {fallback}); test: "
+    print(f"exported {out_dir} (OOD score {chosen}, fallback {ood_section['fallback_score']}); test: "
           f"backbone acc {test_metrics['backbone']['accuracy']:.4f} ece {test_metrics['backbone']['ece']:.4f}, "
           f"DIRECTOR S={default_s} acc {test_metrics[f'director_s{default_s}']['accuracy']:.4f} "
           f"ece {test_metrics[f'director_s{default_s}']['ece']:.4f}")

@@ -1,0 +1,139 @@
+"""The evaluation command end to end on a tiny config: baselines, shift, OOD, sweep, costs, ablations, the page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from training.cli import main
+
+
+def tiny_evaluation_config(tmp: Path) -> dict[str, Any]:
+    from tests.conftest import tiny_config_dict
+
+    raw = tiny_config_dict(tmp)
+    raw["distil"]["epochs"] = 1
+    raw["backbone"]["drop_rate"] = 0.1  # MC dropout needs dropout layers
+    raw["evaluate"] = {
+        "task": "tiny-task", "ensemble_members": 2, "samples": 4, "sweep_samples": [1, 2, 8],
+        "noise_scale_grid": [0.5, 1.0], "corruption_images": 40, "corruptions": ["gaussian_noise", "pixelate"],
+        "severities": [1, 5], "ood_images": 40, "ablations": ["both", "floor", "l2_only", "tau_0.1"],
+        "ablation_epochs": 1, "distil_seeds": [1], "latency_images": 3, "latency_repeats": 1, "bootstrap": 20,
+    }
+    return raw
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("evaluate")
+    config = tmp / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_evaluation_config(tmp)))
+    assert main(["fit-backbone", "--config", str(config)]) == 0
+    assert main(["distil", "--config", str(config)]) == 0
+    assert main(["evaluate", "--config", str(config)]) == 0
+    results = json.loads((tmp / "docs" / "tiny-task.json").read_text())
+    return config, results
+
+
+METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "director_s1", "director_s4",
+           "director_s4_ts", "director_s4_noise"]
+
+
+def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    _, results = evaluated
+    assert list(results["test_and_ood"]) == METHODS
+    for key, row in results["test_and_ood"].items():
+        test = row["test"]
+        for metric in ("accuracy", "nll", "brier", "ece", "adaptive_ece", "mce", "aurc", "misclassification_auroc"):
+            assert isinstance(test[metric], float), (key, metric)
+        assert 0.0 <= test["accuracy"] <= 1.0 and test["n"] == 300
+        low, high = test["ece_ci95"]
+        assert low <= high
+        assert set(row["ood"]) == {"uniform_noise", "sklearn_digits", "letters"}
+        assert row["ood_score"] in row["ood_selection_auroc"]
+        for per_score in row["ood"].values():
+            for name, m in per_score.items():
+                if name != "mean_mutual_information":
+                    assert set(m) == {"auroc", "aupr_in", "aupr_out", "fpr95"}
+    # mutual information is undefined at S = 1 and mean log-variance exists only for DIRECTOR
+    assert "mutual_information" not in results["test_and_ood"]["deterministic"]["ood"]["letters"]
+    assert "mean_logvar" in results["test_and_ood"]["director_s4"]["ood"]["letters"]
+    assert "mean_logvar" not in results["test_and_ood"]["mc_dropout"]["ood"]["letters"]
+    # the S=1 deterministic rows are identical, so MI is exactly zero; DIRECTOR at S=4 samples really vary
+    assert results["test_and_ood"]["deterministic"]["test"]["mean_mutual_information"] == 0.0
+    assert results["test_and_ood"]["director_s4"]["test"]["mean_mutual_information"] > 0.0
+    assert results["test_and_ood"]["temperature_scaling"]["temperature"] > 0
+    assert results["noise_scale"] in (0.5, 1.0)
+
+
+def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    _, results = evaluated
+    shift = results["shift"]["director_s4"]
+    assert set(shift["by_type"]) == {"gaussian_noise", "pixelate"}
+    assert set(shift["by_severity"]) == {"1", "5"}
+    assert set(results["sweep"]) == {"director", "mc_dropout"}
+    assert set(results["sweep"]["director"]) == {"1", "2", "8"}
+    cost = results["cost"]
+    assert cost["deterministic"]["latency_ms_ratio"] == 1.0
+    assert cost["ensemble"]["parameters_ratio"] == pytest.approx(2.0)
+    assert cost["director_s4"]["peak_memory_bytes"] > 0
+    ab = results["ablations"]
+    assert set(ab["ablation"]) == {"both", "floor", "l2_only", "tau_0.1"}
+    assert ab["ablation"]["floor"]["observed_variance"] == "floor" and ab["ablation"]["floor"]["tau"] == 0.0
+    assert ab["ablation"]["tau_0.1"]["tau"] == 0.1
+    assert set(ab["seed"]) == {"seed0", "seed1"}
+    assert ab["seed"]["seed0"]["accuracy"] != ab["seed"]["seed1"]["accuracy"] or \
+        ab["seed"]["seed0"]["nll"] != ab["seed"]["seed1"]["nll"]
+    assert ab["seed_mean_std"]["accuracy"]["std"] >= 0.0
+
+
+def test_page_and_plots_are_written(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    config, _ = evaluated
+    docs = config.parent / "docs"
+    page = (docs / "tiny-task.md").read_text()
+    assert f"python -m training evaluate --config {config}" in page
+    for png in ("tiny-task-reliability.png", "tiny-task-shift.png", "tiny-task-ece-latency.png"):
+        assert (docs / png).stat().st_size > 1000
+        assert png in page
+    assert "DIRECTOR (S=4)" in page and "Deep ensemble (M=2)" in page
+
+
+def test_rerun_reads_the_cache(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    """A second run trains nothing and samples nothing: every cached file is untouched, the numbers agree."""
+    config, first = evaluated
+    cache = config.parent / "run" / "eval" / "logits"
+    before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert main(["evaluate", "--config", str(config)]) == 0
+    after = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert after == before
+    second = json.loads((config.parent / "docs" / "tiny-task.json").read_text())
+    for key in METHODS:
+        assert second["test_and_ood"][key]["test"]["nll"] == first["test_and_ood"][key]["test"]["nll"]
+    assert second["shift"] == first["shift"]
+
+
+@pytest.mark.parametrize("method", ["deterministic", "mc_dropout", "ensemble"])
+def test_exported_baselines_load_in_the_server(evaluated: tuple[Path, dict[str, Any]], tmp_path: Path,
+                                               method: str) -> None:
+    """A baseline artifact passes the server's own validation, sha256 check and warm-up forward."""
+    from service.artifact import load_artifact
+    from service.device import resolve_device
+
+    config, _ = evaluated
+    assert main(["export-baseline", "--config", str(config), "--method", method,
+                 "--repository", str(tmp_path)]) == 0
+    folder = tmp_path / f"tiny-{method.replace('_', '-')}" / "1"
+    artifact = load_artifact(folder, resolve_device("cpu", False, 1))
+    manifest = artifact.manifest
+    assert manifest["method"] == method and manifest["modality"] == "image"
+    sampling = manifest["sampling"]
+    expected = {"deterministic": (1, 1), "mc_dropout": (4, 8), "ensemble": (2, 2)}[method]
+    assert (sampling["default_samples"], sampling["max_samples"]) == expected
+    assert set(manifest["ood"]["thresholds"]) == {str(s) for s in (1, 2, 4) if s <= expected[1]}
+    rows = artifact.module.sample_rows(torch.rand(2, 1, 28, 28), torch.tensor([1, expected[0]]))
+    assert rows.shape == (1 + expected[0], 10)

@@ -1,0 +1,71 @@
+"""Distillation variants a reviewer asks for, each a cached run beside the main one.
+
+Every variant reuses the main run's frozen backbone and changes one thing. Variants named in
+``evaluate.ablations`` train for ``evaluate.ablation_epochs`` (the ``both`` variant is the reference at the
+same budget, so the comparison is fair); the extra seeds in ``evaluate.distil_seeds`` use the full recipe, so
+the main model and those seeds give a mean +- std. tau is fixed to the main run's selected value except in
+the tau variants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from training.config import PipelineConfig
+from training.distil import DIRECTOR_FILE, distil
+from training.fit_backbone import BACKBONE_FILE
+from training.runtime import load_checkpoint
+
+
+def variant_overrides(name: str) -> dict[str, Any]:
+    """The distil settings a named variant changes: both | floor | l1_only | l2_only | tau_<value>."""
+    if name == "both":
+        return {}
+    if name == "floor":
+        return {"observed_variance": "floor"}
+    if name == "l1_only":
+        return {"lambda_1": 1.0, "lambda_2": 0.0}
+    if name == "l2_only":
+        return {"lambda_1": 0.0, "lambda_2": 1.0}
+    if name.startswith("tau_"):
+        return {"tau": float(name.removeprefix("tau_"))}
+    raise ValueError(f"unknown ablation {name!r}: use both, floor, l1_only, l2_only or tau_<value>")
+
+
+def main_tau(cfg: PipelineConfig) -> float:
+    return float(load_checkpoint(Path(cfg.run_dir) / DIRECTOR_FILE)["tau"])
+
+
+def ablation_config(cfg: PipelineConfig, name: str) -> PipelineConfig:
+    distil_cfg = dataclasses.replace(cfg.distil, epochs=cfg.evaluate.ablation_epochs, tau=main_tau(cfg))
+    distil_cfg = dataclasses.replace(distil_cfg, **variant_overrides(name))
+    return dataclasses.replace(cfg, distil=distil_cfg, run_dir=str(Path(cfg.run_dir) / "ablations" / name))
+
+
+def seed_config(cfg: PipelineConfig, seed: int) -> PipelineConfig:
+    if seed == cfg.seed:
+        return cfg
+    distil_cfg = dataclasses.replace(cfg.distil, tau=main_tau(cfg))
+    return dataclasses.replace(cfg, seed=seed, distil=distil_cfg,
+                               run_dir=str(Path(cfg.run_dir) / "ablations" / f"seed{seed}"))
+
+
+def ensure_distilled(main: PipelineConfig, variant: PipelineConfig) -> Path:
+    """Distil ``variant`` (resuming a partial run) on the main run's backbone unless it is done."""
+    run_dir = Path(variant.run_dir)
+    if (run_dir / DIRECTOR_FILE).exists():
+        return run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    backbone = run_dir / BACKBONE_FILE
+    if not backbone.exists():
+        try:
+            os.link(Path(main.run_dir) / BACKBONE_FILE, backbone)  # the same frozen backbone, no copy
+        except OSError:
+            shutil.copy2(Path(main.run_dir) / BACKBONE_FILE, backbone)
+    print(f"distilling variant {run_dir.name}")
+    distil(variant)
+    return run_dir

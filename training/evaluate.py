@@ -1,0 +1,353 @@
+"""Stage 4: the evaluation table (issue 3). Every method runs on the same backbone and data; sampled logits
+are cached (``training.logit_cache``), trained baselines and ablation kernels are cached checkpoints, so the
+command resumes where it stopped and a rerun only re-renders.
+
+Methods: deterministic backbone, temperature scaling, MC dropout, deep ensemble, DIRECTOR at S = 1 and S,
+DIRECTOR + temperature scaling, DIRECTOR + noise temperature. Sets: validation (fitting only), test, the
+OOD-validation set (score choice only), three reported OOD sets, and the corrupted test subsets.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
+from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
+from training.ablations import ablation_config, ensure_distilled, seed_config
+from training.artifact import git_commit, json_safe, save_scripted, script_module
+from training.baselines import ensemble_members, member_config
+from training.calibration import fit_temperature
+from training.config import PipelineConfig
+from training.corruptions import CORRUPTIONS, corrupt, corruption_seed, corruption_subset
+from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes
+from training.data import Dataset, digits_images, letter_images, load_dataset, photo_patch_images, uniform_noise_images
+from training.distil import DIRECTOR_FILE, load_director
+from training.export import fit_noise_scale, mean_logvar_score
+from training.fit_backbone import BACKBONE_FILE, load_backbone
+from training.logit_cache import LogitCache, fingerprint
+from training.metrics import BINNING, classification_report, ece_bootstrap
+from training.ood import ood_report
+from training.predict import sampled_logits
+from training.runtime import set_threads
+
+OOD_SETS = ("uniform_noise", "sklearn_digits", "letters")
+
+
+@dataclass(frozen=True)
+class Method:
+    key: str  # stable id in the JSON
+    label: str  # name in the tables
+    source: str  # which model's cached logits it reads
+    n_samples: int
+    temperature: float = 1.0
+    family: str = "director"  # deterministic | mc_dropout | ensemble | director
+
+
+@dataclass
+class Source:
+    """A model behind the artifact contract and the fingerprint of what it was built from."""
+
+    model: torch.nn.Module
+    model_id: str
+    draws: int  # samples drawn per input on every set (test draws max(sweep) for the sweep)
+
+
+def summary_of(logits: torch.Tensor, method: Method) -> UncertaintySummary:
+    return summarize(logits[: method.n_samples], method.temperature)
+
+
+class Evaluation:
+    """Holds the data, the models and the logit cache of one evaluation run."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.ev = cfg.evaluate
+        self.run_dir = Path(cfg.run_dir)
+        self.data: Dataset = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
+                                          cfg.data.train_limit, cfg.data.test_limit)
+        self.shape = tuple(int(s) for s in self.data.test.images.shape[1:])
+        self.cache = LogitCache(self.run_dir / "eval" / "logits")
+        self.sources: dict[str, Source] = {}
+
+    # --- models -----------------------------------------------------------------------------------------
+    def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
+        self.sources[name] = Source(model.eval(), model_id, draws)
+
+    def logits(self, source: str, set_name: str, images: torch.Tensor, draws: int | None = None) -> torch.Tensor:
+        src = self.sources[source]
+        n = draws or src.draws
+        return self.cache.get(src.model_id, set_name, n,
+                              lambda: sampled_logits(src.model, images, n, self.ev.rows_per_forward))  # [S, N, C]
+
+    # --- input sets -------------------------------------------------------------------------------------
+    def ood_sets(self) -> dict[str, torch.Tensor]:
+        n, seed = self.ev.ood_images, self.cfg.seed
+        return {"uniform_noise": uniform_noise_images(n, self.shape, seed + 1),
+                "sklearn_digits": digits_images(self.shape)[:n],
+                "letters": letter_images(n, self.shape, seed + 2)}
+
+    def ood_validation(self) -> torch.Tensor:
+        return photo_patch_images(self.cfg.export.ood_validation_images, self.shape, self.cfg.seed)
+
+    def corrupted_sets(self) -> list[tuple[str, int, str, torch.Tensor, torch.Tensor]]:
+        """(type, severity, set name, images, labels) over a fixed test subset, the same for every type."""
+        test = self.data.test
+        index = corruption_subset(len(test), min(self.ev.corruption_images, len(test)), seed=self.cfg.seed)
+        clean, labels = test.images[index], test.labels[index]
+        names = self.ev.corruptions or list(CORRUPTIONS)
+        out = []
+        for name in names:
+            for severity in self.ev.severities:
+                images = corrupt(clean, name, severity, corruption_seed(name, severity, self.cfg.seed))
+                out.append((name, severity, f"c-{name}-{severity}-n{len(index)}", images, labels))
+        return out
+
+
+def build_sources(evaluation: Evaluation) -> dict[str, Any]:
+    """The models every method reads from; returns fitted settings (noise scale) for the record."""
+    cfg, ev, run = evaluation.cfg, evaluation.ev, evaluation.run_dir
+    draws_test = max([*ev.sweep_samples, ev.samples])
+    backbone = load_backbone(run)
+    backbone_id = fingerprint(run / BACKBONE_FILE)
+    evaluation.add_source("deterministic", DeterministicModel(backbone), f"det-{backbone_id}", 1)
+    evaluation.add_source("mc_dropout", MCDropoutModel(backbone), f"mcd-{backbone_id}", ev.samples)
+    members = ensemble_members(cfg, ev.ensemble_members)
+    member_files = [Path(member_config(cfg, s).run_dir) / BACKBONE_FILE
+                    for s in range(cfg.seed, cfg.seed + ev.ensemble_members)]
+    evaluation.add_source("ensemble", EnsembleModel(members), f"ens-{fingerprint(*member_files)}", len(members))
+    director, _ = load_director(run)
+    director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
+    evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
+    noisy = copy.deepcopy(director)
+    scale, nll_by_scale = fit_noise_scale(noisy, evaluation.data.val.head(cfg.export.threshold_images),
+                                          ev.noise_scale_grid, ev.samples, cfg.seed)
+    evaluation.add_source("director_noise", noisy, f"dir-{director_id}-noise{scale}", ev.samples)
+    return {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
+
+
+def build_methods(evaluation: Evaluation) -> list[Method]:
+    """The compared methods; temperatures are fitted on validation NLL of the method's own sampled logits."""
+    ev, val = evaluation.ev, evaluation.data.val
+    s, m = ev.samples, ev.ensemble_members
+    det_t = fit_temperature(evaluation.logits("deterministic", "val", val.images), val.labels)
+    dir_t = fit_temperature(evaluation.logits("director", "val", val.images), val.labels)
+    return [
+        Method("deterministic", "Deterministic (max softmax)", "deterministic", 1, family="deterministic"),
+        Method("temperature_scaling", f"Temperature scaling (T={det_t:.2f})", "deterministic", 1, det_t,
+               family="deterministic"),
+        Method("mc_dropout", f"MC dropout (S={s})", "mc_dropout", s, family="mc_dropout"),
+        Method("ensemble", f"Deep ensemble (M={m})", "ensemble", m, family="ensemble"),
+        Method("director_s1", "DIRECTOR (S=1)", "director", 1),
+        Method(f"director_s{s}", f"DIRECTOR (S={s})", "director", s),
+        Method(f"director_s{s}_ts", f"DIRECTOR (S={s}) + TS (T={dir_t:.2f})", "director", s, dir_t),
+        Method(f"director_s{s}_noise", f"DIRECTOR (S={s}) + noise temperature", "director_noise", s),
+    ]
+
+
+def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) -> dict[str, Any]:
+    _, low, high = ece_bootstrap(probs, labels, n_boot=n_boot)
+    return {**classification_report(probs, labels), "ece_ci95": [low, high], "n": int(labels.shape[0])}
+
+
+def usable_scores(method: Method) -> list[str]:
+    return [n for n in OOD_SCORES if method.n_samples > 1 or n != "mutual_information"]
+
+
+def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int) -> dict[str, Any]:
+    """Test-split calibration table and, per OOD set, every usable score of every method."""
+    test, ev = evaluation.data.test, evaluation.ev
+    ood_sets = evaluation.ood_sets()
+    ood_val = evaluation.ood_validation()
+    director = evaluation.sources["director"].model
+    logvar_test = mean_logvar_score(director, test.images, evaluation.cfg.seed)  # [N]
+    logvar_ood = {name: mean_logvar_score(director, images, evaluation.cfg.seed) for name, images in ood_sets.items()}
+    logvar_val = mean_logvar_score(director, ood_val, evaluation.cfg.seed)
+    logvar_id_val = mean_logvar_score(director, evaluation.data.val.images, evaluation.cfg.seed)
+    results: dict[str, Any] = {}
+    for method in tqdm(methods, desc="test + OOD", leave=False):
+        draws = draws_test if method.source in ("director", "mc_dropout") else None
+        test_summary = summary_of(evaluation.logits(method.source, "test", test.images, draws), method)
+        val_summary = summary_of(evaluation.logits(method.source, "val", evaluation.data.val.images), method)
+        oodv_summary = summary_of(evaluation.logits(method.source, "ood_val", ood_val), method)
+        scores = usable_scores(method)
+        id_scores = {n: ood_score(test_summary, n) for n in scores}
+        # the choice mirrors the exporter's: among the scores the server computes from sampled logits
+        selection = {n: ood_report(ood_score(val_summary, n), ood_score(oodv_summary, n))["auroc"] for n in scores}
+        chosen = max(selection, key=selection.get)
+        if method.source == "director":  # reported beside them; it needs the rollout's variances, not logits
+            id_scores["mean_logvar"] = logvar_test
+            selection["mean_logvar"] = ood_report(logvar_id_val, logvar_val)["auroc"]
+        per_set = {}
+        for set_name, images in ood_sets.items():
+            summary = summary_of(evaluation.logits(method.source, set_name, images), method)
+            set_scores = {n: ood_score(summary, n) for n in scores}
+            if method.source == "director":
+                set_scores["mean_logvar"] = logvar_ood[set_name]
+            per_set[set_name] = {n: ood_report(id_scores[n], set_scores[n]) for n in set_scores}
+            per_set[set_name]["mean_mutual_information"] = float(summary.mutual_information.mean())
+        results[method.key] = {
+            "label": method.label, "n_samples": method.n_samples, "temperature": method.temperature,
+            "test": {**calibration_block(test_summary.probabilities, test.labels, ev.bootstrap),
+                     "mean_mutual_information": float(test_summary.mutual_information.mean())},
+            "ood_selection_auroc": selection, "ood_score": chosen, "ood": per_set,
+        }
+    return results
+
+
+def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, Any]:
+    """Accuracy, ECE and NLL per corruption type and severity, and per severity averaged over types."""
+    per_method: dict[str, Any] = {m.key: {"by_type": {}, "by_severity": {}} for m in methods}
+    sets = evaluation.corrupted_sets()
+    for name, severity, set_name, images, labels in tqdm(sets, desc="corruptions", leave=False):
+        for method in methods:
+            summary = summary_of(evaluation.logits(method.source, set_name, images), method)
+            report = classification_report(summary.probabilities, labels)
+            entry = {k: report[k] for k in ("accuracy", "ece", "nll")}
+            entry["mean_mutual_information"] = float(summary.mutual_information.mean())
+            per_method[method.key]["by_type"].setdefault(name, {})[str(severity)] = entry
+    for result in per_method.values():
+        for severity in evaluation.ev.severities:
+            rows = [result["by_type"][t][str(severity)] for t in result["by_type"]]
+            result["by_severity"][str(severity)] = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+    return per_method
+
+
+def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) -> dict[str, Any]:
+    """Parameters, latency per input (batch of one) and peak memory per method, and ratios to deterministic."""
+    ev, images = evaluation.ev, evaluation.data.test.images[: evaluation.ev.latency_images]
+    folder.mkdir(parents=True, exist_ok=True)
+    measured: dict[tuple[str, int], dict[str, float]] = {}
+    for method in tqdm(methods, desc="cost", leave=False):
+        key = (method.source, method.n_samples)
+        if key in measured:
+            continue
+        model = evaluation.sources[method.source].model
+        path = folder / f"{method.source}.ts"
+        if not path.exists():
+            save_scripted(script_module(model), path)
+        measured[key] = {
+            "parameters": parameter_count(model),
+            "latency_ms": latency_per_input_ms(model, images, method.n_samples, ev.latency_repeats),
+            "peak_memory_bytes": peak_memory_bytes(path, evaluation.shape, ev.latency_images, method.n_samples,
+                                                   evaluation.cfg.threads or 1),
+        }
+    base = measured[("deterministic", 1)]
+    out = {}
+    for method in methods:
+        m = measured[(method.source, method.n_samples)]
+        out[method.key] = {**m, **{f"{k}_ratio": m[k] / max(base[k], 1e-12) for k in m}}
+    return out
+
+
+def evaluate_sweep(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
+    """ECE, NLL and accuracy against latency over sample counts, for DIRECTOR and MC dropout. S-sample
+    estimates are the first S of the cached test draws (draws are i.i.d., so any S of them are an S-draw)."""
+    test, ev = evaluation.data.test, evaluation.ev
+    images = test.images[: ev.latency_images]
+    out: dict[str, Any] = {}
+    for source in ("director", "mc_dropout"):
+        logits = evaluation.logits(source, "test", test.images, draws_test)  # [S_max, N, C]
+        rows = {}
+        for s in ev.sweep_samples:
+            probs = summarize(logits[:s]).probabilities
+            report = classification_report(probs, test.labels)
+            rows[str(s)] = {"accuracy": report["accuracy"], "ece": report["ece"], "nll": report["nll"],
+                            "latency_ms": latency_per_input_ms(evaluation.sources[source].model, images, s,
+                                                               ev.latency_repeats)}
+        out[source] = rows
+    return out
+
+
+def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
+    """Each ablation variant (and each extra distillation seed) on the test split at S and S = 1."""
+    cfg, ev, test = evaluation.cfg, evaluation.ev, evaluation.data.test
+    ood_sets = evaluation.ood_sets()
+    variants: list[tuple[str, str, PipelineConfig]] = [("ablation", name, ablation_config(cfg, name))
+                                                      for name in ev.ablations]
+    variants += [("seed", f"seed{s}", seed_config(cfg, s)) for s in [cfg.seed, *ev.distil_seeds]]
+    out: dict[str, Any] = {"ablation": {}, "seed": {}}
+    if not ev.ablations and not ev.distil_seeds:
+        return out  # the main run alone says nothing about seed variance: report no ablations at all
+    for group, name, variant in tqdm(variants, desc="ablations", leave=False):
+        run = ensure_distilled(cfg, variant)
+        director, payload = load_director(run)
+        model_id = f"dir-{fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)}"
+        evaluation.add_source(model_id, director, model_id, ev.samples)
+        logits = evaluation.logits(model_id, "test", test.images)
+        summary = summarize(logits)
+        entry = {k: v for k, v in classification_report(summary.probabilities, test.labels).items()
+                 if k in ("accuracy", "ece", "nll", "brier")}
+        entry["accuracy_s1"] = classification_report(summarize(logits[:1]).probabilities, test.labels)["accuracy"]
+        entry["mean_mutual_information"] = float(summary.mutual_information.mean())
+        entry["tau"] = payload["tau"]
+        entry["observed_variance"] = payload["observed_variance"]
+        entry["epochs"] = len(payload["history"])
+        for set_name, images in ood_sets.items():
+            ood = summarize(evaluation.logits(model_id, set_name, images))
+            entry[f"mi_{set_name}"] = float(ood.mutual_information.mean())
+            entry[f"auroc_mi_{set_name}"] = ood_report(summary.mutual_information, ood.mutual_information)["auroc"]
+        out[group][name] = entry
+    seeds = list(out["seed"].values())
+    if not seeds:
+        return out
+    out["seed_mean_std"] = {k: {"mean": float(torch.tensor([s[k] for s in seeds]).mean()),
+                                "std": float(torch.tensor([s[k] for s in seeds]).std()) if len(seeds) > 1 else 0.0}
+                            for k in ("accuracy", "ece", "nll", "accuracy_s1", "mean_mutual_information")}
+    return out
+
+
+Stage = Callable[[], Any]
+
+
+def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
+    """Run (or resume) the whole evaluation and write ``docs/results/<task>.{md,json}`` and the plots."""
+    from training.evaluation_report import write_evaluation
+
+    start = time.perf_counter()
+    set_threads(cfg.threads)
+    evaluation = Evaluation(cfg)
+    fitted = build_sources(evaluation)
+    methods = build_methods(evaluation)
+    draws_test = fitted["draws_test"]
+    results: dict[str, Any] = {
+        "task": cfg.evaluate.task, "config": cfg.source, "git_commit": git_commit(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "torch": torch.__version__,
+        "threads": cfg.threads, "binning": BINNING, "settings": asdict(cfg.evaluate),
+        "noise_scale": fitted["noise_scale"], "noise_scale_val_nll": fitted["noise_scale_val_nll"],
+        "test_draws": draws_test,
+        "methods": [asdict(m) for m in methods],
+    }
+    stages: list[tuple[str, Stage]] = [
+        ("test_and_ood", lambda: evaluate_test_and_ood(evaluation, methods, draws_test)),
+        ("shift", lambda: evaluate_shift(evaluation, methods)),
+        ("sweep", lambda: evaluate_sweep(evaluation, draws_test)),
+        ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),
+        ("ablations", lambda: evaluate_ablations(evaluation)),
+    ]
+    for name, stage in stages:
+        t0 = time.perf_counter()
+        print(f"evaluate: {name}")
+        results[name] = stage()
+        results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+    results["seconds"]["total"] = round(time.perf_counter() - start, 1)
+    out_dir = Path(cfg.export.docs_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{cfg.evaluate.task}.json"
+    json_path.write_text(json.dumps(json_safe(results), indent=2, allow_nan=False) + "\n")
+    probs = {m.label: summary_of(evaluation.logits(m.source, "test", evaluation.data.test.images,
+                                                    draws_test if m.source in ("director", "mc_dropout") else None),
+                                 m).probabilities for m in methods}
+    page = write_evaluation(results, probs, evaluation.data.test.labels, out_dir,
+                            command or f"python -m training evaluate --config {cfg.source}")
+    print(f"wrote {page} and {json_path} in {results['seconds']['total'] / 60:.1f} min")
+    return page

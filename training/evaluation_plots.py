@@ -1,0 +1,86 @@
+"""Figures of the evaluation page: reliability per method, accuracy/ECE against shift severity, and ECE
+against latency over sample counts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from training.metrics import ECE_BINS  # noqa: E402
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def reliability_grid(named_probs: dict[str, torch.Tensor], labels: torch.Tensor, path: Path,
+                     n_bins: int = ECE_BINS) -> Path:
+    """One reliability diagram per method (accuracy per equal-width confidence bin, bar width = bin)."""
+    cols = min(4, len(named_probs))
+    rows = math.ceil(len(named_probs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False, sharex=True, sharey=True)
+    edges = torch.linspace(0, 1, n_bins + 1)
+    for ax, (name, probs) in zip(axes.flat, named_probs.items(), strict=False):
+        confidence, prediction = probs.max(-1)
+        correct = (prediction == labels).float()
+        bins = torch.bucketize(confidence, edges[1:-1])
+        counts = torch.bincount(bins, minlength=n_bins).float()
+        accuracy = torch.bincount(bins, weights=correct, minlength=n_bins) / counts.clamp_min(1)
+        mean_conf = torch.bincount(bins, weights=confidence, minlength=n_bins) / counts.clamp_min(1)
+        mask = counts > 0
+        ax.bar(edges[:-1][mask].numpy(), accuracy[mask].numpy(), width=1 / n_bins, align="edge",
+               edgecolor="black", linewidth=0.4, label="accuracy")
+        ax.bar(edges[:-1][mask].numpy(), (mean_conf - accuracy)[mask].numpy(), bottom=accuracy[mask].numpy(),
+               width=1 / n_bins, align="edge", color="tab:red", alpha=0.35, label="gap")
+        ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+        ax.set_title(name, fontsize=8)
+    for ax in axes.flat[len(named_probs):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("confidence")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy")
+    fig.suptitle(f"Reliability on the test split ({n_bins} equal-width bins, top label)", fontsize=10)
+    return _save(fig, path)
+
+
+def shift_plot(shift: dict[str, Any], labels: dict[str, str], path: Path) -> Path:
+    """Accuracy and ECE against corruption severity (mean over corruption types), one line per method."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, result in shift.items():
+        severities = sorted(result["by_severity"], key=int)
+        x = [int(s) for s in severities]
+        left.plot(x, [100 * result["by_severity"][s]["accuracy"] for s in severities], marker="o", label=labels[key])
+        right.plot(x, [100 * result["by_severity"][s]["ece"] for s in severities], marker="o", label=labels[key])
+    left.set(xlabel="severity", ylabel="accuracy (%)", title="Accuracy under corruption")
+    right.set(xlabel="severity", ylabel="ECE (%)", title="ECE under corruption")
+    right.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def sweep_plot(sweep: dict[str, Any], path: Path) -> Path:
+    """ECE against latency per input, one point per sample count."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = {"director": "DIRECTOR", "mc_dropout": "MC dropout"}
+    for source, rows in sweep.items():
+        counts = sorted(rows, key=int)
+        xs = [rows[s]["latency_ms"] for s in counts]
+        ys = [100 * rows[s]["ece"] for s in counts]
+        ax.plot(xs, ys, marker="o", label=names.get(source, source))
+        for s, x, y in zip(counts, xs, ys, strict=True):
+            ax.annotate(f"S={s}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    ax.set(xscale="log", xlabel="latency per input (ms, batch of one, log scale)", ylabel="ECE (%)",
+           title="ECE against latency over sample counts")
+    ax.legend()
+    return _save(fig, path)
