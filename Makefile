@@ -7,12 +7,13 @@ CONFIG ?= configs/fashion_vit.yaml
 DEB_PACKAGES := dataset-fashion-mnist
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup deb test lint serve model fit distil export clean
+.PHONY: help setup deb test lint serve model fit distil export evaluate clean
 
 help:
 	@echo "make serve   serve the default model on port 8000"
 	@echo "make test    set up everything and run the test suite"
 	@echo "make model   fit + distil + export $(CONFIG) (resumable)"
+	@echo "make evaluate  methods compared on $(CONFIG): docs/results/<task>.md (resumable)"
 	@echo "make lint    ruff"
 
 $(STAMP): pyproject.toml
@@ -52,6 +53,9 @@ distil: setup
 
 export: setup
 	$(PY) -m training export --config $(CONFIG)
+
+evaluate: setup
+	$(PY) -m training evaluate --config $(CONFIG)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
