@@ -334,7 +334,13 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),
         ("ablations", lambda: evaluate_ablations(evaluation)),
     ]
+    unknown = set(cfg.evaluate.stages) - {name for name, _ in stages}
+    if unknown or "test_and_ood" not in cfg.evaluate.stages:
+        raise ValueError(f"evaluate.stages must include test_and_ood and name only {[n for n, _ in stages]}, "
+                         f"got {cfg.evaluate.stages}")
     for name, stage in stages:
+        if name not in cfg.evaluate.stages:
+            continue
         t0 = time.perf_counter()
         print(f"evaluate: {name}")
         results[name] = stage()

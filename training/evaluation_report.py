@@ -25,17 +25,22 @@ def _mib(value: float) -> str:
 
 
 def main_table(results: dict[str, Any]) -> list[str]:
-    lines = ["| method | S | acc % | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC | misclass. AUROC "
-             "| params (x) | latency ms (x) | peak MiB (x) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    costs = results.get("cost")
+    head = "| method | S | acc % | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC | misclass. AUROC |"
+    if costs:
+        head += " params (x) | latency ms (x) | peak MiB (x) |"
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for key, r in results["test_and_ood"].items():
-        t, c = r["test"], results["cost"][key]
-        lines.append(
-            f"| {r['label']} | {r['n_samples']} | {pct(t['accuracy'])} | {t['nll']:.4f} | {t['brier']:.4f} | {_ci(t)} "
-            f"| {pct(t['adaptive_ece'])} | {pct(t['mce'])} | {t['aurc']:.4f} | {t['misclassification_auroc']:.4f} "
-            f"| {c['parameters']:,} ({c['parameters_ratio']:.1f}) "
-            f"| {c['latency_ms']:.2f} ({c['latency_ms_ratio']:.1f}) "
-            f"| {_mib(c['peak_memory_bytes'])} ({c['peak_memory_bytes_ratio']:.1f}) |")
+        t = r["test"]
+        row = (f"| {r['label']} | {r['n_samples']} | {pct(t['accuracy'])} | {t['nll']:.4f} | {t['brier']:.4f} "
+               f"| {_ci(t)} | {pct(t['adaptive_ece'])} | {pct(t['mce'])} | {t['aurc']:.4f} "
+               f"| {t['misclassification_auroc']:.4f} |")
+        if costs:
+            c = costs[key]
+            row += (f" {c['parameters']:,} ({c['parameters_ratio']:.1f}) | {c['latency_ms']:.2f} "
+                    f"({c['latency_ms_ratio']:.1f}) | {_mib(c['peak_memory_bytes'])} "
+                    f"({c['peak_memory_bytes_ratio']:.1f}) |")
+        lines.append(row)
     return lines
 
 
@@ -116,6 +121,9 @@ def ablation_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+PENDING = "Pending: this stage was not in this run's `evaluate.stages`; run the full command to add it."
+
+
 def findings(results: dict[str, Any]) -> list[str]:
     """Computed comparisons of DIRECTOR at the default S against the baselines."""
     rows = results["test_and_ood"]
@@ -134,27 +142,34 @@ def findings(results: dict[str, Any]) -> list[str]:
             verdict = "intervals overlap"
         ood_d = sum(d["ood"][k][d["ood_score"]]["auroc"] for k in d["ood"]) / len(d["ood"])
         ood_b = sum(b["ood"][k][b["ood_score"]]["auroc"] for k in b["ood"]) / len(b["ood"])
-        sev = max(results["shift"][key]["by_severity"], key=int)
-        out.append(
-            f"- vs {b['label']}: ECE {pct(d['test']['ece'])}% vs {pct(b['test']['ece'])}% ({verdict}); accuracy "
-            f"{pct(d['test']['accuracy'])}% vs {pct(b['test']['accuracy'])}%; NLL {d['test']['nll']:.4f} vs "
-            f"{b['test']['nll']:.4f}; mean OOD AUROC (own chosen score) {ood_d:.3f} vs {ood_b:.3f}; ECE at severity "
-            f"{sev} {pct(results['shift'][f'director_s{s}']['by_severity'][sev]['ece'])}% vs "
-            f"{pct(results['shift'][key]['by_severity'][sev]['ece'])}%; latency "
-            f"{results['cost'][f'director_s{s}']['latency_ms']:.2f} vs {results['cost'][key]['latency_ms']:.2f} ms.")
+        parts = [f"ECE {pct(d['test']['ece'])}% vs {pct(b['test']['ece'])}% ({verdict})",
+                 f"accuracy {pct(d['test']['accuracy'])}% vs {pct(b['test']['accuracy'])}%",
+                 f"NLL {d['test']['nll']:.4f} vs {b['test']['nll']:.4f}",
+                 f"mean OOD AUROC (own chosen score) {ood_d:.3f} vs {ood_b:.3f}"]
+        if "shift" in results:
+            sev = max(results["shift"][key]["by_severity"], key=int)
+            parts.append(f"ECE at severity {sev} {pct(results['shift'][f'director_s{s}']['by_severity'][sev]['ece'])}%"
+                         f" vs {pct(results['shift'][key]['by_severity'][sev]['ece'])}%")
+        if "cost" in results:
+            parts.append(f"latency {results['cost'][f'director_s{s}']['latency_ms']:.2f} vs "
+                         f"{results['cost'][key]['latency_ms']:.2f} ms")
+        out.append(f"- vs {b['label']}: " + "; ".join(parts) + ".")
     return out
 
 
 def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], labels: torch.Tensor, out_dir: Path,
                      command: str) -> Path:
+    """The page; a stage missing from ``results`` (not in ``evaluate.stages``) is marked pending."""
     task = results["task"]
     labels_by_key = {k: r["label"] for k, r in results["test_and_ood"].items()}
     reliability = reliability_grid(probs, labels, out_dir / f"{task}-reliability.png")
-    shift = shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
-    sweep = sweep_plot(results["sweep"], out_dir / f"{task}-ece-latency.png")
     first = next(iter(results["test_and_ood"].values()))["test"]
     st = results["settings"]
     binning = "; ".join(f"{k}: {v}" for k, v in results["binning"].items())
+    cost_note = ("Costs are measured in the same run on this machine: latency is one input per forward at the "
+                 "method's S (median), peak memory the rise of resident memory during one forward of "
+                 f"{st['latency_images']} inputs in a fresh process; (x) is the ratio to the deterministic backbone. "
+                 if "cost" in results else "Costs: " + PENDING + " ")
     lines = [
         f"# {task}: uncertainty methods compared", "",
         f"Produced {results['date']} from commit `{results['git_commit']}` (torch {results['torch']}, "
@@ -163,29 +178,36 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         "logits are cached under the run folder, so the command resumes and a rerun only re-renders. "
         f"Stage times: {', '.join(f'{k} {v / 60:.1f} min' for k, v in results['seconds'].items())}.", "",
         f"## Test split ({first['n']:,} images)", "",
-        f"Calibration binning: {binning}. ECE interval: 95% percentile bootstrap ({st['bootstrap']} "
-        "resamples). Costs are measured in the same run on this machine: latency is one input per forward at the "
-        "method's S (median), peak memory the rise of resident memory during one forward of "
-        f"{st['latency_images']} inputs in a fresh process; (x) is the ratio to the deterministic backbone. "
-        "Temperatures are fitted on the validation split; the noise temperature scales every DIRECTOR step's std "
-        f"and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}.", "",
+        f"Calibration binning: {binning}. ECE interval: 95% percentile bootstrap ({st['bootstrap']} resamples). "
+        + cost_note + "Temperatures are fitted on the validation split; the noise temperature scales every DIRECTOR "
+        f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}.", "",
         *main_table(results), "", f"![reliability]({reliability.name})", "",
         "### Where DIRECTOR (default S) stands", "", *findings(results), "",
         "## Out-of-distribution detection", "", *ood_tables(results), "",
         f"## Shift: corrupted test images ({st['corruption_images']} per type and severity, mean over the types)", "",
-        "Types: " + ", ".join(next(iter(results["shift"].values()))["by_type"]) + ". Per type in the JSON.", "",
-        *shift_table(results), "", f"![shift]({shift.name})", "",
-        "## ECE against latency over sample counts", "",
-        f"S-sample figures use the first S of the same {results['test_draws']} test draws per input; latency is one "
-        "input per forward.", "",
-        *sweep_table(results), "", f"![ece-latency]({sweep.name})", "",
-        "## Ablations", "",
-        f"Variants train {st['ablation_epochs']} distillation epochs from the same frozen backbone (`both` is the "
-        "reference at that budget); tau is the main run's except in the tau variants; `floor` uses only the "
-        "per-step floor as observed variance. MI AUROC: mutual information as the OOD score, test split vs the set. "
-        "Seed rows use the full recipe.", "",
-        *ablation_table(results), "",
     ]
+    if "shift" in results:
+        shift = shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
+        lines += ["Types: " + ", ".join(next(iter(results["shift"].values()))["by_type"]) + ". Per type in the JSON.",
+                  "", *shift_table(results), "", f"![shift]({shift.name})", ""]
+    else:
+        lines += [PENDING, ""]
+    lines += ["## ECE against latency over sample counts", ""]
+    if "sweep" in results:
+        sweep = sweep_plot(results["sweep"], out_dir / f"{task}-ece-latency.png")
+        lines += [f"S-sample figures use the first S of the same {results['test_draws']} test draws per input; "
+                  "latency is one input per forward.", "", *sweep_table(results), "", f"![ece-latency]({sweep.name})",
+                  ""]
+    else:
+        lines += [PENDING, ""]
+    lines += ["## Ablations", ""]
+    if "ablations" in results:
+        lines += [f"Variants train {st['ablation_epochs']} distillation epochs from the same frozen backbone (`both` "
+                  "is the reference at that budget); tau is the main run's except in the tau variants; `floor` uses "
+                  "only the per-step floor as observed variance. MI AUROC: mutual information as the OOD score, test "
+                  "split vs the set. Seed rows use the full recipe.", "", *ablation_table(results), ""]
+    else:
+        lines += [PENDING, ""]
     page = out_dir / f"{task}.md"
     page.write_text("\n".join(lines))
     return page

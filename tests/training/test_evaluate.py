@@ -137,3 +137,16 @@ def test_exported_baselines_load_in_the_server(evaluated: tuple[Path, dict[str, 
     assert set(manifest["ood"]["thresholds"]) == {str(s) for s in (1, 2, 4) if s <= expected[1]}
     rows = artifact.module.sample_rows(torch.rand(2, 1, 28, 28), torch.tensor([1, expected[0]]))
     assert rows.shape == (1 + expected[0], 10)
+
+
+def test_a_partial_run_marks_the_missing_stages_pending(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    """Stages can be run a few at a time (long evaluations span sessions); the page says what is missing."""
+    config, _ = evaluated
+    assert main(["evaluate", "--config", str(config), "--set", "evaluate.stages=[test_and_ood, sweep]",
+                 "--set", "evaluate.task=partial"]) == 0
+    docs = config.parent / "docs"
+    results = json.loads((docs / "partial.json").read_text())
+    assert "sweep" in results and "shift" not in results and "cost" not in results and "ablations" not in results
+    page = (docs / "partial.md").read_text()
+    assert page.count("Pending: this stage was not in this run") == 3  # costs are marked beside the main table
+    assert "--set 'evaluate.stages=[test_and_ood, sweep]'" in page
