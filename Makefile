@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/fashion_vit.yaml
-DEB_PACKAGES := dataset-fashion-mnist
+DEB_PACKAGES := dataset-fashion-mnist prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help setup deb test lint serve model fit distil export evaluate clean

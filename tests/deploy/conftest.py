@@ -1,0 +1,200 @@
+"""Deployment tests: the Dockerfile, compose file, Prometheus rules and Grafana dashboard of ``docker/``.
+
+No Docker engine runs here, so the images are checked statically (hadolint, the Compose JSON schema) and
+their commands are run natively: the server is started with the Dockerfile's own ENTRYPOINT, scraped by a
+real Prometheus (Debian package ``prometheus``, installed by ``make test``). Tools are never skipped when
+missing: a missing tool fails with the command that installs it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOCKER = REPO_ROOT / "docker"
+DOCKERFILE = DOCKER / "Dockerfile"
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+ENV_EXAMPLE = REPO_ROOT / ".env.example"
+PROMETHEUS_DIR = DOCKER / "prometheus"
+PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
+RULES_DIR = PROMETHEUS_DIR / "rules"
+RULE_TESTS = PROMETHEUS_DIR / "tests" / "alerts.test.yml"
+DASHBOARD = DOCKER / "grafana" / "dashboards" / "director.json"
+GRAFANA_PROVISIONING = DOCKER / "grafana" / "provisioning"
+K8S_DIR = DOCKER / "k8s"
+DEFAULT_MODEL_DIR = REPO_ROOT / "model_repository" / "fashion-vit" / "1"
+
+
+def tool(name: str, install: str) -> str:
+    """The path of a command-line tool, found on PATH or beside this interpreter (the venv's bin/)."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    assert found, f"{name} is not installed: {install} (make test does it)"
+    return found
+
+
+def promtool() -> str:
+    return tool("promtool", "apt-get install prometheus")
+
+
+def run_tool(args: list[str], timeout: float = 60, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------------------- Dockerfile
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)  # (INSTRUCTION, arguments)
+
+    def last(self, instruction: str) -> str | None:
+        found = [args for name, args in self.instructions if name == instruction]
+        return found[-1] if found else None
+
+    def all(self, instruction: str) -> list[str]:
+        return [args for name, args in self.instructions if name == instruction]
+
+
+def dockerfile_lines(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """Instructions with continuation lines joined and comments dropped: (INSTRUCTION, arguments)."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, rest = line.partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def dockerfile_stages(path: Path = DOCKERFILE) -> dict[str, Stage]:
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for keyword, args in dockerfile_lines(path):
+        if keyword == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else str(len(stages))
+            current = Stage(name, parts[0])
+            stages[name] = current
+        elif current is not None:
+            current.instructions.append((keyword, args))
+    return stages
+
+
+def exec_form(args: str) -> list[str]:
+    """A JSON exec-form argument list (ENTRYPOINT/CMD/HEALTHCHECK CMD); shell form is refused."""
+    import json
+
+    assert args.startswith("["), f"not exec form (a shell would wrap it): {args}"
+    value = json.loads(args)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return value
+
+
+def image_command(stage: str) -> list[str]:
+    """The command a container of ``stage`` runs: ENTRYPOINT + CMD (inherited from parent stages)."""
+    stages = dockerfile_stages()
+    chain = []
+    name: str | None = stage
+    while name in stages:
+        chain.append(stages[name])
+        name = stages[name].base
+    entrypoint: list[str] = []
+    cmd: list[str] = []
+    for s in reversed(chain):
+        if s.last("ENTRYPOINT") is not None:
+            entrypoint = exec_form(s.last("ENTRYPOINT") or "")
+            cmd = []  # a new ENTRYPOINT resets the inherited CMD
+        if s.last("CMD") is not None:
+            cmd = exec_form(s.last("CMD") or "")
+    return entrypoint + cmd
+
+
+def native(command: list[str]) -> list[str]:
+    """An image command run here: the image's ``python`` is this interpreter."""
+    assert command and command[0] == "python", command
+    return [sys.executable, *command[1:]]
+
+
+def healthcheck_command(stage: str = "service") -> list[str]:
+    args = dockerfile_stages()[stage].last("HEALTHCHECK")
+    assert args is not None
+    _, _, command = args.partition("CMD ")
+    return exec_form(command.strip())
+
+
+def image_env(stage: str = "service") -> dict[str, str]:
+    """ENV of a stage (``ENV A=1 B=2`` form)."""
+    env: dict[str, str] = {}
+    for args in dockerfile_stages()[stage].all("ENV"):
+        for item in shlex.split(args):
+            key, _, value = item.partition("=")
+            env[key] = value
+    return env
+
+
+# ---------------------------------------------------------------------------------------------- compose
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def interpolate_defaults(value: str) -> str:
+    """Compose interpolation with every variable unset: ``${VAR:-default}`` -> default."""
+    import re
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}", lambda m: m.group(2) or "", value)
+
+
+# ---------------------------------------------------------------------------------------------- processes
+@contextmanager
+def process_group(cmd: list[str], env: dict[str, str], log: Path, cwd: Path = REPO_ROOT) -> Iterator[subprocess.Popen]:
+    """Start ``cmd`` in its own session; on exit kill the whole group (uvicorn workers included) and reap it."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, deadline_s: float = 180.0) -> None:
+    """Poll ``url`` until 200 (generous deadline: CI machines are loaded); fail early if ``proc`` died."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        assert proc.poll() is None, f"{proc.args} exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"{url} not ready in {deadline_s}s:\n{log.read_text()[-4000:]}"
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)

