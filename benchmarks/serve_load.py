@@ -1,11 +1,23 @@
-"""Load benchmark of the serving microservice on loopback: throughput and p50/p95/p99 latency at several
-client concurrencies, with dynamic batching on and off, plus the raw artifact time at the same batch sizes.
+"""Load benchmark of the serving microservice on loopback.
 
-Each configuration starts ``python -m service`` as its own process (torch threads pinned with
-``--threads``) and drives it with an async httpx load generator bounded in requests and seconds.
+Modes (``--mode``):
 
-    .venv/bin/python benchmarks/serve_load.py --repository model_repository --model fashion-vit \
-        --concurrency 1 8 32 128 --requests 400 --seconds 60 --threads 1 --out docs/benchmarks.json
+- ``load`` (the default): throughput and p50/p95/p99 latency at several client concurrencies with dynamic
+  batching on and off (closed loop, httpx clients), the raw artifact time at the same batch sizes, and
+  overload: open-loop arrivals at ``--overload-factor`` x the capacity just measured against a short queue
+  (the excess must be refused fast, with 503 only), plus a flood of ``--overload-clients`` back-to-back
+  clients.
+- ``budget``: requests per second under a ``--budget-ms`` p99 budget for DIRECTOR at ``--budget-samples``
+  against the plain backbone exported as a deterministic artifact, served by the same server, and batching
+  vs batch-1 at S = 1 (see ``budget.py``).
+- ``all``: both.
+
+Each configuration starts ``python -m service`` as its own process group (torch threads pinned with
+``--threads``). ``--out`` merges this run's results into the JSON file (other sections are kept) and
+``--markdown`` rewrites the tables of the Markdown file, keeping its hand-written analysis.
+
+    .venv/bin/python benchmarks/serve_load.py --mode all --requests 200 --seconds 30 --threads 1 \
+        --out docs/benchmarks.json --markdown docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -14,9 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import warnings
@@ -26,33 +35,10 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(repository: Path, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--model-repository",
-           str(repository), "--default-model", model, "--torch-threads", str(threads), "--poll-interval-s", "0",
-           "--log-level", "warning", "--feedback-db", f"/tmp/director-bench-{port}.sqlite3", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+from budget import run_budget
+from loadgen import closed_loop, encode_post, open_loop
+from report import write_markdown
+from server import ROOT, running_server
 
 
 async def drive(url: str, body: dict[str, Any], concurrency: int, max_requests: int, max_seconds: float
@@ -111,53 +97,7 @@ def raw_artifact(folder: Path, n_samples: int, batch_sizes: list[int], threads: 
     return out
 
 
-def write_markdown(results: dict[str, Any], path: Path) -> None:
-    """The results table for docs/benchmarks.md (the analysis below it is written by hand)."""
-    s = results["n_samples"]
-    lines = [
-        "# Serving benchmark (CPU, this machine)", "", "Command (one run measures both modes and the raw artifact):",
-        "", "```bash", results["command"], "```", "",
-        f"Model `{results['model']}`, one input per request, n_samples = {s}, torch {results['torch']}, "
-        f"{results['cpu_count']} CPU cores. The server's torch threads are pinned to {results['threads']}; the async "
-        "load generator runs on the same machine, on loopback. `batching`: `max_batch_samples` "
-        f"{results['max_batch_samples']}, `max_batch_delay_ms` {results['max_batch_delay_ms']:g}. `batch-1`: "
-        f"`max_batch_samples` {s} (one request per forward), no delay. Raw: `sample_rows` of the TorchScript "
-        "artifact alone, same thread count.", "",
-        "| clients | batching rps | p50 / p95 / p99 ms | batch-1 rps | p50 / p95 / p99 ms |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for a, b in zip(results["runs"]["batching"], results["runs"]["batch-1"], strict=True):
-        lines.append(f"| {a['concurrency']} | {a['throughput_rps']} | {a['p50_ms']} / {a['p95_ms']} / {a['p99_ms']} "
-                     f"| {b['throughput_rps']} | {b['p50_ms']} / {b['p95_ms']} / {b['p99_ms']} |")
-    over = results.get("overload")
-    if over is not None:
-        lines += ["", f"Overload: {over['concurrency']} clients against `max_queue` {over['max_queue']}: status codes "
-                  f"{over['codes']}, served p99 {over['p99_ms']} ms, refused p99 {over['refused_p99_ms']} ms."]
-    lines += ["", "| raw artifact batch (inputs) | rows per forward | ms per forward | inputs/s |",
-              "| --- | --- | --- | --- |"]
-    lines += [f"| {x['batch']} | {x['batch'] * s} | {x['ms_per_forward']} | {x['inputs_per_s']} |"
-              for x in results["raw_artifact"]]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    parser.add_argument("--model", default="fashion-vit")
-    parser.add_argument("--version", default="1")
-    parser.add_argument("--n-samples", type=int, default=16)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
-    parser.add_argument("--requests", type=int, default=400, help="requests per run (upper bound)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="seconds per run (upper bound)")
-    parser.add_argument("--threads", type=int, default=1, help="server torch threads (pinned)")
-    parser.add_argument("--max-batch-samples", type=int, default=128)
-    parser.add_argument("--max-batch-delay-ms", type=float, default=0.0, help="batching window of the batching mode")
-    parser.add_argument("--overload-clients", type=int, default=128)
-    parser.add_argument("--overload-queue", type=int, default=12, help="max_queue of the overload run")
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--markdown", type=Path, default=None, help="write the results table as Markdown here")
-    args = parser.parse_args(argv)
-
+def run_load(args: argparse.Namespace, results: dict[str, Any]) -> None:
     folder = args.repository / args.model / args.version
     manifest = json.loads((folder / "manifest.json").read_text())
     shape = (manifest["input"]["channels"], manifest["input"]["height"], manifest["input"]["width"])
@@ -168,36 +108,83 @@ def main(argv: list[str] | None = None) -> int:
                      str(args.max_batch_delay_ms)],
         "batch-1": ["--max-batch-samples", str(args.n_samples), "--max-batch-delay-ms", "0"],
     }
-    results: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python", "benchmarks/serve_load.py", *sys.argv[1:]]),
-        "threads": args.threads, "max_batch_samples": args.max_batch_samples,
+    results.update({
+        "command": results["invocation"], "threads": args.threads, "max_batch_samples": args.max_batch_samples,
         "max_batch_delay_ms": args.max_batch_delay_ms, "cpu_count": os.cpu_count(), "model": args.model,
         "torch": torch.__version__, "n_samples": args.n_samples, "runs": {},
-    }
+    })
     for mode, extra in modes.items():
-        proc, url = start_server(args.repository, args.model, args.threads, extra)
-        try:
+        with running_server(args.repository, args.model, args.threads, extra) as url:
             runs = []
             for concurrency in args.concurrency:
                 run = asyncio.run(drive(url, body, concurrency, args.requests, args.seconds))
                 print(mode, json.dumps(run), flush=True)
                 runs.append(run)
             results["runs"][mode] = runs
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-    # overload: a short queue and 128 clients, about 10x what the server absorbs; the excess must be refused fast
-    proc, url = start_server(args.repository, args.model, args.threads,
-                             [*modes["batching"], "--max-queue", str(args.overload_queue)])
-    try:
-        results["overload"] = asyncio.run(drive(url, body, args.overload_clients, args.requests * 4, args.seconds))
-        results["overload"]["max_queue"] = args.overload_queue
-        print("overload", json.dumps(results["overload"]), flush=True)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+    # overload: a short queue, and arrivals at a multiple of what the server just sustained. The lean
+    # generator (loadgen) is used here: httpx cannot offer ~10x capacity on these cores without becoming the
+    # bottleneck whose latency it would then report.
+    capacity = max(run["throughput_rps"] for run in results["runs"]["batching"])
+    offered = round(capacity * args.overload_factor, 1)
+    with running_server(args.repository, args.model, args.threads,
+                        [*modes["batching"], "--max-queue", str(args.overload_queue)]) as url:
+        raw = encode_post(url, "/predict", body)
+        over = asyncio.run(open_loop(url, raw, offered, args.overload_seconds))
+        over.update({"max_queue": args.overload_queue, "capacity_rps": capacity, "factor": args.overload_factor})
+        results["overload"] = over
+        print("overload", json.dumps(over), flush=True)
+        flood = asyncio.run(closed_loop(url, raw, args.overload_clients, args.requests * 4, args.seconds))
+        flood["max_queue"] = args.overload_queue
+        results["flood"] = flood
+        print("flood", json.dumps(flood), flush=True)
     results["raw_artifact"] = raw_artifact(folder, args.n_samples, [1, 8, 32, 128], args.threads)
     print("raw", json.dumps(results["raw_artifact"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["load", "budget", "all"], default="load")
+    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument("--model", default="fashion-vit")
+    parser.add_argument("--version", default="1")
+    parser.add_argument("--n-samples", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--requests", type=int, default=400, help="requests per run (upper bound)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="seconds per run (upper bound)")
+    parser.add_argument("--threads", type=int, default=1, help="server torch threads (pinned)")
+    parser.add_argument("--max-batch-samples", type=int, default=128)
+    parser.add_argument("--max-batch-delay-ms", type=float, default=0.0, help="batching window of the batching mode")
+    parser.add_argument("--overload-factor", type=float, default=10.0, help="overload arrival rate / capacity")
+    parser.add_argument("--overload-seconds", type=float, default=10.0, help="length of the overload run")
+    parser.add_argument("--overload-clients", type=int, default=128, help="clients of the closed-loop flood")
+    parser.add_argument("--overload-queue", type=int, default=12, help="max_queue of the overload runs")
+    parser.add_argument("--budget-ms", type=float, default=50.0, help="budget mode: p99 latency budget")
+    parser.add_argument("--budget-samples", type=int, nargs="+", default=[1, 4, 16], help="budget mode: DIRECTOR S")
+    parser.add_argument("--point-seconds", type=float, default=10.0, help="budget mode: seconds per offered rate")
+    parser.add_argument("--search-steps", type=int, default=4, help="budget mode: bisection steps")
+    parser.add_argument("--peak-clients", type=int, default=32, help="budget mode: clients of the S=1 peak run")
+    parser.add_argument("--deterministic", type=Path, default=None,
+                        help="budget mode: an exported deterministic artifact version folder (default: export one "
+                             "with python -m training export-baseline into the temporary repository)")
+    parser.add_argument("--config", default="configs/fashion_vit.yaml", help="budget mode: config of the export")
+    parser.add_argument("--out", type=Path, default=None, help="merge the results into this JSON file")
+    parser.add_argument("--markdown", type=Path, default=None, help="rewrite the tables of this Markdown file")
+    args = parser.parse_args(argv)
+
+    invocation = " ".join([".venv/bin/python", "benchmarks/serve_load.py", *(sys.argv[1:] if argv is None else argv)])
+    results: dict[str, Any] = {}
+    if args.out is not None and args.out.exists():
+        results = json.loads(args.out.read_text())  # sections this run does not measure are kept
+    results["invocation"] = invocation
+    if args.mode in ("load", "all"):
+        run_load(args, results)
+    if args.mode in ("budget", "all"):
+        results["budget"] = run_budget(
+            args.repository, args.model, args.deterministic, args.config, args.threads, args.budget_samples,
+            args.max_batch_samples, args.budget_ms, args.point_seconds, args.search_steps, args.peak_clients,
+            args.requests * 4)
+        results["budget"].update({"command": invocation, "torch": torch.__version__, "cpu_count": os.cpu_count()})
+    results.pop("invocation")
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.markdown is not None:

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from service import __doc__ as package_doc
 from service import __version__
+from service.admission import Admission
 from service.artifact import Artifact
 from service.batching import BatchStats, BatchWorker
 from service.config import Settings
@@ -45,7 +46,7 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
                 metrics_.gpu_memory.set(memory)
 
         return BatchWorker(artifact, device, settings.max_batch_samples, settings.max_batch_delay_ms,
-                           settings.max_queue, on_batch)
+                           settings.max_queue, on_batch, reservation_timeout_s=settings.request_timeout_s)
 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,
@@ -103,6 +104,8 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     register_error_handlers(app)
     for router in (predict.router, feedback.router, models.router, health.router, metrics.router, oip.router):
         app.include_router(router)
+    # innermost first: admission refuses an overloaded model's requests before their body is read
+    app.add_middleware(Admission, get_state=lambda: getattr(app.state, "director", None))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics_)  # outermost: counts refusals by BodyLimit too
     return app

@@ -3,7 +3,11 @@
 The worker takes the first waiting request, then keeps packing requests until the batch holds
 ``max_batch_samples`` rows (inputs x n_samples) or ``max_batch_delay_ms`` has passed since it started
 waiting; the forward runs in a thread so the event loop keeps serving. A request with a ``seed`` runs in
-a batch of its own under that seed. A full queue refuses at once (``QueueFull``)."""
+a batch of its own under that seed. A full queue refuses at once (``QueueFull``).
+
+Slots can be reserved before a request's body is read (``reserve`` -> ``Ticket``, see ``service.admission``):
+queued + held + reserved never exceeds ``max_queue``, so an admitted request is never refused later and an
+overloaded model refuses before it spends anything on a request."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +35,28 @@ class QueueFull(Exception):
 
 class Draining(Exception):
     """The worker no longer accepts requests (shutdown or version retired)."""
+
+
+class Ticket:
+    """One queue slot reserved for a request whose body is still being read; ``enqueue`` consumes it, and
+    ``release`` (idempotent) gives it back if the request ends before it is queued. It lapses at ``expires``
+    (monotonic), so a client that announces a body and never sends it cannot hold a slot for ever."""
+
+    __slots__ = ("worker", "expires", "_live")
+
+    def __init__(self, worker: BatchWorker, expires: float) -> None:
+        self.worker = worker
+        self.expires = expires
+        self._live = True
+
+    @property
+    def live(self) -> bool:
+        return self._live
+
+    def release(self) -> None:
+        if self._live:
+            self._live = False
+            self.worker._reserved -= 1
 
 
 @dataclass
@@ -68,7 +95,8 @@ class BatchStats:
 
 class BatchWorker:
     def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
-                 max_queue: int, on_batch: Callable[[BatchStats], None] | None = None) -> None:
+                 max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
+                 reservation_timeout_s: float = 30.0) -> None:
         self.artifact = artifact
         self.device = device
         self.max_rows = max_batch_samples
@@ -79,10 +107,41 @@ class BatchWorker:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._busy = False
+        self._reserved = 0  # live tickets
+        self._tickets: deque[Ticket] = deque()  # in reservation order, so in expiry order
+        self.reservation_timeout_s = reservation_timeout_s
+
+    @property
+    def max_queue(self) -> int:
+        return self.queue.maxsize
 
     @property
     def depth(self) -> int:
+        """Requests waiting for a batch."""
         return self.queue.qsize() + (1 if self._held is not None else 0)
+
+    @property
+    def pending(self) -> int:
+        """Requests holding a queue slot: waiting for a batch, or admitted and still being received (tickets
+        past their expiry are released first)."""
+        now = time.monotonic()
+        tickets = self._tickets
+        while tickets and (not tickets[0].live or tickets[0].expires <= now):
+            tickets.popleft().release()
+        return self.depth + self._reserved
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def reserve(self) -> Ticket | None:
+        """A slot for a request not yet read, or None when the queue (with its reservations) is full or closed."""
+        if self._closed or self.pending >= self.max_queue:
+            return None
+        self._reserved += 1
+        ticket = Ticket(self, time.monotonic() + self.reservation_timeout_s)
+        self._tickets.append(ticket)
+        return ticket
 
     @property
     def idle(self) -> bool:
@@ -91,15 +150,26 @@ class BatchWorker:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
 
-    def enqueue(self, pixels: torch.Tensor, n_samples: int, seed: int | None) -> asyncio.Future[BatchResult]:
-        """Queue one request at once or raise; await the future for its result (cancel it to abandon it)."""
+    def enqueue(self, pixels: torch.Tensor, n_samples: int, seed: int | None, ticket: Ticket | None = None
+                ) -> asyncio.Future[BatchResult]:
+        """Queue one request at once or raise; await the future for its result (cancel it to abandon it).
+
+        A live ``ticket`` of this worker turns into the queued item (its slot was counted already); a ticket of
+        another worker (the request named another model, or the version was swapped) is released."""
         if self._closed:
             raise Draining("model version is shutting down")
+        if ticket is not None and ticket.worker is self and ticket.live:
+            ticket.release()  # the slot passes to the item queued below, with no await in between
+        else:
+            if ticket is not None:
+                ticket.release()
+            if self.pending >= self.max_queue:
+                raise QueueFull(f"queue full ({self.max_queue} requests queued or being received)")
         item = WorkItem(pixels, n_samples, seed, asyncio.get_running_loop().create_future())
         try:
-            self.queue.put_nowait(item)
-        except asyncio.QueueFull as exc:
-            raise QueueFull(f"queue full ({self.queue.maxsize} requests waiting)") from exc
+            self.queue.put_nowait(item)  # does not overflow: queued + held + reserved <= max_queue
+        except asyncio.QueueFull as exc:  # defensive: the accounting above is the real bound
+            raise QueueFull(f"queue full ({self.max_queue} requests queued)") from exc
         return item.future
 
     async def close(self, timeout_s: float) -> None:

@@ -103,6 +103,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "body, image pixels, text or number of inputs too large"},
     422: {"model": ErrorBody, "description": "schema violation: bad n_samples, wrong shape, NaN/Inf, "
                                             "text to an image model"},
-    503: {"model": ErrorBody, "description": "queue full, model not ready or server draining; see Retry-After"},
+    503: {"model": ErrorBody, "description": "queue full (refused before the body is read), model not ready or "
+                                            "server draining; see Retry-After"},
     504: {"model": ErrorBody, "description": "request timed out in the queue or in inference"},
 }

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: the request body limit and per-request HTTP metrics."""
+"""Pure ASGI middleware: the request body limit and per-request HTTP metrics (admission control is in
+``service.admission``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import error_response
 from service.metrics import Metrics
+
+ENDPOINT_KEY = "director.endpoint"  # route template of a request answered before routing (service.admission)
 
 
 class BodyLimit:
@@ -81,6 +84,6 @@ class HttpMetrics:
             await self.app(scope, receive, tracking_send)
         finally:
             route: Any = scope.get("route")
-            endpoint = getattr(route, "path", None) or "unmatched"
+            endpoint = getattr(route, "path", None) or scope.get(ENDPOINT_KEY) or "unmatched"
             self.metrics.requests.labels(endpoint, str(status["code"])).inc()
             self.metrics.request_duration.labels(endpoint).observe(time.perf_counter() - start)

@@ -15,7 +15,7 @@ import torch
 
 from models.uncertainty import UncertaintySummary, ood_score
 from service.artifact import ArtifactError, OodRule, ood_rule
-from service.batching import BatchResult, Draining, QueueFull
+from service.batching import BatchResult, Draining, QueueFull, Ticket
 from service.drift import DriftMonitor
 from service.errors import ApiError, invalid, not_found, overloaded, too_large
 from service.images import decode_base64, image_to_tensor, pixels_to_tensor
@@ -96,9 +96,10 @@ def inputs_to_pixels(state: AppState, entry: ModelVersion, inputs: list[Input]) 
     return torch.stack(tensors)
 
 
-async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samples: int, seed: int | None
-              ) -> Outcome:
-    """Queue ``pixels`` on the version's worker; map overload, drain and timeout to 503/503/504."""
+async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samples: int, seed: int | None,
+              ticket: Ticket | None = None) -> Outcome:
+    """Queue ``pixels`` on the version's worker (on the slot ``ticket`` reserved at admission, if it is this
+    worker's); map overload, drain and timeout to 503/503/504."""
     labels = (entry.name, entry.version)
     metrics = state.metrics
     if state.lifecycle.draining:
@@ -111,7 +112,7 @@ async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samp
     except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
         raise invalid(str(exc), ["body", "n_samples"]) from exc
     try:
-        future = worker.enqueue(pixels, n_samples, seed)
+        future = worker.enqueue(pixels, n_samples, seed, ticket)
         metrics.queue_depth.labels(*labels).set(worker.depth)
         batch = await asyncio.wait_for(future, state.settings.request_timeout_s)
     except QueueFull as exc:

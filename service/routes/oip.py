@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from service import __version__, oip, serving
+from service.admission import ticket_of
 from service.deps import State, require_api_key
 from service.errors import ERROR_RESPONSES, invalid, not_found
 from service.repository import ModelVersion
@@ -84,7 +85,7 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
         raise invalid("parameter seed must be >= 0", ["body", "parameters", "seed"])
     pixels = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.manifest["modality"])
     serving.check_count(state, int(pixels.shape[0]))
-    outcome = await serving.run(state, entry, pixels, n_samples, seed)
+    outcome = await serving.run(state, entry, pixels, n_samples, seed, ticket_of(request.scope))
     requested = [o.get("name") for o in body.get("outputs") or [] if isinstance(o, dict)] or None
     response: dict[str, Any] = {
         "model_name": entry.name, "model_version": entry.version,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 
 from service import serving
+from service.admission import ticket_of
 from service.deps import State, require_api_key
 from service.errors import ERROR_RESPONSES, too_large
 from service.images import image_to_tensor
@@ -49,12 +50,12 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
                          "converted to the model's channels and size (PIL `L`/`RGB`, transparency onto black, "
                          "bilinear resize, aspect ratio not kept); pixel arrays must already have the model's "
                          "shape. Requests are batched dynamically with other requests unless `seed` is given.")
-async def predict(body: PredictRequest, state: State) -> PredictResponse:
+async def predict(body: PredictRequest, state: State, request: Request) -> PredictResponse:
     started = time.perf_counter()
     entry = serving.resolve(state, body.model, body.version)
     n_samples = serving.check_samples(entry, body.n_samples)
     pixels = serving.inputs_to_pixels(state, entry, body.inputs)
-    outcome = await serving.run(state, entry, pixels, n_samples, body.seed)
+    outcome = await serving.run(state, entry, pixels, n_samples, body.seed, ticket_of(request.scope))
     return to_response(outcome, body.return_probabilities, started)
 
 
@@ -63,6 +64,7 @@ async def predict(body: PredictRequest, state: State) -> PredictResponse:
              description="Same as /predict for a single PNG or JPEG file sent as the form field `file`.")
 async def predict_image(
     state: State,
+    request: Request,
     file: Annotated[UploadFile, File(description="PNG or JPEG image")],
     model: Annotated[str | None, Form(description="model name (default: the server's default model)")] = None,
     version: Annotated[str | None, Form(description="model version (default: highest ready)")] = None,
@@ -78,5 +80,5 @@ async def predict_image(
         raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
     assert entry.artifact is not None
     pixels = image_to_tensor(data, entry.artifact.input_shape, state.settings.max_image_pixels, ["body", "file"])
-    outcome = await serving.run(state, entry, pixels.unsqueeze(0), count, seed)
+    outcome = await serving.run(state, entry, pixels.unsqueeze(0), count, seed, ticket_of(request.scope))
     return to_response(outcome, return_probabilities, started)

@@ -1,9 +1,9 @@
-"""Overload (503 + Retry-After, refused fast), timeouts (504) and the API key (401)."""
+"""Overload (503 + Retry-After), timeouts (504) and the API key (401). That a refusal comes before the body
+is read is shown in test_admission.py (no timings are asserted)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx
@@ -14,29 +14,22 @@ from tests.service.conftest import metric_value, random_pixels, serve, settings_
 HEAVY = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
 
 
-def test_full_queue_is_refused_at_once_with_retry_after(tiny_repository: Path, tmp_path: Path) -> None:
+def test_full_queue_is_refused_with_retry_after(tiny_repository: Path, tmp_path: Path) -> None:
     # 32 inputs x 8 samples in forwards of 8 rows: each request keeps the worker busy for a while
     settings = settings_for(tiny_repository, tmp_path, max_queue=1, max_batch_samples=8, max_batch_delay_ms=0)
     with serve(settings) as server:
 
-        async def fire() -> list[tuple[httpx.Response, float]]:
+        async def fire() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-
-                async def one() -> tuple[httpx.Response, float]:
-                    start = time.perf_counter()
-                    response = await client.post("/predict", json=HEAVY)
-                    return response, time.perf_counter() - start
-
-                return await asyncio.gather(*(one() for _ in range(12)))
+                return await asyncio.gather(*(client.post("/predict", json=HEAVY) for _ in range(12)))
 
         results = asyncio.run(fire())
-        codes = [r.status_code for r, _ in results]
+        codes = [r.status_code for r in results]
         assert set(codes) <= {200, 503} and 503 in codes and 200 in codes, codes
-        for response, seconds in results:
+        for response in results:
             if response.status_code == 503:
                 assert response.headers["retry-after"] == "1"
                 assert response.json()["type"] == "unavailable" and "overloaded" in response.json()["error"]
-                assert seconds < 2.0
         text = httpx.get(f"{server.url}/metrics").text
         rejected = metric_value(text, "director_rejected_requests_total", model="tiny", version="1",
                                 reason="queue_full")

@@ -1,0 +1,100 @@
+"""The generated part of docs/benchmarks.md: tables from the results JSON.
+
+Everything from the ``ANALYSIS_MARKER`` line on is written by hand and kept as it is when the tables are
+rewritten (a file without the marker gets one, with a placeholder, after the tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+ANALYSIS_MARKER = "<!-- analysis: written by hand below this line; serve_load.py --markdown keeps it -->"
+
+
+def _ms(row: dict[str, Any], prefix: str = "") -> str:
+    return " / ".join(str(row.get(f"{prefix}p{q}_ms")) for q in (50, 95, 99))
+
+
+def load_section(results: dict[str, Any]) -> list[str]:
+    s = results["n_samples"]
+    lines = [
+        "Command (one run measures both modes, the overload and the raw artifact):", "", "```bash",
+        results["command"], "```", "",
+        f"Model `{results['model']}`, one input per request, n_samples = {s}, torch {results['torch']}, "
+        f"{results['cpu_count']} CPU cores. The server's torch threads are pinned to {results['threads']}; the async "
+        "load generator runs on the same machine, on loopback. `batching`: `max_batch_samples` "
+        f"{results['max_batch_samples']}, `max_batch_delay_ms` {results['max_batch_delay_ms']:g}. `batch-1`: "
+        f"`max_batch_samples` {s} (one request per forward), no delay. Raw: `sample_rows` of the TorchScript "
+        "artifact alone, same thread count.", "",
+        "| clients | batching rps | p50 / p95 / p99 ms | batch-1 rps | p50 / p95 / p99 ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for a, b in zip(results["runs"]["batching"], results["runs"]["batch-1"], strict=True):
+        lines.append(f"| {a['concurrency']} | {a['throughput_rps']} | {_ms(a)} | {b['throughput_rps']} | {_ms(b)} |")
+    over = results.get("overload")
+    if over is not None and "offered_rps" in over:
+        lines += ["", f"Overload (open loop, Poisson arrivals at {over['factor']:g}x the capacity measured above, "
+                  f"{over['capacity_rps']} rps -> {over['offered_rps']} rps offered, `max_queue` {over['max_queue']}, "
+                  f"{over['seconds']} s): status codes {over['codes']}, transport errors {over['transport_errors']}; "
+                  f"refused p50 / p95 / p99 {_ms(over, 'refused_')} ms; served {over['ok']} at p50 / p95 / p99 "
+                  f"{_ms(over)} ms; generator lag p99 {over.get('generator_lag_p99_ms')} ms."]
+    elif over is not None:  # results written before the open-loop overload run
+        lines += ["", f"Overload: {over['concurrency']} clients against `max_queue` {over['max_queue']}: status codes "
+                  f"{over['codes']}, served p99 {over['p99_ms']} ms, refused p99 {over['refused_p99_ms']} ms."]
+    flood = results.get("flood")
+    if flood is not None:
+        lines += ["", f"Flood (closed loop: {flood['concurrency']} clients sending back to back, a refused client "
+                  f"retrying at once, `max_queue` {flood['max_queue']}): status codes {flood['codes']}; refused p50 / "
+                  f"p95 / p99 {_ms(flood, 'refused_')} ms; served p50 / p95 / p99 {_ms(flood)} ms."]
+    lines += ["", "| raw artifact batch (inputs) | rows per forward | ms per forward | inputs/s |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {x['batch']} | {x['batch'] * s} | {x['ms_per_forward']} | {x['inputs_per_s']} |"
+              for x in results["raw_artifact"]]
+    return lines
+
+
+def budget_section(budget: dict[str, Any]) -> list[str]:
+    rows = budget["rows"]
+    base = {r["batching"]: r.get("max_rps") for r in rows if r["method"] == "deterministic"}
+    lines = [
+        f"## Requests per second under a {budget['budget_ms']:g} ms p99 budget", "", "```bash", budget["command"],
+        "```", "",
+        f"Models `{budget['models']['director']}` (DIRECTOR) and `{budget['models']['deterministic']}` (the plain "
+        "backbone exported by `python -m training export-baseline --method deterministic`, one forward, S = 1) in "
+        f"one model repository, served by the same server ({budget['threads']} torch thread). Open loop: Poisson "
+        f"arrivals at a fixed rate for {budget['point_seconds']:g} s per point, latency from each scheduled arrival; "
+        "the rate is doubled until a point fails, then bisected "
+        f"{budget['search_steps']} times. A point passes when every request got 200 and the p99 is within the "
+        f"budget. `batching`: `max_batch_samples` {budget['max_batch_samples']}, no delay; `batch-1`: "
+        "`max_batch_samples` 1 (one request per forward, S = 1 only).", "",
+        f"| model | S | mode | max rps (p99 <= {budget['budget_ms']:g} ms) | p50 / p95 / p99 ms there | "
+        "vs deterministic (same mode) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        plain = base.get(r["batching"])
+        ratio = f"{r['max_rps'] / plain:.2f}x" if plain and r.get("max_rps") else "-"
+        rps = r["max_rps"] if r.get("max_rps") is not None else "none passed"
+        lines.append(f"| {r['label']} | {r['n_samples']} | {r['batching']} | {rps} | {_ms(r)} | {ratio} |")
+    peak = budget.get("peak") or []
+    if peak:
+        lines += ["", f"Batching at S = 1, peak throughput with {budget['peak_clients']} closed-loop clients:", "",
+                  "| mode | rps | p50 / p95 / p99 ms |", "| --- | --- | --- |"]
+        lines += [f"| {p['batching']} | {p['throughput_rps']} | {_ms(p)} |" for p in peak]
+    return lines
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    """Rewrite the tables of ``path``; keep the hand-written analysis after the marker."""
+    lines = ["# Serving benchmark (CPU, this machine)", ""]
+    if "runs" in results:
+        lines += load_section(results)
+    if "budget" in results:
+        lines += ["", *budget_section(results["budget"])]
+    lines += ["", "Every number above is also in `docs/benchmarks.json`; the tables are what `--markdown` wrote."]
+    kept = f"{ANALYSIS_MARKER}\n\n## What this shows\n\n(analysis to be written)\n"
+    if path.exists():
+        text = path.read_text()
+        if ANALYSIS_MARKER in text:
+            kept = text[text.index(ANALYSIS_MARKER):]
+    path.write_text("\n".join(lines) + "\n\n" + kept)

@@ -1,0 +1,152 @@
+"""Admission control before the body is read: an overloaded model refuses a prediction with 503 at once.
+
+Why: a request refused only at ``enqueue`` has already had its body received, parsed as JSON, validated and
+converted to pixels on the event loop. Under a flood that work is spent on every refused request and the
+loop saturates, so refusals queue behind each other (docs/benchmarks.md: refused p99 5.4 s). Here a
+prediction request reserves a slot on its model version's queue when it arrives (a ``Ticket``, consumed
+when the request is queued and released if it ends before); when no slot is free it gets the 503 +
+``Retry-After`` JSON error straight away, without its body being read (uvicorn discards the rest of the
+body and keeps the connection), so a refusal costs about as much as parsing its headers. Because admitted
+requests hold their slots while their bodies are read, queued plus admitted work never exceeds
+``max_queue`` per version, and an admitted request is never refused later for a full queue. A slot not
+turned into a queued request within ``request_timeout_s`` lapses (a client that announces a body and never
+sends it must not hold one for ever); such a late request is then queued only if there is room.
+
+Which queue a request targets:
+
+- ``POST /v2/models/{m}[/versions/{v}]/infer``: the path names it; that version's queue decides.
+- ``POST /predict`` and ``/predict/image``: the model is in the body, not read yet. The request reserves a
+  slot on the default model's default version (the target of every request that names no model). When that
+  queue is full it is refused only if every ready version's queue is full too, since it might name another
+  model; otherwise it goes on without a ticket and its own target's queue decides after the body is read
+  (the same 503, just not before the body). A ticket on a model the body does not name is released as soon
+  as the request is queued elsewhere. So a one-model server (the usual deployment) refuses every excess
+  prediction early; a client of a several-model server that wants that for a non-default model uses the
+  OIP route, which carries the model in its path.
+
+Everything else passes through untouched: unknown models, versions that are loading or unavailable, a
+draining server (the routes answer those), and requests that would fail the API key check (they must get
+401, not a 503 that tells an unauthenticated client about the load)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.batching import BatchWorker, Ticket
+from service.errors import error_response
+from service.middleware import ENDPOINT_KEY
+from service.repository import ModelVersion
+from service.repository import State as ModelState
+from service.state import AppState
+
+TICKET_KEY = "director.ticket"
+RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class Target:
+    endpoint: str  # route template, the metrics label
+    model: str | None  # None: named in the body
+    version: str | None
+
+
+def match(method: str, path: str) -> Target | None:
+    """The prediction route ``path`` belongs to, without running the router (a few string comparisons)."""
+    if method != "POST":
+        return None
+    if path in ("/predict", "/predict/image"):
+        return Target(path, None, None)
+    parts = path.split("/")
+    if len(parts) == 5 and parts[:3] == ["", "v2", "models"] and parts[4] == "infer" and parts[3]:
+        return Target("/v2/models/{name}/infer", parts[3], None)
+    if (len(parts) == 7 and parts[:3] == ["", "v2", "models"] and parts[4] == "versions" and parts[6] == "infer"
+            and parts[3] and parts[5]):
+        return Target("/v2/models/{name}/versions/{version}/infer", parts[3], parts[5])
+    return None
+
+
+def ticket_of(scope: Scope) -> Ticket | None:
+    """The slot reserved for this request by ``Admission``, if any."""
+    return scope.get(TICKET_KEY)
+
+
+def authorized(state: AppState, scope: Scope) -> bool:
+    key = state.settings.api_key
+    if key is None:
+        return True
+    header = next((value for name, value in scope.get("headers", []) if name == b"authorization"), b"")
+    scheme, _, given = header.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), key.get_secret_value().encode())
+
+
+def _worker(entry: ModelVersion | None) -> BatchWorker | None:
+    if entry is None or entry.state is not ModelState.READY or entry.worker is None or entry.worker.closed:
+        return None
+    return entry.worker
+
+
+@dataclass(frozen=True)
+class Refusal:
+    entry: ModelVersion
+    max_queue: int
+
+
+def decide(state: AppState, target: Target) -> Ticket | Refusal | None:
+    """A ticket (admitted, slot held), a refusal, or None (no early decision: the route decides)."""
+    repo = state.repository
+    if target.model is not None:  # OIP: the path names the version
+        entry = repo.get(target.model, target.version) if repo.is_known(target.model) else None
+        worker = _worker(entry)
+        if entry is None or worker is None:
+            return None
+        ticket = worker.reserve()
+        return ticket if ticket is not None else Refusal(entry, worker.max_queue)
+    default = repo.default_version(state.settings.default_model) if repo.is_known(state.settings.default_model) \
+        else None
+    worker = _worker(default)
+    if worker is not None:
+        ticket = worker.reserve()
+        if ticket is not None:
+            return ticket
+    ready = [(entry, w) for entry in repo.all_versions() if (w := _worker(entry)) is not None]
+    if not ready or any(w.pending < w.max_queue for _, w in ready):
+        return None  # the body may name a model with room (or nothing is ready: the route explains)
+    entry, w = next(((e, w) for e, w in ready if e is default), ready[0])
+    return Refusal(entry, w.max_queue)
+
+
+class Admission:
+    """Pure ASGI middleware in front of the router; ``get_state`` returns None until the lifespan built it."""
+
+    def __init__(self, app: ASGIApp, get_state: Callable[[], AppState | None]) -> None:
+        self.app = app
+        self.get_state = get_state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        target = match(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        state = self.get_state() if target is not None else None
+        if target is None or state is None or not authorized(state, scope):
+            await self.app(scope, receive, send)
+            return
+        decision = decide(state, target)
+        if isinstance(decision, Refusal):
+            entry = decision.entry
+            state.metrics.rejected.labels(entry.name, entry.version, "queue_full").inc()
+            scope[ENDPOINT_KEY] = target.endpoint
+            response = error_response(
+                503, f"model {entry.name!r} is overloaded: queue full ({decision.max_queue} requests queued or "
+                     "being received)", headers={"Retry-After": str(RETRY_AFTER_S)})
+            await response(scope, receive, send)  # the body is never read; uvicorn discards it
+            return
+        if decision is None:
+            await self.app(scope, receive, send)
+            return
+        scope[TICKET_KEY] = decision
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            decision.release()  # no-op once the request was queued
