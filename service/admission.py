@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.batching import BatchWorker, Ticket
 from service.errors import error_response
+from service.metrics import QUEUE_FULL
 from service.middleware import ENDPOINT_KEY
 from service.repository import ModelVersion
 from service.repository import State as ModelState
@@ -135,7 +136,7 @@ class Admission:
         decision = decide(state, target)
         if isinstance(decision, Refusal):
             entry = decision.entry
-            state.metrics.rejected.labels(entry.name, entry.version, "queue_full").inc()
+            state.metrics.rejected.labels(entry.name, entry.version, QUEUE_FULL).inc()
             scope[ENDPOINT_KEY] = target.endpoint
             response = error_response(
                 503, f"model {entry.name!r} is overloaded: queue full ({decision.max_queue} requests queued or "

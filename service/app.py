@@ -50,7 +50,7 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,
-                                 on_change=lambda: holder["state"].refresh_model_info())
+                                 on_change=lambda: holder["state"].sync_version_metrics())
     feedback_store = FeedbackStore(settings.feedback_db, settings.feedback_max_rows, settings.feedback_max_age_s,
                                    settings.feedback_window)
     state = AppState(settings, device, metrics_, repository, feedback_store, lifecycle)

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     max_inputs_per_request: int = Field(256, ge=1, description="inputs per request (413 above)")
     max_text_chars: int = Field(5000, ge=1, description="longest text input in characters (413 above)")
     api_key: SecretStr | None = Field(None, description="if set, every route but health and metrics needs "
-                                                        "'Authorization: Bearer <key>'")
+                                                        "'Authorization: Bearer <key>' (empty = no key)")
     poll_interval_s: float = Field(5.0, ge=0, description="model repository polling period (0 = off)")
     shutdown_grace_s: float = Field(0.0, ge=0, description="on SIGTERM, report not-ready this long before "
                                                            "closing the listener")
@@ -57,4 +57,15 @@ class Settings(BaseSettings):
     def _split_names(cls, value: object) -> object:
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: object) -> object:
+        """``DIRECTOR_API_KEY=`` (how compose passes a variable left empty in .env) means no key, not a key that
+        no bearer token can match. Blank is empty too: a bearer token is compared stripped, so it never matches."""
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, str) and not value.strip():
+            return None
         return value

@@ -1,13 +1,35 @@
 """Prometheus metrics (prefix ``director_``, base units). Labels ``model`` and ``version`` are bounded:
 names the repository does not know are counted as ``unknown``. When ``PROMETHEUS_MULTIPROC_DIR`` is set
-(several uvicorn workers) values live in the shared directory and ``/metrics`` aggregates them."""
+(several uvicorn workers) values live in the shared directory and ``/metrics`` aggregates them.
+
+Per-version series follow the repository (``publish_version`` / ``unpublish_version``, called by
+``AppState.sync_version_metrics`` on every change): while a version is ready, its manifest's reference values
+(``director_reference_*``) and its queue capacity are exported, and its labelled counters exist at 0 so that
+``rate()`` sees their first increment; once it is unloaded (removed, or replaced by a version that failed to
+load) its reference and capacity series disappear. Counters and histograms of an unloaded version stay (their
+totals are history).
+
+Multiprocess mode: every worker loads every model, so every worker sets the same reference values. Those
+gauges use ``livemostrecent``: one series per version (no ``pid`` label, unlike ``all``/``liveall``), the
+latest value any live worker wrote, and a worker's values go with it when it exits (``mark_process_dead``);
+``mostrecent`` would keep a dead worker's values for ever. Queue capacity is ``livesum`` like queue depth (each
+worker has its own queue), so depth / capacity is the replica's fill ratio. prometheus-client cannot delete a
+series from the shared files (``remove`` only forgets it in the calling process), so in that mode a removed
+series is overwritten with NaN and ``expose`` leaves NaN gauge samples out."""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess as prom_multiprocess
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from models.uncertainty import UncertaintySummary
 
@@ -20,6 +42,15 @@ OOD_BUCKETS = (-20.0, -15.0, -10.0, -7.5, -5.0, -2.5, -1.0, 0.0, 0.01, 0.05, 0.1
                2.0, 3.0, 5.0)
 MV = ("model", "version")
 UNKNOWN = "unknown"
+# every reason the server refuses a request for (director_rejected_requests_total{reason})
+QUEUE_FULL, TIMEOUT, DRAINING = "queue_full", "timeout", "draining"
+REJECT_REASONS = (QUEUE_FULL, TIMEOUT, DRAINING)
+REFERENCE_QUANTILES = (0.1, 0.5, 0.9)  # levels of the director_reference_<distribution>{quantile} gauges
+REFERENCE_DISTRIBUTIONS = ("confidence", "predictive_entropy", "mutual_information")  # manifest <name>_quantiles
+
+log = logging.getLogger("service.metrics")
+
+SeriesKey = tuple[Gauge, tuple[str, ...]]
 
 
 def multiprocess_dir() -> str | None:
@@ -46,6 +77,9 @@ class Metrics:
                                        MV, buckets=BATCH_BUCKETS, registry=r)
         self.queue_depth = Gauge("director_queue_depth", "requests waiting for a batch", MV, registry=r,
                                  multiprocess_mode="livesum")
+        self.queue_capacity = Gauge("director_queue_capacity", "queue slots of a ready version (DIRECTOR_MAX_QUEUE; "
+                                    "summed over worker processes like queue_depth)", MV, registry=r,
+                                    multiprocess_mode="livesum")
         self.rejected = Counter("director_rejected_requests_total", "requests refused (queue_full, timeout, "
                                 "draining)", [*MV, "reason"], registry=r)
         self.predictions = Counter("director_predictions_total", "inputs predicted", MV, registry=r)
@@ -71,7 +105,28 @@ class Metrics:
         self.gpu_memory = Gauge("director_gpu_memory_allocated_bytes", "torch CUDA memory allocated", registry=r,
                                 multiprocess_mode="livesum")
         self.model_info = Gauge("director_model_info", "1 per served model version, with its state", [
-            *MV, "method", "state"], registry=r, multiprocess_mode="livemax")
+            *MV, "method", "state"], registry=r, multiprocess_mode="livemostrecent")
+        # the manifest's validation reference of each ready version (what the alerts and dashboard compare with)
+        def reference(name: str, documentation: str, labels: tuple[str, ...] = MV) -> Gauge:
+            return Gauge(name, documentation, labels, registry=r, multiprocess_mode="livemostrecent")
+
+        quantile = (*MV, "quantile")
+        self.reference_accuracy = reference("director_reference_accuracy", "validation accuracy in the manifest "
+                                            "(default sample count)")
+        self.reference_ece = reference("director_reference_ece", "validation ECE in the manifest (default sample "
+                                       "count)")
+        self.reference_ood_rate = reference("director_reference_ood_rate", "share of in-distribution validation "
+                                            "inputs the manifest's OOD rule flags (else 1 - ood.tpr)")
+        self.reference_distributions = {
+            "confidence": reference("director_reference_confidence", "validation confidence at a quantile level",
+                                    quantile),
+            "predictive_entropy": reference("director_reference_predictive_entropy_nats", "validation predictive "
+                                            "entropy at a quantile level", quantile),
+            "mutual_information": reference("director_reference_mutual_information_nats", "validation mutual "
+                                            "information at a quantile level", quantile),
+        }
+        self._published: dict[tuple[str, str], set[SeriesKey]] = {}  # per-version gauges, to remove on unload
+        self._info: set[tuple[str, str, str, str]] = set()
 
     def observe_summary(self, model: str, version: str, summary: UncertaintySummary, ood: list[float],
                         flags: list[bool]) -> None:
@@ -87,13 +142,129 @@ class Metrics:
             for value in values:
                 child.observe(value)
 
+    # per-version series -------------------------------------------------------------------------------
+    def publish_version(self, model: str, version: str, manifest: Mapping[str, Any], max_queue: int) -> None:
+        """A ready version: its reference values and queue capacity, and its labelled counters at 0. Idempotent
+        (called on every repository change); series of an earlier manifest of the version that this one lacks
+        are removed."""
+        labels = (model, version)
+        values: dict[SeriesKey, float] = {(self.queue_capacity, labels): float(max_queue)}
+        reference = reference_values(manifest)
+        for name, gauge in (("accuracy", self.reference_accuracy), ("ece", self.reference_ece),
+                            ("ood_rate", self.reference_ood_rate)):
+            if name in reference:
+                values[(gauge, labels)] = reference[name]
+        for distribution, gauge in self.reference_distributions.items():
+            for q in REFERENCE_QUANTILES:
+                value = reference.get(f"{distribution}@{q}")
+                if value is not None:
+                    values[(gauge, (*labels, str(q)))] = value
+        for key in self._published.get(labels, set()) - set(values):
+            self._remove(*key)
+        for (gauge, series), value in values.items():
+            gauge.labels(*series).set(value)
+        self._published[labels] = set(values)
+        # children created at 0: a counter that appears only at its first increment makes rate() miss that one
+        for reason in REJECT_REASONS:
+            self.rejected.labels(model, version, reason)
+        for counter in (self.predictions, self.ood_predictions, self.feedback):
+            counter.labels(*labels)
+        self.queue_depth.labels(*labels)
+
+    def unpublish_version(self, model: str, version: str) -> None:
+        """The version is no longer served: remove its reference and capacity series."""
+        for key in self._published.pop((model, version), set()):
+            self._remove(*key)
+
+    def published_versions(self) -> set[tuple[str, str]]:
+        return set(self._published)
+
+    def set_model_info(self, series: Iterable[tuple[str, str, str, str]]) -> None:
+        """``director_model_info`` = 1 for exactly these (model, version, method, state) label sets."""
+        current = set(series)
+        for labels in self._info - current:
+            self._remove(self.model_info, labels)
+        for labels in current:
+            self.model_info.labels(*labels).set(1)
+        self._info = current
+
+    def _remove(self, gauge: Gauge, labels: tuple[str, ...]) -> None:
+        if multiprocess_dir() is None:
+            gauge.remove(*labels)
+        else:  # the shared file keeps every series it ever held: NaN marks it removed, expose() drops it
+            gauge.labels(*labels).set(math.nan)
+
     def expose(self) -> bytes:
         directory = multiprocess_dir()
         if directory is None:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
-        prom_multiprocess.MultiProcessCollector(registry, path=directory)
+        registry.register(_WithoutRemoved(prom_multiprocess.MultiProcessCollector(None, path=directory)))
         return generate_latest(registry)
+
+
+class _WithoutRemoved(Collector):
+    """The multiprocess collector minus gauge samples marked removed (NaN, see ``Metrics._remove``)."""
+
+    def __init__(self, collector: prom_multiprocess.MultiProcessCollector) -> None:
+        self.collector = collector
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.collector.collect():
+            if metric.type == "gauge":
+                metric.samples = [s for s in metric.samples if not math.isnan(s.value)]
+            yield metric
+
+
+def reference_values(manifest: Mapping[str, Any]) -> dict[str, float]:
+    """The manifest's reference statistics as gauge values: ``accuracy``, ``ece``, ``ood_rate`` (the measured
+    in-distribution rate, else ``1 - ood.tpr``) and ``<distribution>@<level>`` for the ``REFERENCE_QUANTILES``
+    (linear interpolation of its evenly spaced quantiles). Missing or malformed entries are left out."""
+    reference = manifest.get("reference")
+    reference = reference if isinstance(reference, Mapping) else {}
+    ood = manifest.get("ood")
+    ood = ood if isinstance(ood, Mapping) else {}
+    found: dict[str, float] = {}
+    candidates: list[tuple[str, Any]] = [("accuracy", reference.get("accuracy")), ("ece", reference.get("ece"))]
+    if reference.get("ood_rate") is not None:
+        candidates.append(("ood_rate", reference.get("ood_rate")))
+    elif ood.get("tpr") is not None:
+        candidates.append(("ood_rate", _one_minus(ood.get("tpr"))))
+    levels = reference.get("quantile_levels")
+    for distribution in REFERENCE_DISTRIBUTIONS:
+        quantiles = reference.get(f"{distribution}_quantiles")
+        for q in REFERENCE_QUANTILES:
+            candidates.append((f"{distribution}@{q}", _interpolate(levels, quantiles, q)))
+    for name, value in candidates:
+        if value is None:
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            log.warning("manifest %s version %s: reference %s is not a number: %r", manifest.get("name"),
+                        manifest.get("version"), name, value)
+            continue
+        if math.isfinite(number):
+            found[name] = number
+    return found
+
+
+def _one_minus(value: Any) -> float | None:
+    try:
+        return 1.0 - float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _interpolate(levels: Any, quantiles: Any, q: float) -> float | None:
+    try:
+        x = np.asarray(levels, dtype=np.float64)
+        y = np.asarray(quantiles, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if x.ndim != 1 or x.shape != y.shape or x.size < 2 or not (x[0] <= q <= x[-1]) or np.any(np.diff(x) <= 0):
+        return None
+    return float(np.interp(q, x, y))
 
 
 def mark_process_dead() -> None:

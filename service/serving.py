@@ -19,6 +19,7 @@ from service.batching import BatchResult, Draining, QueueFull, Ticket
 from service.drift import DriftMonitor
 from service.errors import ApiError, invalid, not_found, overloaded, too_large
 from service.images import decode_base64, image_to_tensor, pixels_to_tensor
+from service.metrics import DRAINING, QUEUE_FULL, TIMEOUT
 from service.protocol import ImageInput, Input, PixelsInput, TextInput
 from service.repository import ModelVersion, State
 from service.state import AppState
@@ -103,7 +104,7 @@ async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samp
     labels = (entry.name, entry.version)
     metrics = state.metrics
     if state.lifecycle.draining:
-        metrics.rejected.labels(*labels, "draining").inc()
+        metrics.rejected.labels(*labels, DRAINING).inc()
         raise overloaded("server is draining", retry_after_s=5)
     worker = entry.worker
     assert worker is not None and entry.artifact is not None
@@ -116,13 +117,13 @@ async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samp
         metrics.queue_depth.labels(*labels).set(worker.depth)
         batch = await asyncio.wait_for(future, state.settings.request_timeout_s)
     except QueueFull as exc:
-        metrics.rejected.labels(*labels, "queue_full").inc()
+        metrics.rejected.labels(*labels, QUEUE_FULL).inc()
         raise overloaded(f"model {entry.name!r} is overloaded: {exc}") from exc
     except Draining as exc:
-        metrics.rejected.labels(*labels, "draining").inc()
+        metrics.rejected.labels(*labels, DRAINING).inc()
         raise overloaded(str(exc), retry_after_s=5) from exc
     except TimeoutError as exc:
-        metrics.rejected.labels(*labels, "timeout").inc()
+        metrics.rejected.labels(*labels, TIMEOUT).inc()
         raise ApiError(504, f"no result within {state.settings.request_timeout_s:g}s") from exc
     finally:
         metrics.queue_depth.labels(*labels).set(worker.depth)

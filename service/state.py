@@ -37,11 +37,20 @@ class AppState:
             return model, UNKNOWN
         return model, version
 
-    def refresh_model_info(self) -> None:
-        gauge = self.metrics.model_info
-        gauge.clear()
-        for entry in self.repository.all_versions():
-            gauge.labels(entry.name, entry.version, entry.method, entry.state.value).set(1)
+    def sync_version_metrics(self) -> None:
+        """Run on every repository change: ``director_model_info`` for every version; reference values, queue
+        capacity and zeroed counters for every ready one (``Metrics.publish_version``); those series removed for
+        a version that is no longer ready (unloaded, or replaced by a reload that failed)."""
+        metrics = self.metrics
+        versions = self.repository.all_versions()
+        metrics.set_model_info({(v.name, v.version, v.method, v.state.value) for v in versions})
+        ready = {(v.name, v.version): v for v in versions
+                 if v.state is State.READY and v.artifact is not None and v.worker is not None}
+        for name, version in metrics.published_versions() - set(ready):
+            metrics.unpublish_version(name, version)
+        for (name, version), entry in ready.items():
+            assert entry.artifact is not None and entry.worker is not None
+            metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
 
     def readiness(self) -> tuple[bool, dict[str, dict[str, str]], list[str]]:
         """Ready: the first scan is done, nothing is loading, at least one version is ready, every required

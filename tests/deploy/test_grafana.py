@@ -103,9 +103,13 @@ def test_the_issue_panels_are_there() -> None:
     # "against thresholds / the reference": those panels plot the threshold or reference series too
     for title, series in [("Confidence drift: KS distance", "director:threshold:drift_ks"),
                           ("Confidence drift: PSI", "director:threshold:drift_psi"),
-                          ("Live accuracy vs reference", "director:reference_accuracy"),
-                          ("Live ECE vs reference", "director:reference_ece"),
-                          ("OOD rate per model", "director:reference_ood_rate"),
+                          ("Live accuracy vs reference", "director_reference_accuracy"),
+                          ("Live ECE vs reference", "director_reference_ece"),
+                          ("OOD rate per model", "director_reference_ood_rate"),
+                          ("Confidence quantiles vs reference", "director_reference_confidence"),
+                          ("Predictive entropy quantiles vs reference", "director_reference_predictive_entropy_nats"),
+                          ("Mutual information quantiles vs reference", "director_reference_mutual_information_nats"),
+                          ("Queue depth and refusals", "director_queue_capacity"),
                           ("Request latency quantiles", "director:threshold:latency_p99_seconds")]:
         assert any(series in target["expr"] for target in titles[title]["targets"]), title
 

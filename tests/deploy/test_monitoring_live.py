@@ -1,12 +1,12 @@
 """A real Prometheus (Debian package) scraping the real server, started with the Dockerfile's own ENTRYPOINT
 on loopback, serving the committed default model while the test sends in-distribution traffic (Fashion-MNIST
-test images), then OOD traffic (uniform noise), feedback and an overload burst. Every PromQL expression of the
+test images), then OOD traffic (uniform noise), feedback and one overload burst. Every PromQL expression of the
 Grafana dashboard and of the alert rules, read from the committed files, must then return data through the
 Prometheus HTTP API, and the dashboard's OOD-rate query must rise with the OOD traffic.
 
 Settings that make every metric appear within seconds come through DIRECTOR_* variables, as in a container:
-a drift window that reports after 10 confidences, a queue of 2 (the burst is refused with 503, which the 5xx,
-queue and refusal expressions need), and a broken version 2 beside the default model (model-not-ready)."""
+a drift window that reports after 10 confidences, a queue of 2 (the burst is partly refused with 503, which the
+5xx, queue and refusal expressions need), and a broken version 2 beside the default model (model-not-ready)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class Stack:
     model: str
     t_in_distribution: float  # after the in-distribution phase was scraped
     t_ood: float  # after the OOD phase was scraped
-    refused: int  # 503s of the overload bursts
+    refused: int  # 503s of the overload burst
     variable_values: dict[str, str]
 
 
@@ -187,17 +187,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 request, index = divmod(n, PER_REQUEST)
                 response = client.post("/feedback", json={"id": ids[request], "index": index, "label": labels[n]})
                 assert response.status_code == 200, response.text
-        # two overload bursts a scrape apart: a labelled counter only exists from its first increment, so the
-        # first burst creates director_rejected_requests_total and a 503 series, and the second makes them rise
-        statuses: list[int] = []
-        for _ in range(2):
-            codes = asyncio.run(burst(service_url, noise[:PER_REQUEST], concurrency=10))
-            assert set(codes) == {200, 503}, codes  # a queue of 2: some served, the rest refused fast
-            statuses += codes
-            wait_equal(prometheus_url, 'sum(director_rejected_requests_total{reason="queue_full"})',
-                       statuses.count(503))
+        # one overload burst is enough: the server created director_rejected_requests_total{reason} at 0 for
+        # every reason when the version loaded, so Prometheus has a 0 before the burst and rate() sees the rise
+        refusals = 'director_rejected_requests_total{model="fashion-vit", version="1"}'
+        assert sorted(values(query(prometheus_url, refusals))) == [0.0, 0.0, 0.0]  # queue_full, timeout, draining
+        statuses = asyncio.run(burst(service_url, noise[:PER_REQUEST], concurrency=10))
+        assert set(statuses) == {200, 503}, statuses  # a queue of 2: some served, the rest refused fast
+        wait_equal(prometheus_url, 'sum(director_rejected_requests_total{reason="queue_full"})', statuses.count(503))
         wait_equal(prometheus_url, "sum(director_feedback_total)", FEEDBACK)
         wait_for(prometheus_url, 'ALERTS{alertname="DirectorQueueSaturated"}', bool)  # rules have seen it all
+        # requests_total{code="503"} is created by the burst itself: wait for the second scrape that rate() needs
+        wait_for(prometheus_url, 'rate(director_requests_total{endpoint="/predict", code="503"}[5m])', bool)
 
         resolved: dict[str, str] = {}
         for variable in variables():  # each dashboard variable's own query, with the variables before it
@@ -258,6 +258,23 @@ def test_every_recording_rule_has_data(stack: Stack) -> None:
     for record in recorded_series():
         found = values(query(stack.prometheus_url, record))
         assert found and all(not math.isnan(v) for v in found), record
+
+
+def test_reference_values_are_the_manifest_s(stack: Stack) -> None:
+    """The server exports the committed manifest's reference block for the ready version, and nothing for the
+    broken version 2; the queue capacity is DIRECTOR_MAX_QUEUE."""
+    reference = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())["reference"]
+    v1 = '{model="fashion-vit", version="1"}'
+    for metric, expected in [("director_reference_accuracy", reference["accuracy"]),
+                             ("director_reference_ece", reference["ece"]),
+                             ("director_reference_ood_rate", reference["ood_rate"])]:
+        assert values(query(stack.prometheus_url, metric + v1)) == [pytest.approx(expected, rel=1e-9)], metric
+    levels = reference["quantile_levels"]
+    median = values(query(stack.prometheus_url, 'director_reference_confidence{quantile="0.5", version="1"}'))
+    assert median == [pytest.approx(reference["confidence_quantiles"][levels.index(0.5)], rel=1e-9)]
+    assert values(query(stack.prometheus_url, "director_queue_capacity" + v1)) == [2.0]
+    assert values(query(stack.prometheus_url, '{__name__=~"director_reference_.+|director_queue_capacity", '
+                                             'version="2"}')) == []
 
 
 def test_ood_rate_rises_with_ood_traffic(stack: Stack) -> None:

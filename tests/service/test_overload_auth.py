@@ -63,3 +63,14 @@ def test_api_key_guards_everything_but_health_and_metrics(tiny_repository: Path,
         assert ok.status_code == 200
         for path in ("/health/live", "/health/ready", "/metrics", "/v2/health/live", "/v2/health/ready"):
             assert httpx.get(f"{server.url}{path}").status_code == 200, path
+
+
+def test_an_empty_api_key_guards_nothing(tiny_repository: Path, tmp_path: Path) -> None:
+    """DIRECTOR_API_KEY= (compose passes a variable left empty in .env as "") is no key: before, it was a key no
+    bearer token could match, and every request got 401."""
+    with serve(settings_for(tiny_repository, tmp_path, api_key="")) as server:
+        assert server.app_state.settings.api_key is None
+        body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(2))[0]}]}
+        for headers in ({}, {"Authorization": "Bearer anything"}, {"Authorization": "Basic eDp5"}):
+            assert httpx.post(f"{server.url}/predict", json=body, headers=headers).status_code == 200, headers
+            assert httpx.get(f"{server.url}/models", headers=headers).status_code == 200, headers

@@ -1,17 +1,18 @@
-"""``python -m service`` as a real process: --help, graceful shutdown on SIGTERM, several workers with
-multiprocess metrics."""
+"""``python -m service`` as a real process (uvicorn[standard]: uvloop and httptools): --help, graceful shutdown
+on SIGTERM, several workers with multiprocess metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import httpx
 import numpy as np
 
 from service.config import Settings
-from tests.service.conftest import REPO_ROOT, metric_value, random_pixels
+from tests.service.conftest import REPO_ROOT, copy_version, metric_value, random_pixels
 
 
 def free_port() -> int:
@@ -110,21 +111,57 @@ def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> Non
         assert "draining" in log and "Application shutdown complete" in log
 
 
-def test_two_workers_give_whole_totals_in_multiprocess_mode(tiny_repository: Path, tmp_path: Path) -> None:
+def wait_for_metrics(url: str, condition: Callable[[str], bool], what: str, deadline_s: float = 120.0) -> str:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        if condition(text):
+            return text
+        assert time.monotonic() < deadline, f"gave up waiting for {what}:\n{text}"
+        time.sleep(0.1)
+
+
+def test_two_workers_give_whole_totals_in_multiprocess_mode(tiny_artifact: Path, tmp_path: Path) -> None:
+    """Counters add up over the workers; per-version gauges (reference values, queue capacity, model state) come
+    out once per version, without a pid label, and go when the version is removed, although prometheus-client
+    cannot delete from its shared files."""
+    repository = tmp_path / "repo"
+    copy_version(tiny_artifact, repository, "tiny", "1")
     prom_dir = tmp_path / "prom"
     prom_dir.mkdir()
     env = {"DIRECTOR_FEEDBACK_DB": str(tmp_path / "f.sqlite3"), "DIRECTOR_TORCH_THREADS": "1",
            "PROMETHEUS_MULTIPROC_DIR": str(prom_dir)}
-    args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--workers", "2",
-            "--poll-interval-s", "0", "--log-level", "warning"]
+    args = ["--model-repository", str(repository), "--default-model", "tiny", "--workers", "2",
+            "--poll-interval-s", "0.2", "--max-queue", "5", "--log-level", "warning"]
+    v1, v2 = {"model": "tiny", "version": "1"}, {"model": "tiny", "version": "2"}
     with service_process(args, env) as (proc, url):
         with httpx.Client(base_url=url, timeout=30) as client:
             for seed in range(10):  # a fresh connection each time spreads requests over the workers
-                body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(seed), 2)]}
+                body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(seed), 2)],
+                        "version": "1"}
                 assert post_when_every_worker_is_ready(f"{url}/predict", body).status_code == 200
             text = client.get("/metrics").text
-        assert metric_value(text, "director_predictions_total", model="tiny", version="1") == 20.0
+        assert metric_value(text, "director_predictions_total", **v1) == 20.0
         assert metric_value(text, "director_requests_total", endpoint="/predict", code="200") == 10.0
         assert len(list(prom_dir.glob("counter_*.db"))) >= 2  # both workers wrote their share
+        # capacity is summed like queue depth (each worker has its own queue of 5) once both workers loaded
+        text = wait_for_metrics(url, lambda t: metric_value(t, "director_queue_capacity", **v1) == 10.0,
+                                "both workers' queue capacity")
+        reference = [line for line in text.splitlines() if line.startswith("director_reference_accuracy{")]
+        assert len(reference) == 1 and "pid=" not in reference[0], reference  # one series, whatever the workers
+        assert metric_value(text, "director_model_info", **v1, state="ready") == 1.0
+        assert metric_value(text, "director_model_info", **v1, state="loading") is None  # not left over
+
+        copy_version(tiny_artifact, repository, "tiny", "2")
+        wait_for_metrics(url, lambda t: metric_value(t, "director_queue_capacity", **v2) == 10.0,
+                         "version 2 in both workers")
+        shutil.rmtree(repository / "tiny" / "1")
+        text = wait_for_metrics(url, lambda t: metric_value(t, "director_model_info", **v1) is None,
+                                "version 1's removal in both workers")
+        for name in ("director_reference_accuracy", "director_reference_ood_rate", "director_queue_capacity"):
+            assert metric_value(text, name, **v1) is None, name
+            assert metric_value(text, name, **v2) is not None, name
+        assert "NaN" not in text  # removed series are left out, not exported as NaN
+        assert metric_value(text, "director_predictions_total", **v1) == 20.0  # counters are history
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)

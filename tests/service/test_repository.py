@@ -1,5 +1,5 @@
-"""The model repository over real HTTP: broken artifacts beside a good one, required models, and a new
-version appearing while requests run."""
+"""The model repository over real HTTP: broken artifacts beside a good one, required models, a new version
+appearing while requests run, and the per-version metric series following the repository."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import asyncio
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from tests.service.conftest import copy_version, random_pixels, serve, settings_for
+from tests.service.conftest import copy_version, metric_value, random_pixels, serve, settings_for
 
 
 def break_artifacts(tiny_artifact: Path, repository: Path) -> None:
@@ -123,3 +124,51 @@ def test_new_version_is_picked_up_while_requests_run(tiny_artifact: Path, tmp_pa
         gone = httpx.post(f"{server.url}/predict", json={"version": "1", "inputs": [{"pixels":
                                                                                      random_pixels(rng)[0]}]})
         assert gone.status_code == 404
+
+
+def series(server_url: str, name: str, **labels: str) -> float | None:
+    return metric_value(httpx.get(f"{server_url}/metrics").text, name, **labels)
+
+
+def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 60.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path, tmp_path: Path) -> None:
+    """A ready version exports its manifest's reference values and its queue capacity, and its counters at 0;
+    a version that is removed, or reloaded into an unavailable one, takes its series with it."""
+    repository = tmp_path / "repo"
+    copy_version(tiny_artifact, repository, "tiny", "1")
+    manifest = json.loads((tiny_artifact / "manifest.json").read_text())
+    with serve(settings_for(repository, tmp_path, poll_interval_s=0.1, max_queue=7)) as server:
+        text = httpx.get(f"{server.url}/metrics").text
+        v1 = {"model": "tiny", "version": "1"}
+        assert metric_value(text, "director_reference_accuracy", **v1) == manifest["reference"]["accuracy"]
+        assert metric_value(text, "director_reference_ood_rate", **v1) == manifest["reference"]["ood_rate"]
+        assert metric_value(text, "director_reference_mutual_information_nats", **v1, quantile="0.5") is not None
+        assert metric_value(text, "director_queue_capacity", **v1) == 7.0
+        assert metric_value(text, "director_rejected_requests_total", **v1, reason="queue_full") == 0.0
+        assert metric_value(text, "director_predictions_total", **v1) == 0.0  # no request yet
+
+        copy_version(tiny_artifact, repository, "tiny", "2")
+        wait_until(lambda: series(server.url, "director_queue_capacity", model="tiny", version="2") == 7.0,
+                   "version 2's series")
+        shutil.rmtree(repository / "tiny" / "1")
+        wait_until(lambda: series(server.url, "director_queue_capacity", **v1) is None, "version 1's removal")
+        text = httpx.get(f"{server.url}/metrics").text
+        assert metric_value(text, "director_reference_accuracy", **v1) is None
+        assert metric_value(text, "director_reference_confidence", **v1, quantile="0.1") is None
+        assert metric_value(text, "director_model_info", **v1) is None
+        assert metric_value(text, "director_reference_accuracy", model="tiny", version="2") is not None
+
+        # version 2 replaced in place by a folder that cannot load: no longer served, so no reference either
+        (repository / "tiny" / "2" / "manifest.json").write_text(json.dumps({**manifest, "format_version": "9.0"}))
+        wait_until(lambda: series(server.url, "director_model_info", model="tiny", version="2",
+                                  state="unavailable") == 1.0, "version 2's failed reload")
+        text = httpx.get(f"{server.url}/metrics").text
+        assert metric_value(text, "director_reference_accuracy", model="tiny", version="2") is None
+        assert metric_value(text, "director_queue_capacity", model="tiny", version="2") is None
+        assert metric_value(text, "director_model_info", model="tiny", version="2", state="ready") is None

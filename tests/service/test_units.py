@@ -1,13 +1,19 @@
-"""Small pure pieces: row chunking, the OOD rule lookup, manifest validation and the settings."""
+"""Small pure pieces: row chunking, the OOD rule lookup, manifest validation, the settings and the per-version
+metric series."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from service.artifact import ArtifactError, ood_rule, validate_manifest
+from service.cli import settings_from_args
 from service.config import Settings
 from service.inference import chunks_by_rows
+from service.metrics import REJECT_REASONS, Metrics, reference_values
 from service.repository import version_key
+from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value
 
 
 def test_chunks_bound_rows_and_keep_order() -> None:
@@ -56,6 +62,86 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.max_batch_samples == 64 and settings.device == "cpu"
     assert settings.api_key is not None and settings.api_key.get_secret_value() == "topsecret-key"
     assert "topsecret-key" not in repr(settings)
+
+
+@pytest.mark.parametrize("empty", ["", "   "])
+def test_an_empty_api_key_means_no_key(monkeypatch: pytest.MonkeyPatch, empty: str) -> None:
+    """``DIRECTOR_API_KEY=`` is what compose passes for a variable left empty in .env: no key, not a key that no
+    bearer token matches (the live server with an empty key is in test_overload_auth.py)."""
+    monkeypatch.setenv("DIRECTOR_API_KEY", empty)
+    assert Settings().api_key is None
+    assert Settings(api_key=empty).api_key is None
+    monkeypatch.delenv("DIRECTOR_API_KEY")
+    assert settings_from_args(["--api-key", empty]).api_key is None
+    assert Settings(api_key=" key ").api_key is not None  # a real key is kept as given
+
+
+def test_reference_values_from_the_committed_manifest_and_fallbacks() -> None:
+    manifest = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())
+    reference = manifest["reference"]
+    values = reference_values(manifest)
+    assert values["accuracy"] == reference["accuracy"] and values["ece"] == reference["ece"]
+    assert values["ood_rate"] == reference["ood_rate"] and 0.03 < values["ood_rate"] < 0.08  # ~5% at 95% TPR
+    levels = reference["quantile_levels"]
+    for distribution in ("confidence", "predictive_entropy", "mutual_information"):
+        quantiles = reference[f"{distribution}_quantiles"]
+        assert values[f"{distribution}@0.5"] == pytest.approx(quantiles[levels.index(0.5)])
+    # without a measured OOD rate, 1 - the thresholds' TPR; quantiles between levels are interpolated
+    assert reference_values({"ood": {"tpr": 0.9}, "reference": {"quantile_levels": [0.0, 0.2, 1.0],
+                                                                "confidence_quantiles": [0.5, 0.7, 1.0]}}) == {
+        "ood_rate": pytest.approx(0.1), "confidence@0.1": pytest.approx(0.6), "confidence@0.5": pytest.approx(0.8125),
+        "confidence@0.9": pytest.approx(0.9625)}
+    # nothing usable: nothing exported (no NaN, no exception)
+    broken = {"reference": {"accuracy": "n/a", "ece": float("nan"), "quantile_levels": [0.5],
+                            "confidence_quantiles": [0.9]}, "ood": "none"}
+    assert reference_values(broken) == {}
+    assert reference_values({}) == {}
+
+
+def test_published_series_follow_the_version() -> None:
+    metrics = Metrics()
+    manifest = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())
+    metrics.publish_version("m", "1", manifest, max_queue=64)
+    text = metrics.expose().decode()
+    assert metric_value(text, "director_reference_accuracy", model="m", version="1") == \
+        manifest["reference"]["accuracy"]
+    assert metric_value(text, "director_reference_confidence", model="m", version="1", quantile="0.9") is not None
+    assert metric_value(text, "director_queue_capacity", model="m", version="1") == 64.0
+    assert metric_value(text, "director_queue_depth", model="m", version="1") == 0.0
+    for reason in REJECT_REASONS:  # every counter child exists before its first increment
+        assert metric_value(text, "director_rejected_requests_total", model="m", version="1", reason=reason) == 0.0
+    for counter in ("director_predictions_total", "director_ood_predictions_total", "director_feedback_total"):
+        assert metric_value(text, counter, model="m", version="1") == 0.0, counter
+    # the same version reloaded with a manifest lacking the reference block: its reference series go
+    metrics.publish_version("m", "1", {k: v for k, v in manifest.items() if k != "reference"}, max_queue=64)
+    text = metrics.expose().decode()
+    assert metric_value(text, "director_reference_accuracy", model="m", version="1") is None
+    assert metric_value(text, "director_reference_ood_rate", model="m", version="1") == pytest.approx(0.05)  # tpr
+    metrics.unpublish_version("m", "1")
+    text = metrics.expose().decode()
+    for name in ("director_reference_ood_rate", "director_queue_capacity"):
+        assert metric_value(text, name, model="m", version="1") is None, name
+    assert metric_value(text, "director_predictions_total", model="m", version="1") == 0.0  # counters are history
+    metrics.set_model_info({("m", "1", "director", "loading")})
+    metrics.set_model_info({("m", "1", "director", "ready")})
+    text = metrics.expose().decode()
+    assert metric_value(text, "director_model_info", model="m", version="1", state="ready") == 1.0
+    assert metric_value(text, "director_model_info", model="m", version="1", state="loading") is None
+
+
+def test_uvicorn_runs_the_standard_extras() -> None:
+    """uvicorn[standard]: the httptools parser (not pure-Python h11) and uvloop, which uvicorn's default
+    ``loop="auto"`` picks whenever it is importable."""
+    import importlib.util
+
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from service.server import uvicorn_config
+
+    config = uvicorn_config(object(), Settings())
+    config.load()
+    assert config.http_protocol_class is HttpToolsProtocol
+    assert config.loop == "auto" and importlib.util.find_spec("uvloop") is not None
 
 
 def test_service_imports_no_training_stack() -> None:
