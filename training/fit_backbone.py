@@ -1,15 +1,26 @@
-"""Stage 1: train the backbone ViT (augmentation, AdamW, warm-up + cosine, dropout for MC dropout)."""
+"""Stage 1: fit the backbone classifier (AdamW, warm-up + cosine, checkpoints every epoch, resumable).
+
+Image (``modality: image``): train a ViT from scratch (augmentation, dropout for MC dropout). Text (``modality:
+text``): fine-tune pretrained MiniLM-L6 (or a tiny random BERT in tests) with a classification head on the
+movie-review sentences; the run's tokenizer is written to ``<run_dir>/tokenizer.json`` first and used by every
+later stage. One training loop serves both; ``FitTask`` is what a modality contributes.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
 
 from models.backbones import ImageClassifier, VitConfig, build_vit
+from models.text_backbones import TextClassifier
 from training.config import PipelineConfig, config_dict
 from training.data import augment, batches, load_dataset
 from training.metrics import classification_report
@@ -24,13 +35,19 @@ from training.runtime import (
 )
 
 BACKBONE_FILE = "backbone.pt"
+Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (model inputs, labels)
 
 
-def load_backbone(run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier:
+def load_backbone(run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier | TextClassifier:
     """The fitted backbone of a run, frozen in eval mode."""
     payload = load_checkpoint(Path(run_dir) / BACKBONE_FILE)
-    model = build_vit(VitConfig(**payload["backbone_config"]))
-    model.load_state_dict(payload["state_dict"])
+    if payload.get("modality") == "text":
+        from training.text_models import text_classifier_from_payload
+
+        model: nn.Module = text_classifier_from_payload(payload)
+    else:
+        model = build_vit(VitConfig(**payload["backbone_config"]))
+        model.load_state_dict(payload["state_dict"])
     return model.to(device).eval().requires_grad_(False)
 
 
@@ -41,6 +58,74 @@ def evaluate_backbone(model: torch.nn.Module, images: torch.Tensor, labels: torc
     return classification_report(logits.softmax(-1), labels)
 
 
+@dataclass
+class FitTask:
+    """What the fit loop needs from a modality."""
+
+    model: nn.Module
+    train_size: int
+    train_batches: Callable[[torch.Generator], Iterator[Batch]]  # one epoch, order fixed by the generator
+    evaluate: Callable[[nn.Module, str], dict[str, float]]  # (model, "val" | "test") -> classification report
+    payload: dict[str, Any]  # modality-specific entries of backbone.pt
+
+
+def image_fit_task(cfg: PipelineConfig, device: torch.device) -> FitTask:
+    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
+                        cfg.data.train_limit, cfg.data.test_limit)
+    model = build_vit(cfg.backbone).to(device)
+    splits = {"val": data.val, "test": data.test}
+
+    def train_batches(gen: torch.Generator) -> Iterator[Batch]:
+        for images, labels in batches(data.train, cfg.fit.batch_size, shuffle=True, generator=gen):
+            if cfg.fit.augment:
+                images = augment(images, gen)
+            yield (images,), labels
+
+    def evaluate(fitted: nn.Module, name: str) -> dict[str, float]:
+        return evaluate_backbone(fitted, splits[name].images, splits[name].labels, device)
+
+    return FitTask(model, len(data.train), train_batches, evaluate,
+                   {"backbone_config": config_dict(cfg)["backbone"], "labels": data.labels})
+
+
+def text_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool) -> FitTask:
+    from training.text_inputs import (
+        TOKENIZER_FILE,
+        build_tokenizer,
+        load_run_tokenizer,
+        load_text_splits,
+        text_outputs,
+        token_batches,
+        tokenize_dataset,
+    )
+    from training.text_models import build_text_classifier, text_backbone_payload
+
+    run_dir = Path(cfg.run_dir)
+    raw = load_text_splits(cfg.data.dataset, cfg.data.val_size, cfg.data.split_seed, cfg.data.train_limit,
+                           cfg.data.test_limit, cfg.text.data_cache)
+    if resume and (run_dir / TOKENIZER_FILE).exists():
+        tokenizer = load_run_tokenizer(run_dir)
+    else:
+        tokenizer = build_tokenizer(cfg.text, raw[0].texts)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(run_dir / TOKENIZER_FILE))
+    data = tokenize_dataset(tokenizer, cfg.text, raw)
+    model = build_text_classifier(cfg.text, len(data.labels), tokenizer.get_vocab_size()).to(device)
+    splits = {"val": data.val, "test": data.test}
+
+    def train_batches(gen: torch.Generator) -> Iterator[Batch]:
+        yield from token_batches(data.train, cfg.fit.batch_size, True, gen, bucket=cfg.text.bucket)
+
+    def evaluate(fitted: nn.Module, name: str) -> dict[str, float]:
+        fitted.eval()
+        logits = text_outputs(lambda ids, mask: fitted(ids, mask).float().cpu(), splits[name], 256, device)
+        return classification_report(logits.softmax(-1), splits[name].labels)
+
+    return FitTask(model, len(data.train), train_batches, evaluate,
+                   {"modality": "text", "text_backbone": text_backbone_payload(model), "labels": data.labels,
+                    "tokenizer": TOKENIZER_FILE})
+
+
 def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
     run_dir = Path(cfg.run_dir)
     final_path = run_dir / BACKBONE_FILE
@@ -48,11 +133,10 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
     set_threads(cfg.threads)
     seed_everything(cfg.seed)
     device = select_device(cfg.device)
-    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
-                        cfg.data.train_limit, cfg.data.test_limit)
-    model = build_vit(cfg.backbone).to(device)
+    task = text_fit_task(cfg, device, resume) if cfg.is_text else image_fit_task(cfg, device)
+    model = task.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.fit.lr, weight_decay=cfg.fit.weight_decay)
-    steps_per_epoch = -(-len(data.train) // cfg.fit.batch_size)
+    steps_per_epoch = -(-task.train_size // cfg.fit.batch_size)
     total_steps = steps_per_epoch * cfg.fit.epochs
     if cfg.fit.max_steps is not None:
         total_steps = min(total_steps, cfg.fit.max_steps)
@@ -72,16 +156,16 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
         gen.manual_seed(cfg.seed * 1000 + epoch)  # resumable: the epoch alone fixes its order and augmentation
         model.train()
         t0 = time.perf_counter()
-        bar = tqdm(batches(data.train, cfg.fit.batch_size, shuffle=True, generator=gen), total=steps_per_epoch,
+        bar = tqdm(task.train_batches(gen), total=steps_per_epoch,
                    desc=f"fit-backbone epoch {epoch + 1}/{cfg.fit.epochs}", leave=False)
         running = 0.0
-        for images, labels in bar:
-            if cfg.fit.augment:
-                images = augment(images, gen)
-            logits = model(images.to(device))  # [B, C]
+        for inputs, labels in bar:
+            logits = model(*(x.to(device) for x in inputs))  # [B, C]
             loss = F.cross_entropy(logits, labels.to(device), label_smoothing=cfg.fit.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if cfg.fit.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.fit.grad_clip)
             optimizer.step()
             scheduler.step()
             step += 1
@@ -91,18 +175,17 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
             if step >= total_steps:
                 break
         elapsed += time.perf_counter() - t0
-        val = evaluate_backbone(model, data.val.images, data.val.labels, device)
+        val = task.evaluate(model, "val")
         history.append({"epoch": epoch + 1, "train_loss": running, **{f"val_{k}": v for k, v in val.items()}})
         print(f"epoch {epoch + 1}: loss {running:.4f} val acc {val['accuracy']:.4f} ece {val['ece']:.4f} "
               f"({elapsed / 60:.1f} min)")
         save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                     "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "step": step,
                                     "history": history, "elapsed": elapsed, "config": config_dict(cfg)})
-    test = evaluate_backbone(model, data.test.images, data.test.labels, device)
+    test = task.evaluate(model, "test")
     print(f"backbone test: {test}")
     save_checkpoint(final_path, {
-        "state_dict": model.state_dict(), "backbone_config": config_dict(cfg)["backbone"],
-        "config": config_dict(cfg), "history": history, "test": test, "seconds": elapsed,
-        "labels": data.labels,
+        "state_dict": model.state_dict(), "config": config_dict(cfg), "history": history, "test": test,
+        "seconds": elapsed, **task.payload,
     })
     return final_path

@@ -3,6 +3,8 @@
 L1 (uncertainty-aware): KL(q_t || p_theta(. | X_{t-1})), closed-form diagonal Gaussians, teacher-forced
 along the frozen backbone's observed trajectory (and optionally along a detached kernel rollout).
 L2 (performance-aware): cross-entropy of the readout of X_T sampled by a full stochastic rollout.
+Text batches pass a key padding mask ([B, N] True for real tokens): padding is masked in the kernel's attention,
+excluded from the KL and the diagnostics, and the readout pools over real tokens.
 """
 
 from __future__ import annotations
@@ -138,12 +140,20 @@ class DistillationLoss(nn.Module):
 
         repeats = torch.full((batch,), self.weights.train_samples, dtype=torch.long, device=x0.device)
         x_final = self.rollout(x0, repeats, mask)  # [B*S, N, D] reparameterised
-        logits = self.readout(x_final)  # [B*S, C]
+        if mask is None:
+            logits = self.readout(x_final)  # [B*S, C]
+        else:  # text: pooling over each row's real tokens
+            logits = self.readout(x_final, mask.repeat_interleave(self.weights.train_samples, dim=0))  # [B*S, C]
         l2 = F.cross_entropy(logits, labels.repeat_interleave(self.weights.train_samples))
         loss = self.weights.lambda_1 * l1 + self.weights.lambda_2 * l2
 
         with torch.no_grad():
-            per_step = lambda v: v.view(num_steps, batch, -1).mean(dim=(1, 2))  # noqa: E731  [T]
+            if step_mask is None:
+                per_step = lambda v: v.view(num_steps, batch, -1).mean(dim=(1, 2))  # noqa: E731  [T]
+            else:  # means over real tokens
+                real = step_mask.to(target_var.dtype).view(num_steps, batch, -1, 1)  # [T, B, N, 1]
+                per_step = lambda v: ((v.view(num_steps, batch, real.shape[2], -1) * real).sum(dim=(1, 2, 3))  # noqa: E731
+                                      / (real.sum(dim=(1, 2, 3)) * v.shape[-1]))  # [T]
             diagnostics = {
                 "l1": l1.detach(), "l2": l2.detach(),
                 "var_obs": per_step(target_var), "mean_sq_error": per_step((mean_p - target_mean).square()),

@@ -1,0 +1,202 @@
+"""The text artifact: DIRECTOR on a BERT-family encoder as plain, scriptable modules (DESIGN.md s.2 and s.4).
+
+transformers modules do not script reliably, so the parts of the encoder the artifact needs are re-implemented
+here with copied weights: ``TokenEmbedding`` (word + position + segment-0 embedding, LayerNorm; the word table
+optionally half precision or int8 with a per-row scale, dequantised on lookup) and ``TextReadout`` (the last
+feed-forward sublayer, pooling over real tokens, head). ``TextDirector`` chains them with ``StochasticRollout``
+under the artifact contract:
+
+- ``forward(input_ids [B, L] int64, attention_mask [B, L] int64, n_samples) -> logits [S, B, C]``
+- ``sample_rows(input_ids, attention_mask, repeats [B] int64) -> logits [sum(repeats), C]``, rows grouped by input.
+
+Inputs are right-padded (BERT positions are absolute: a text's tokens must start at position 0). Padding changes
+nothing: every part is per token except attention (padding keys masked) and pooling (over real tokens).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.models.bert.modeling_bert import BertEmbeddings
+
+from models.bert_view import BertReadout, BertTransitionView
+from models.director import StochasticRollout
+from models.kernel import TransitionKernel
+
+TABLE_DTYPES: tuple[str, ...] = ("float32", "float16", "int8")
+
+
+def quantize_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: table [V, D] -> (int8 codes [V, D], float32 scales [V]); row v is ``codes[v] *
+    scales[v]`` within ``scales[v] / 2`` per element (the scale is the row's max |value| / 127)."""
+    table = table.float()
+    scales = table.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [V]
+    codes = torch.round(table / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [V, D]
+    return codes, scales
+
+
+class TokenEmbedding(nn.Module):
+    """input_ids [B, L] -> X_0 [B, L, D]: word + absolute position + segment-0 embedding, then LayerNorm.
+
+    The word table (``table_dtype``: float32, float16, or int8 with one float32 scale per row) is the bulk of a
+    text artifact (MiniLM: 30522 x 384); it is dequantised to float32 on lookup. Only the first ``max_positions``
+    position rows are kept: longer inputs are refused (the tokenizer truncates to the manifest's max_length).
+    """
+
+    def __init__(self, word: torch.Tensor, position: torch.Tensor, segment: torch.Tensor, norm: nn.LayerNorm,
+                 table_dtype: str = "float32") -> None:
+        super().__init__()
+        if table_dtype not in TABLE_DTYPES:
+            raise ValueError(f"unknown table dtype {table_dtype!r}; expected one of {TABLE_DTYPES}")
+        self.table_dtype = table_dtype
+        self.quantized = table_dtype == "int8"
+        word = word.detach().float()
+        if self.quantized:
+            table, scale = quantize_rows(word)
+        else:
+            table, scale = word.to(getattr(torch, table_dtype)).clone(), torch.zeros(0)
+        self.register_buffer("word_table", table)  # [V, D]
+        self.register_buffer("word_scale", scale)  # [V] int8 only
+        self.register_buffer("position", position.detach().float().clone())  # [P, D]
+        self.register_buffer("segment", segment.detach().float().clone())  # [D]
+        self.norm = copy.deepcopy(norm)
+
+    @classmethod
+    def from_bert(cls, embeddings: BertEmbeddings, table_dtype: str = "float32",
+                  max_positions: int | None = None) -> TokenEmbedding:
+        """Copy a transformers ``BertEmbeddings`` (absolute positions, segment 0 for every token)."""
+        position = embeddings.position_embeddings.weight  # [P, D]
+        if max_positions is not None:
+            position = position[:max_positions]
+        return cls(embeddings.word_embeddings.weight, position, embeddings.token_type_embeddings.weight[0],
+                   embeddings.LayerNorm, table_dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.word_table.shape[0])
+
+    def words(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [B, L] -> the word vectors [B, L, D] in float32."""
+        rows = self.word_table[input_ids].float()  # [B, L, D]
+        if self.quantized:
+            rows = rows * self.word_scale[input_ids].unsqueeze(-1)  # [B, L, D]
+        return rows
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        length = input_ids.shape[1]
+        if length > self.position.shape[0]:
+            raise ValueError("input longer than the artifact's max_length: truncate it first")
+        x = self.words(input_ids) + self.position[:length]  # [B, L, D]
+        x = x + self.segment  # [B, L, D] one segment
+        return self.norm(x)  # [B, L, D]
+
+
+class TextReadout(nn.Module):
+    """X_T [R, L, D] -> logits [R, C]: the last feed-forward sublayer (dense, GELU, dense, residual LayerNorm),
+    pooling over real tokens (``key_padding_mask`` [R, L] True for real tokens) or the [CLS] token, head."""
+
+    def __init__(self, intermediate: nn.Linear, output: nn.Linear, norm: nn.LayerNorm, head: nn.Linear,
+                 pooling: str = "mean", gelu_approximate: str = "none") -> None:
+        super().__init__()
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"unknown pooling {pooling!r}")
+        self.intermediate = copy.deepcopy(intermediate)
+        self.output = copy.deepcopy(output)
+        self.norm = copy.deepcopy(norm)
+        self.head = copy.deepcopy(head)
+        self.cls_pooling = pooling == "cls"
+        self.gelu_approximate = gelu_approximate
+
+    @classmethod
+    def from_bert(cls, readout: BertReadout) -> TextReadout:
+        """Copy a ``BertReadout`` (the frozen view's readout) into plain modules."""
+        layer = readout.last_layer
+        return cls(layer.intermediate.dense, layer.output.dense, layer.output.LayerNorm, readout.head,
+                   readout.pooling, gelu_approximation(layer.intermediate.intermediate_act_fn))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = F.gelu(self.intermediate(x), approximate=self.gelu_approximate)  # [R, L, F]
+        h = self.norm(self.output(hidden) + x)  # [R, L, D] = last_hidden_state
+        if self.cls_pooling:
+            pooled = h[:, 0]  # [R, D]
+        elif key_padding_mask is None:
+            pooled = h.mean(dim=1)  # [R, D]
+        else:
+            real = key_padding_mask.to(h.dtype).unsqueeze(-1)  # [R, L, 1]
+            pooled = (h * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)  # [R, D]
+        return self.head(pooled)  # [R, C]
+
+
+def gelu_approximation(act: nn.Module) -> str:
+    """Which torch GELU (``approximate`` = "none" or "tanh") a BERT intermediate activation module computes,
+    told by its values (transformers' activation classes differ between versions); anything else is refused."""
+    probe = torch.linspace(-6.0, 6.0, 241)  # [241]
+    with torch.no_grad():
+        values = act(probe)
+    for approximate in ("none", "tanh"):
+        if torch.allclose(values, F.gelu(probe, approximate=approximate), atol=1e-6, rtol=0):
+            return approximate
+    raise ValueError(f"the text readout supports GELU activations only, got {type(act).__name__}")
+
+
+class TextDirector(nn.Module):
+    """Artifact-contract text model: ``forward(input_ids, attention_mask, n_samples) -> [S, B, C]`` logits and
+    ``sample_rows(input_ids, attention_mask, repeats) -> [sum(repeats), C]``."""
+
+    def __init__(self, embedding: TokenEmbedding, rollout: StochasticRollout, readout: TextReadout) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.rollout = rollout
+        self.readout = readout
+
+    @torch.jit.export
+    def sample_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor
+                    ) -> torch.Tensor:
+        mask = attention_mask > 0  # [B, L] True for real tokens
+        x0 = self.embedding(input_ids)  # [B, L, D]
+        x_t = self.rollout(x0, repeats, mask)  # [R, L, D]
+        row_mask = torch.repeat_interleave(mask, repeats, dim=0)  # [R, L]
+        return self.readout(x_t, row_mask)  # [R, C]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_samples: int) -> torch.Tensor:
+        batch = input_ids.shape[0]
+        repeats = torch.full((batch,), n_samples, dtype=torch.long, device=input_ids.device)
+        rows = self.sample_rows(input_ids, attention_mask, repeats)  # [B*S, C] grouped by input
+        return rows.view(batch, n_samples, -1).transpose(0, 1)  # [S, B, C]
+
+
+def text_director_from_view(view: BertTransitionView, kernel: TransitionKernel, readout: TextReadout | None = None,
+                            table_dtype: str = "float32", max_positions: int | None = None) -> TextDirector:
+    """DIRECTOR on the frozen view's own embedding and readout, copied into plain modules (a float32 table
+    reproduces the encoder's X_0 exactly)."""
+    embedding = TokenEmbedding.from_bert(view.embedding.embeddings, table_dtype, max_positions)
+    return TextDirector(embedding, StochasticRollout(kernel), readout or TextReadout.from_bert(view.readout_head))
+
+
+class FoldedConditioning(nn.Module):
+    """Stands in for the kernel's step embedder and adaLN MLP once their output is folded into the rollout's
+    per-step buffer: the artifact carries [T, 8D] numbers instead of their weights (1.35M at MiniLM's width)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the step conditioning of this artifact is folded into rollout.step_modulation")
+
+
+def fold_for_artifact(director: TextDirector, table_dtype: str | None = None, max_positions: int | None = None
+                      ) -> TextDirector:
+    """A copy for export, in eval mode: the adaLN modulation folded into per-step buffers and its MLPs dropped; the
+    word table re-stored as ``table_dtype`` (default: unchanged) and the position table cut to ``max_positions``."""
+    folded = copy.deepcopy(director).eval()
+    old = folded.embedding
+    if (table_dtype is not None and table_dtype != old.table_dtype) or max_positions is not None:
+        if old.quantized:
+            raise ValueError("cannot re-store an int8 table")
+        position = old.position if max_positions is None else old.position[:max_positions]
+        folded.embedding = TokenEmbedding(old.word_table.float(), position, old.segment, old.norm,
+                                          table_dtype or old.table_dtype)
+    folded.rollout.fold_conditioning()
+    folded.rollout.kernel.t_embedder = FoldedConditioning()
+    folded.rollout.kernel.adaLN_modulation = FoldedConditioning()
+    return folded

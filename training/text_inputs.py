@@ -1,0 +1,213 @@
+"""Text inputs of the pipeline: the tokenizer (saved with the run, shipped in the artifact), tokenised splits,
+length-bucketed training batches, length-sorted chunked inference, and the text OOD sets.
+
+One tokenizer file serves every stage: ``fit-backbone`` writes ``<run_dir>/tokenizer.json`` (the model's own
+``tokenizer.json`` for MiniLM, or a WordPiece vocabulary trained on the training texts for tiny test models) with
+its truncation set to ``text.max_length`` and padding off; distil and export read it back and export copies it
+next to ``director.ts``. A text is cut to ``text.max_characters`` characters before tokenising.
+Batches are right-padded with the tokenizer's [PAD] id (BERT positions are absolute).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from training.config import TextConfig
+from training.text_data import TextSplit
+
+TOKENIZER_FILE = "tokenizer.json"
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TextModel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> logits
+
+
+def train_wordpiece(texts: list[str], vocab_size: int) -> Tokenizer:
+    """A lower-cased BERT-style WordPiece tokenizer trained on ``texts`` ([CLS] text [SEP]; [PAD] is id 0)."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tokenizer
+
+
+def build_tokenizer(tcfg: TextConfig, train_texts: list[str]) -> Tokenizer:
+    """The run's tokenizer: ``text.tokenizer`` = minilm | wordpiece | a path to a tokenizer.json, with truncation
+    at ``text.max_length`` tokens (special tokens included) and no padding (batches pad themselves)."""
+    if tcfg.tokenizer == "minilm":
+        from models.text_backbones import minilm_path
+
+        tokenizer = Tokenizer.from_file(str(minilm_path() / TOKENIZER_FILE))
+    elif tcfg.tokenizer == "wordpiece":
+        tokenizer = train_wordpiece(train_texts, tcfg.vocab_size)
+    else:
+        tokenizer = Tokenizer.from_file(str(Path(tcfg.tokenizer)))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(tcfg.max_length, strategy="longest_first", direction="right")
+    if tokenizer.token_to_id("[PAD]") is None:
+        raise ValueError(f"tokenizer {tcfg.tokenizer!r} has no [PAD] token")
+    return tokenizer
+
+
+def load_run_tokenizer(run_dir: str | Path) -> Tokenizer:
+    path = Path(run_dir) / TOKENIZER_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no {TOKENIZER_FILE} in {run_dir}: run `python -m training fit-backbone` first")
+    return Tokenizer.from_file(str(path))
+
+
+def pad_id(tokenizer: Tokenizer) -> int:
+    return int(tokenizer.token_to_id("[PAD]"))
+
+
+@dataclass
+class TokenSplit:
+    """Tokenised texts: ids and attention mask [N, L] int64 (right-padded to the longest text), labels [N]."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    labels: torch.Tensor
+    texts: list[str]
+
+    def __post_init__(self) -> None:
+        if not (self.ids.shape == self.mask.shape and self.ids.shape[0] == self.labels.shape[0] == len(self.texts)):
+            raise ValueError("ids, mask, labels and texts disagree in size")
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(dim=1)  # [N]
+
+    def head(self, n: int | None) -> TokenSplit:
+        return self if n is None else self.subset(torch.arange(min(n, len(self))))
+
+    def subset(self, index: torch.Tensor) -> TokenSplit:
+        return TokenSplit(self.ids[index], self.mask[index], self.labels[index], [self.texts[int(i)] for i in index])
+
+    def rows(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, mask) of rows ``index``, trimmed to the longest of them: [b, l] each."""
+        mask = self.mask[index]  # [b, L]
+        width = max(int(mask.sum(dim=1).max()), 1) if len(index) else 1
+        return self.ids[index, :width], mask[:, :width]
+
+
+@dataclass
+class TokenDataset:
+    train: TokenSplit
+    val: TokenSplit
+    test: TokenSplit
+    labels: list[str]
+
+
+def cut(text: str, max_characters: int) -> str:
+    return text[:max_characters]
+
+
+def encode(tokenizer: Tokenizer, texts: list[str], max_characters: int, labels: torch.Tensor | None = None,
+           ) -> TokenSplit:
+    """Tokenise (after cutting to ``max_characters``) and right-pad with [PAD] into a ``TokenSplit``; texts without
+    labels get label 0."""
+    encodings = tokenizer.encode_batch([cut(t, max_characters) for t in texts])
+    width = max([len(e.ids) for e in encodings], default=1)
+    ids = torch.full((len(texts), width), pad_id(tokenizer), dtype=torch.long)  # [N, L]
+    mask = torch.zeros(len(texts), width, dtype=torch.long)  # [N, L]
+    for i, encoding in enumerate(encodings):
+        ids[i, : len(encoding.ids)] = torch.tensor(encoding.ids, dtype=torch.long)
+        mask[i, : len(encoding.ids)] = 1
+    if labels is None:
+        labels = torch.zeros(len(texts), dtype=torch.long)
+    return TokenSplit(ids, mask, labels, list(texts))
+
+
+RawTextTask = tuple[TextSplit, TextSplit, TextSplit, list[str]]  # train, val, test, label names
+
+
+def load_text_splits(dataset: str, val_size: int, split_seed: int, train_limit: int | None, test_limit: int | None,
+                     data_cache: str | None) -> RawTextTask:
+    """The raw text task (``training.text_data``): train / val / test ``TextSplit`` and the label names."""
+    from training.text_data import load_movie_reviews
+
+    if dataset != "movie_reviews":
+        raise ValueError(f"unknown text dataset {dataset!r}; expected movie_reviews")
+    data = load_movie_reviews(val_size=val_size, split_seed=split_seed, cache_dir=data_cache, train_limit=train_limit)
+    return data.train, data.val, data.test.head(test_limit), data.labels
+
+
+def tokenize_dataset(tokenizer: Tokenizer, tcfg: TextConfig, raw: RawTextTask) -> TokenDataset:
+    train, val, test, labels = raw
+    return TokenDataset(*(encode(tokenizer, s.texts, tcfg.max_characters, s.labels) for s in (train, val, test)),
+                        labels=list(labels))
+
+
+def token_batches(split: TokenSplit, batch_size: int, shuffle: bool, generator: torch.Generator | None = None,
+                  rank: int = 0, world_size: int = 1, bucket: int = 1
+                  ) -> Iterator[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Yield ((ids, mask), labels) mini-batches trimmed to their longest text. With ``bucket`` > 1 the shuffled order
+    is cut into windows of ``bucket`` batches, each window sorted by length before it is cut into batches and the
+    batches shuffled, so a batch holds texts of similar length (less padding); ``world_size`` > 1 shards by rank."""
+    n = len(split)
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    order = order[rank::world_size]
+    groups: list[torch.Tensor] = []
+    window = batch_size * max(bucket, 1)
+    lengths = split.lengths
+    for start in range(0, len(order), window):
+        chunk = order[start : start + window]
+        if bucket > 1:
+            chunk = chunk[torch.argsort(lengths[chunk], stable=True)]
+        groups.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    if bucket > 1 and shuffle:
+        groups = [groups[int(i)] for i in torch.randperm(len(groups), generator=generator)]
+    for index in groups:
+        yield split.rows(index), split.labels[index]
+
+
+@torch.inference_mode()
+def text_outputs(fn: TextModel, split: TokenSplit, chunk: int, device: torch.device | str = "cpu",
+                 dim: int = 0) -> torch.Tensor:
+    """``fn(ids, mask)`` over ``split`` in chunks of ``chunk`` texts of similar length (sorted by length, so little
+    padding), concatenated along ``dim`` back in the split's order. ``fn`` returns [.., chunk, ..] on the CPU."""
+    order = torch.argsort(split.lengths, stable=True)  # [N]
+    parts = []
+    for start in range(0, len(order), chunk):
+        ids, mask = split.rows(order[start : start + chunk])
+        parts.append(fn(ids.to(device), mask.to(device)))
+    out = torch.cat(parts, dim=dim)
+    return out.index_select(dim, torch.argsort(order))  # back to the split's order
+
+
+def text_sampled_logits(model: torch.nn.Module, split: TokenSplit, n_samples: int, rows_per_forward: int = 256,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """Logits [S, N, C] of a text artifact-contract model (``forward(ids, mask, n_samples)``), chunked so each forward
+    has about ``rows_per_forward`` sample rows."""
+    chunk = max(1, rows_per_forward // n_samples)
+    return text_outputs(lambda ids, mask: model(ids, mask, n_samples).float().cpu(), split, chunk, device, dim=1)
+
+
+def shuffled_words(texts: list[str], seed: int) -> list[str]:
+    """Every text with its words in a seeded random order: the text OOD *validation* set (in-domain vocabulary,
+    no sentence structure; none of the reported OOD sets)."""
+    rng = random.Random(seed)
+    out = []
+    for text in texts:
+        words = text.split()
+        rng.shuffle(words)
+        out.append(" ".join(words))
+    return out
+
+
+def sample_texts(texts: list[str], n: int, seed: int) -> list[str]:
+    """``n`` texts drawn without replacement under ``seed`` (all of them when fewer)."""
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))[:n]
+    return [texts[int(i)] for i in order]
