@@ -105,7 +105,9 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert set(tm["ood"]) == {"fortunes_quotes"} and tm["backbone"]["n"] == 120
     assert set(tm["ood"]["fortunes_quotes"]["auroc_vs_test"]) >= {"max_softmax", "energy", "mean_logvar"}
     assert len(prov["rollout"]["median_std_over_rms"]) == 2
-    assert (Path(load_config(exported[0]).export.docs_dir) / "tiny-text.md").exists()
+    page = (Path(load_config(exported[0]).export.docs_dir) / "tiny-text.md").read_text()
+    assert "sentences)" in page and "images" not in page
+    assert "Requirements of the foundation issue" not in page  # those figures are the vision model's
 
 
 def test_tokenizer_file_round_trips_the_pipeline_ids(exported: tuple[Path, Path]) -> None:
