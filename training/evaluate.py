@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -242,7 +243,7 @@ def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) 
                                                    evaluation.cfg.threads or 1),
         }
     base = measured[("deterministic", 1)]
-    out = {}
+    out: dict[str, Any] = {}
     for method in methods:
         m = measured[(method.source, method.n_samples)]
         out[method.key] = {**m, **{f"{k}_ratio": m[k] / max(base[k], 1e-12) for k in m}}
@@ -345,6 +346,8 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         print(f"evaluate: {name}")
         results[name] = stage()
         results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        # other work on the machine inflates the latencies: record how busy it was
+        results.setdefault("load_average_1m", {})[name] = os.getloadavg()[0]
     results["seconds"]["total"] = round(time.perf_counter() - start, 1)
     out_dir = Path(cfg.export.docs_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

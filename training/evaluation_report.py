@@ -3,6 +3,7 @@ methods is computed from the numbers, so a rerun cannot leave stale prose behind
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,9 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
     binning = "; ".join(f"{k}: {v}" for k, v in results["binning"].items())
     cost_note = ("Costs are measured in the same run on this machine: latency is one input per forward at the "
                  "method's S (median), peak memory the rise of resident memory during one forward of "
-                 f"{st['latency_images']} inputs in a fresh process; (x) is the ratio to the deterministic backbone. "
+                 f"{st['latency_images']} inputs in a fresh process; (x) is the ratio to the deterministic backbone; "
+                 "1-minute load average during the timings: "
+                 f"{results['load_average_1m'].get('cost', float('nan')):.2f} on {os.cpu_count()} cores. "
                  if "cost" in results else "Costs: " + PENDING + " ")
     lines = [
         f"# {task}: uncertainty methods compared", "",
@@ -178,7 +181,9 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         "logits are cached under the run folder, so the command resumes and a rerun only re-renders. "
         f"Stage times: {', '.join(f'{k} {v / 60:.1f} min' for k, v in results['seconds'].items())}.", "",
         f"## Test split ({first['n']:,} images)", "",
-        f"Calibration binning: {binning}. ECE interval: 95% percentile bootstrap ({st['bootstrap']} resamples). "
+        f"Calibration binning: {binning}. ECE interval: 95% percentile bootstrap ({st['bootstrap']} resamples); "
+        "binned ECE is biased upward under resampling, so for a well-calibrated method the interval can sit above "
+        "the point estimate: compare methods by their intervals, not their third digit. "
         + cost_note + "Temperatures are fitted on the validation split; the noise temperature scales every DIRECTOR "
         f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}.", "",
         *main_table(results), "", f"![reliability]({reliability.name})", "",
@@ -196,8 +201,9 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
     if "sweep" in results:
         sweep = sweep_plot(results["sweep"], out_dir / f"{task}-ece-latency.png")
         lines += [f"S-sample figures use the first S of the same {results['test_draws']} test draws per input; "
-                  "latency is one input per forward.", "", *sweep_table(results), "", f"![ece-latency]({sweep.name})",
-                  ""]
+                  "latency is one input per forward (1-minute load average during these timings: "
+                  f"{results['load_average_1m']['sweep']:.2f} on {os.cpu_count()} cores).", "",
+                  *sweep_table(results), "", f"![ece-latency]({sweep.name})", ""]
     else:
         lines += [PENDING, ""]
     lines += ["## Ablations", ""]

@@ -77,6 +77,7 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     assert set(shift["by_type"]) == {"gaussian_noise", "pixelate"}
     assert set(shift["by_severity"]) == {"1", "5"}
     assert set(results["sweep"]) == {"director", "mc_dropout"}
+    assert set(results["load_average_1m"]) == {"test_and_ood", "shift", "sweep", "cost", "ablations"}
     assert set(results["sweep"]["director"]) == {"1", "2", "8"}
     cost = results["cost"]
     assert cost["deterministic"]["latency_ms_ratio"] == 1.0
