@@ -114,6 +114,9 @@ def ablation_table(results: dict[str, Any]) -> list[str]:
     ms = ab.get("seed_mean_std")
     if ms is None:
         return lines
+    if len(ab["seed"]) < 2:
+        return [*lines, "", "Distillation seeds: only the main run so far, so no spread yet; the extra seeds of "
+                "`evaluate.distil_seeds` train (full recipe, cached) when that list is non-empty."]
     lines += ["", f"Distillation seeds ({len(ab['seed'])} runs, full recipe): accuracy "
                   f"{pct(ms['accuracy']['mean'])} +- {pct(ms['accuracy']['std'])} %, ECE {pct(ms['ece']['mean'])} "
                   f"+- {pct(ms['ece']['std'])} %, NLL {ms['nll']['mean']:.4f} +- {ms['nll']['std']:.4f}, S=1 accuracy "
