@@ -38,6 +38,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
             metrics_.batch_size.labels(*labels).observe(stats.inputs)
             metrics_.batch_requests.labels(*labels).observe(stats.requests)
             metrics_.batch_samples.labels(*labels).observe(stats.rows)
+            if stats.tokens is not None:
+                metrics_.batch_tokens.labels(*labels).observe(stats.tokens)
             metrics_.inference.labels(*labels).observe(stats.inference_s)
             for wait in stats.queue_waits:
                 metrics_.queue_wait.labels(*labels).observe(wait)
@@ -46,7 +48,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
                 metrics_.gpu_memory.set(memory)
 
         return BatchWorker(artifact, device, settings.max_batch_samples, settings.max_batch_delay_ms,
-                           settings.max_queue, on_batch, reservation_timeout_s=settings.request_timeout_s)
+                           settings.max_queue, on_batch, reservation_timeout_s=settings.request_timeout_s,
+                           max_batch_tokens=settings.max_batch_tokens)
 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,

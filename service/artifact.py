@@ -1,5 +1,6 @@
-"""One artifact folder (``<model>/<version>/``): manifest validation, sha256 check, TorchScript load,
-warm-up, and the manifest lookups the server needs (OOD threshold for a sample count)."""
+"""One artifact folder (``<model>/<version>/``): manifest validation, sha256 check, TorchScript load (and, for
+text models, the tokenizer), warm-up, and the manifest lookups the server needs (OOD threshold for a sample
+count, the text input section)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from models.artifact_format import ARTIFACT, FORMAT_VERSION, MANIFEST, major_version, verify_files
 from models.uncertainty import OOD_SCORES
 from service.device import Device
+from service.texts import encode, pad_batch, warm_up_texts
 
 REQUIRED_KEYS = ("format_version", "name", "version", "modality", "labels", "input", "sampling", "ood", "files")
-SUPPORTED_MODALITIES = ("image",)
+SUPPORTED_MODALITIES = ("image", "text")
+TRUNCATION_SIDES = ("left", "right")
 
 
 class ArtifactError(Exception):
@@ -31,6 +35,54 @@ class OodRule:
     threshold: float
     calibrated_samples: int  # the sample count the threshold was set at
     note: str | None = None
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """A text model's ``input`` section, validated: texts are tokenised with ``tokenizer`` (a file listed, and so
+    sha256-checked, in ``files``), truncated to ``max_length`` tokens (special tokens included) on
+    ``truncation_side``, and right-padded with ``pad_id`` (BERT positions are absolute)."""
+
+    tokenizer: str
+    max_length: int
+    max_characters: int
+    pad_id: int
+    truncation_side: str = "right"
+
+
+def _positive_int(section: dict[str, Any], key: str, minimum: int = 1) -> int:
+    value = section.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ArtifactError(f"manifest input.{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def text_spec(manifest: dict[str, Any]) -> TextSpec:
+    """The validated input section of a text manifest; ``ArtifactError`` says what is wrong."""
+    section = manifest.get("input")
+    if not isinstance(section, dict):
+        raise ArtifactError("manifest input must be an object")
+    tokenizer = section.get("tokenizer")
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise ArtifactError("manifest input.tokenizer must name the tokenizer file")
+    if tokenizer not in manifest.get("files", {}):
+        raise ArtifactError(f"manifest files do not list the tokenizer {tokenizer!r} (it must be sha256-checked)")
+    max_length = _positive_int(section, "max_length", 2)  # room for [CLS] and [SEP]
+    max_characters = _positive_int(section, "max_characters")
+    truncation = section.get("truncation") or {}
+    padding = section.get("padding") or {}
+    if not isinstance(truncation, dict) or not isinstance(padding, dict):
+        raise ArtifactError("manifest input.truncation and input.padding must be objects")
+    side = truncation.get("side", "right")
+    if side not in TRUNCATION_SIDES:
+        raise ArtifactError(f"manifest input.truncation.side must be left or right, got {side!r}")
+    if padding.get("side", "right") != "right":
+        raise ArtifactError(f"manifest input.padding.side is {padding.get('side')!r}: this server pads on the right "
+                            "only (positions are absolute)")
+    pad_id = padding.get("pad_id")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
+        raise ArtifactError(f"manifest input.padding.pad_id must be an integer >= 0, got {pad_id!r}")
+    return TextSpec(tokenizer, max_length, max_characters, pad_id, side)
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -60,8 +112,10 @@ def validate_manifest(manifest: dict[str, Any]) -> None:
     if manifest["modality"] not in SUPPORTED_MODALITIES:
         raise ArtifactError(f"modality {manifest['modality']!r} is not served by this build "
                             f"(supported: {', '.join(SUPPORTED_MODALITIES)})")
-    if ARTIFACT not in manifest["files"]:
+    if not isinstance(manifest["files"], dict) or ARTIFACT not in manifest["files"]:
         raise ArtifactError(f"manifest files do not list {ARTIFACT}")
+    if manifest["modality"] == "text":
+        text_spec(manifest)
     thresholds = manifest["ood"].get("thresholds") or {}
     if not thresholds:
         raise ArtifactError("manifest ood.thresholds is empty")
@@ -96,6 +150,12 @@ class Artifact:
     folder: Path
     manifest: dict[str, Any]
     module: torch.jit.ScriptModule
+    text: TextSpec | None = None  # text models only
+    tokenizer: Tokenizer | None = None  # text models only: truncation set from ``text``, no padding
+
+    @property
+    def modality(self) -> str:
+        return str(self.manifest["modality"])
 
     @property
     def labels(self) -> list[str]:
@@ -103,6 +163,7 @@ class Artifact:
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
+        """Image models: (channels, height, width)."""
         spec = self.manifest["input"]
         return int(spec["channels"]), int(spec["height"]), int(spec["width"])
 
@@ -136,20 +197,60 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
     except Exception as exc:  # a corrupt file raises many different errors
         raise ArtifactError(f"torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
     artifact = Artifact(folder, manifest, module)
+    if manifest["modality"] == "text":
+        artifact.text = text_spec(manifest)
+        artifact.tokenizer = load_tokenizer(folder, artifact.text)
     warm_up(artifact, device)
     return artifact
 
 
+def load_tokenizer(folder: Path, spec: TextSpec) -> Tokenizer:
+    """The artifact's ``tokenizers`` tokenizer, truncating as the manifest says (whatever the file says) and never
+    padding (batches are padded by the server)."""
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / spec.tokenizer))
+    except Exception as exc:  # the Rust side raises plain Exceptions
+        raise ArtifactError(f"{spec.tokenizer} is not a tokenizers file: {exc}") from exc
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(spec.max_length, stride=0, strategy="longest_first", direction=spec.truncation_side)
+    if tokenizer.num_special_tokens_to_add(False) >= spec.max_length:
+        raise ArtifactError(f"max_length {spec.max_length} leaves no room beside the tokenizer's special tokens")
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if spec.pad_id >= vocab:
+        raise ArtifactError(f"pad_id {spec.pad_id} outside the tokenizer's vocabulary of {vocab}")
+    return tokenizer
+
+
+def error_line(exc: Exception) -> str:
+    """A one-line reason: a TorchScript error's message holds the script's traceback, whose last line is the error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, torch.jit.Error) and lines:
+        return lines[-1]
+    return f"{type(exc).__name__}: {' '.join(lines)}"
+
+
 def warm_up(artifact: Artifact, device: Device) -> None:
-    """One ``sample_rows`` forward with mixed sample counts; checks the output shape."""
-    channels, height, width = artifact.input_shape
-    pixels = torch.zeros(2, channels, height, width, device=device.torch_device)
+    """One ``sample_rows`` forward with mixed sample counts (text: a short text and one truncated to max_length,
+    padded like a served batch, so the whole position table is used); checks the output shape and values."""
     repeats = torch.tensor([1, artifact.default_samples], dtype=torch.long, device=device.torch_device)
     try:
         with device.lock, torch.inference_mode(), device.autocast():
-            rows = artifact.module.sample_rows(pixels, repeats)
+            if artifact.text is not None:
+                assert artifact.tokenizer is not None
+                texts = encode(artifact.tokenizer, warm_up_texts(artifact.text.max_length))
+                if texts[1].tokens != artifact.text.max_length or not texts[1].truncated:
+                    raise ArtifactError(f"the tokenizer gave {texts[1].tokens} tokens for a text longer than "
+                                        f"max_length {artifact.text.max_length}")
+                ids, mask = pad_batch([t.ids for t in texts], artifact.text.pad_id, artifact.text.max_length)
+                rows = artifact.module.sample_rows(ids.to(device.torch_device), mask.to(device.torch_device), repeats)
+            else:
+                channels, height, width = artifact.input_shape
+                pixels = torch.zeros(2, channels, height, width, device=device.torch_device)
+                rows = artifact.module.sample_rows(pixels, repeats)
+    except ArtifactError:
+        raise
     except Exception as exc:
-        raise ArtifactError(f"warm-up forward failed: {type(exc).__name__}: {exc}") from exc
+        raise ArtifactError(f"warm-up forward failed: {error_line(exc)}") from exc
     expected = (1 + artifact.default_samples, len(artifact.labels))
     if tuple(rows.shape) != expected:
         raise ArtifactError(f"warm-up returned shape {tuple(rows.shape)}, expected {expected}")

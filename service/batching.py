@@ -1,9 +1,11 @@
 """Dynamic batching for one model version: a bounded asyncio queue drained by one worker task.
 
-The worker takes the first waiting request, then keeps packing requests until the batch holds
-``max_batch_samples`` rows (inputs x n_samples) or ``max_batch_delay_ms`` has passed since it started
-waiting; the forward runs in a thread so the event loop keeps serving. A request with a ``seed`` runs in
-a batch of its own under that seed. A full queue refuses at once (``QueueFull``).
+The worker takes the first waiting request, then keeps packing requests until the batch reaches its budget or
+``max_batch_delay_ms`` has passed since it started waiting; the forward runs in a thread so the event loop keeps
+serving. The budget bounds memory by samples, not requests: image models ``max_batch_samples`` rows (inputs x
+n_samples), text models ``max_batch_tokens`` padded tokens x samples (the batch's longest text rounded up to a
+multiple of 8, times its rows). A request with a ``seed`` runs in a batch of its own under that seed. A full
+queue refuses at once (``QueueFull``).
 
 Slots can be reserved before a request's body is read (``reserve`` -> ``Ticket``, see ``service.admission``):
 queued + held + reserved never exceeds ``max_queue``, so an admitted request is never refused later and an
@@ -24,7 +26,10 @@ import torch
 from models.uncertainty import UncertaintySummary
 from service.artifact import Artifact
 from service.device import Device
-from service.inference import forward_rows, summarize_requests
+from service.inference import forward_rows, forward_token_rows, summarize_requests
+from service.texts import EncodedText, padded_length
+
+Inputs = torch.Tensor | list[EncodedText]  # pixels [n, C, H, W] float32 in [0, 1], or n tokenised texts
 
 log = logging.getLogger("service.batching")
 
@@ -61,15 +66,24 @@ class Ticket:
 
 @dataclass
 class WorkItem:
-    pixels: torch.Tensor  # [n, C, H, W] float32 in [0, 1]
+    inputs: Inputs
     n_samples: int
     seed: int | None
     future: asyncio.Future[BatchResult]
     enqueued: float = field(default_factory=time.perf_counter)
 
     @property
+    def size(self) -> int:
+        return len(self.inputs) if isinstance(self.inputs, list) else int(self.inputs.shape[0])
+
+    @property
     def rows(self) -> int:
-        return int(self.pixels.shape[0]) * self.n_samples
+        return self.size * self.n_samples
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest text (0 for images)."""
+        return max((t.tokens for t in self.inputs), default=0) if isinstance(self.inputs, list) else 0
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,7 @@ class BatchResult:
     batch_requests: int
     batch_inputs: int
     batch_rows: int
+    padded_length: int | None = None  # text models: the width the batch's token ids were padded to
 
 
 @dataclass(frozen=True)
@@ -91,15 +106,18 @@ class BatchStats:
     rows: int
     inference_s: float
     queue_waits: list[float]
+    tokens: int | None = None  # text models: padded tokens x samples run
 
 
 class BatchWorker:
     def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
                  max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
-                 reservation_timeout_s: float = 30.0) -> None:
+                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 4096) -> None:
         self.artifact = artifact
         self.device = device
         self.max_rows = max_batch_samples
+        self.max_tokens = max_batch_tokens
+        self.budget = max_batch_tokens if artifact.text is not None else max_batch_samples
         self.max_delay_s = max_batch_delay_ms / 1000.0
         self.queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=max_queue)
         self.on_batch = on_batch
@@ -150,7 +168,14 @@ class BatchWorker:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
 
-    def enqueue(self, pixels: torch.Tensor, n_samples: int, seed: int | None, ticket: Ticket | None = None
+    def cost(self, rows: int, longest: int) -> int:
+        """What a batch of ``rows`` sampled rows counts against the budget: rows (images), or rows x the padded width
+        of its longest text (texts)."""
+        if self.artifact.text is None:
+            return rows
+        return rows * padded_length(longest, self.artifact.text.max_length)
+
+    def enqueue(self, inputs: Inputs, n_samples: int, seed: int | None, ticket: Ticket | None = None
                 ) -> asyncio.Future[BatchResult]:
         """Queue one request at once or raise; await the future for its result (cancel it to abandon it).
 
@@ -165,7 +190,9 @@ class BatchWorker:
                 ticket.release()
             if self.pending >= self.max_queue:
                 raise QueueFull(f"queue full ({self.max_queue} requests queued or being received)")
-        item = WorkItem(pixels, n_samples, seed, asyncio.get_running_loop().create_future())
+        if isinstance(inputs, list) != (self.artifact.text is not None):
+            raise TypeError("text inputs for a text model, pixels for an image model")
+        item = WorkItem(inputs, n_samples, seed, asyncio.get_running_loop().create_future())
         try:
             self.queue.put_nowait(item)  # does not overflow: queued + held + reserved <= max_queue
         except asyncio.QueueFull as exc:  # defensive: the accounting above is the real bound
@@ -204,20 +231,20 @@ class BatchWorker:
         self._busy = True
         if first.seed is not None:
             return [first]
-        batch, rows = [first], first.rows
+        batch, rows, longest = [first], first.rows, first.longest
         deadline = time.perf_counter() + self.max_delay_s
-        while rows < self.max_rows:
+        while self.cost(rows, longest) < self.budget:
             remaining = deadline - time.perf_counter()
             try:
                 item = self.queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self.queue.get(),
                                                                                              remaining)
             except (TimeoutError, asyncio.QueueEmpty):
                 break
-            if item.seed is not None or rows + item.rows > self.max_rows:
+            if item.seed is not None or self.cost(rows + item.rows, max(longest, item.longest)) > self.budget:
                 self._held = item  # starts the next batch
                 break
             batch.append(item)
-            rows += item.rows
+            rows, longest = rows + item.rows, max(longest, item.longest)
         return batch
 
     async def _run(self) -> None:
@@ -237,22 +264,31 @@ class BatchWorker:
 
     async def _process(self, batch: list[WorkItem]) -> None:
         started = time.perf_counter()
-        sizes = [int(item.pixels.shape[0]) for item in batch]
+        sizes = [item.size for item in batch]
         samples = [item.n_samples for item in batch]
         repeats = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]
-        pixels = torch.cat([item.pixels for item in batch])  # [sum(n), C, H, W]
         seed = batch[0].seed if len(batch) == 1 else None
-        summaries = await asyncio.to_thread(self._infer, pixels, repeats, sizes, samples, seed)
+        summaries, tokens = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
         inference_s = time.perf_counter() - started
         waits = [started - item.enqueued for item in batch]
+        width = None
+        if self.artifact.text is not None:
+            width = padded_length(max(item.longest for item in batch), self.artifact.text.max_length)
         for item, summary, wait in zip(batch, summaries, waits, strict=True):
             if not item.future.done():
                 item.future.set_result(BatchResult(summary, wait, inference_s, len(batch), sum(sizes),
-                                                   sum(repeats)))
+                                                   sum(repeats), width))
         if self.on_batch is not None:
-            self.on_batch(BatchStats(len(batch), sum(sizes), sum(repeats), inference_s, waits))
+            self.on_batch(BatchStats(len(batch), sum(sizes), sum(repeats), inference_s, waits, tokens))
 
-    def _infer(self, pixels: torch.Tensor, repeats: list[int], sizes: list[int], samples: list[int],
-               seed: int | None) -> list[UncertaintySummary]:
-        rows = forward_rows(self.artifact, self.device, pixels, repeats, self.max_rows, seed)
-        return summarize_requests(rows, sizes, samples, self.artifact.temperature)
+    def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
+               seed: int | None) -> tuple[list[UncertaintySummary], int | None]:
+        tokens = None
+        if self.artifact.text is not None:
+            ids = [text.ids for item in batch if isinstance(item.inputs, list) for text in item.inputs]
+            rows, tokens = forward_token_rows(self.artifact, self.device, ids, repeats, self.max_tokens, seed)
+        else:
+            images = [item.inputs for item in batch if isinstance(item.inputs, torch.Tensor)]
+            pixels = torch.cat(images)  # [sum(n), C, H, W]
+            rows = forward_rows(self.artifact, self.device, pixels, repeats, self.max_rows, seed)
+        return summarize_requests(rows, sizes, samples, self.artifact.temperature), tokens

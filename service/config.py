@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     bf16: bool = Field(False, description="bf16 autocast for inference on CUDA (ignored on CPU)")
     max_batch_samples: int = Field(128, ge=1, description="rows per forward: sum over inputs of n_samples (128 "
                                    "measured best on a 2-core CPU, docs/benchmarks.md; raise it on a GPU)")
+    max_batch_tokens: int = Field(4096, ge=1, description="text models: padded tokens x samples per forward (the "
+                                  "batch's longest text rounded up to a multiple of 8, times its sampled rows); 4096 "
+                                  "= e.g. 8 requests of 16 samples at 32 padded tokens; raise it on a GPU")
     max_batch_delay_ms: float = Field(0.0, ge=0, description="how long a batch waits for more requests (0: it takes "
                                       "what queued during the previous forward; measured best in docs/benchmarks.md)")
     max_queue: int = Field(256, ge=1, description="queued requests per model version before 503")
@@ -37,7 +40,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_image_pixels: int = Field(4_000_000, ge=1, description="largest width x height of an image (413 above)")
     max_inputs_per_request: int = Field(256, ge=1, description="inputs per request (413 above)")
-    max_text_chars: int = Field(5000, ge=1, description="longest text input in characters (413 above)")
+    max_text_chars: int = Field(5000, ge=1, description="longest text input in characters (413 above; a text "
+                                "model's own input.max_characters applies when lower)")
     api_key: SecretStr | None = Field(None, description="if set, every route but health and metrics needs "
                                                         "'Authorization: Bearer <key>' (empty = no key)")
     poll_interval_s: float = Field(5.0, ge=0, description="model repository polling period (0 = off)")

@@ -97,12 +97,14 @@ def register_error_handlers(app: FastAPI) -> None:
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "undecodable input (bad base64, not PNG/JPEG, invalid JSON)"},
+    400: {"model": ErrorBody, "description": "undecodable input (bad base64, not PNG/JPEG, invalid JSON, OIP text "
+                                            "not UTF-8)"},
     401: {"model": ErrorBody, "description": "API key configured and missing or wrong"},
     404: {"model": ErrorBody, "description": "unknown model or version"},
-    413: {"model": ErrorBody, "description": "body, image pixels, text or number of inputs too large"},
-    422: {"model": ErrorBody, "description": "schema violation: bad n_samples, wrong shape, NaN/Inf, "
-                                            "text to an image model"},
+    413: {"model": ErrorBody, "description": "body, image pixels, text (over the model's character limit) or number "
+                                            "of inputs too large"},
+    422: {"model": ErrorBody, "description": "schema violation: bad n_samples, wrong shape, NaN/Inf, empty text, "
+                                            "text to an image model, image or pixels to a text model"},
     503: {"model": ErrorBody, "description": "queue full (refused before the body is read), model not ready or "
                                             "server draining; see Retry-After"},
     504: {"model": ErrorBody, "description": "request timed out in the queue or in inference"},

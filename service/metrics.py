@@ -35,6 +35,7 @@ from models.uncertainty import UncertaintySummary
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 ENTROPY_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
 MI_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -75,6 +76,8 @@ class Metrics:
                                         buckets=BATCH_BUCKETS, registry=r)
         self.batch_samples = Histogram("director_batch_samples", "sampled rows (inputs x n_samples) per batch",
                                        MV, buckets=BATCH_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("director_batch_tokens", "text models: padded tokens x samples per batch", MV,
+                                      buckets=TOKEN_BUCKETS, registry=r)
         self.queue_depth = Gauge("director_queue_depth", "requests waiting for a batch", MV, registry=r,
                                  multiprocess_mode="livesum")
         self.queue_capacity = Gauge("director_queue_capacity", "queue slots of a ready version (DIRECTOR_MAX_QUEUE; "

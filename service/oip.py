@@ -1,10 +1,12 @@
 """Open Inference Protocol v2 (KServe / Triton HTTP) tensors <-> the server's requests and results.
 
-Inputs: ``pixels`` FP32 ``[-1, C, H, W]`` (or ``text`` BYTES ``[-1]``, refused by image models); JSON data
-(flat or nested) or the binary tensor extension (``Inference-Header-Content-Length``). Parameters:
+Inputs: ``pixels`` FP32 ``[-1, C, H, W]`` for image models, ``text`` BYTES ``[-1]`` (UTF-8; ``[N, 1]`` accepted too)
+for text models, the other one refused with 422; JSON data (flat or nested) or the binary tensor extension
+(``Inference-Header-Content-Length``; BYTES elements as 4-byte little-endian length + bytes). Parameters:
 ``n_samples`` and ``seed``. Outputs (JSON): ``probabilities`` FP32 ``[N, K]``, ``confidence``,
 ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``ood_score`` FP32 ``[N]``,
-``is_ood`` BOOL ``[N]``, ``label`` BYTES ``[N]``, ``class_index`` INT64 ``[N]``."""
+``is_ood`` BOOL ``[N]``, ``label`` BYTES ``[N]``, ``class_index`` INT64 ``[N]``; text models also ``tokens`` INT64,
+``truncated`` BOOL and ``dropped_tokens`` INT64 ``[N]``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from service.artifact import Artifact
 from service.errors import bad_input, invalid
 from service.images import check_values
 from service.serving import Outcome
@@ -23,6 +26,7 @@ HEADER_LENGTH = "inference-header-content-length"
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "UINT8": np.uint8}
 OUTPUTS = ("probabilities", "confidence", "predictive_entropy", "expected_entropy", "mutual_information",
            "ood_score", "is_ood", "label", "class_index")
+TEXT_OUTPUTS = ("tokens", "truncated", "dropped_tokens")  # text models only
 
 
 def parse_body(raw: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
@@ -43,10 +47,14 @@ def parse_body(raw: bytes, header_length: str | None) -> tuple[dict[str, Any], b
     return body, tail
 
 
-def pixels_tensor(body: dict[str, Any], tail: bytes, shape: tuple[int, int, int], modality: str) -> torch.Tensor:
-    """``[N, C, H, W]`` float32 from the single ``pixels`` input."""
+Found = tuple[int, dict[str, Any], bytes | None]  # input index, its spec, its binary chunk (if binary)
+
+
+def named_inputs(body: dict[str, Any], tail: bytes) -> dict[str, Found]:
+    """Every input by name, with its slice of the binary tail (inputs sent as binary take their
+    ``binary_data_size`` bytes of it in order)."""
     offset = 0
-    found = None
+    found: dict[str, Found] = {}
     for i, spec in enumerate(body["inputs"]):
         if not isinstance(spec, dict):
             raise invalid(f"inputs.{i} is not an object", ["body", "inputs", i])
@@ -56,14 +64,21 @@ def pixels_tensor(body: dict[str, Any], tail: bytes, shape: tuple[int, int, int]
             if not isinstance(size, int) or size < 0 or offset + size > len(tail):
                 raise bad_input(f"inputs.{i}: binary_data_size exceeds the binary data")
             chunk, offset = tail[offset:offset + size], offset + size
-        if spec.get("name") == "text":
-            raise invalid(f"input 'text' sent to a {modality} model; it takes 'pixels' FP32 [-1, "
-                          f"{', '.join(map(str, shape))}]", ["body", "inputs", i])
-        if spec.get("name") == "pixels":
-            found = (i, spec, chunk)
-    if found is None:
+        name = spec.get("name")
+        if isinstance(name, str):
+            found[name] = (i, spec, chunk)
+    return found
+
+
+def pixels_tensor(body: dict[str, Any], tail: bytes, shape: tuple[int, int, int], modality: str) -> torch.Tensor:
+    """``[N, C, H, W]`` float32 from the single ``pixels`` input."""
+    inputs = named_inputs(body, tail)
+    if "text" in inputs:
+        raise invalid(f"input 'text' sent to a {modality} model; it takes 'pixels' FP32 [-1, "
+                      f"{', '.join(map(str, shape))}]", ["body", "inputs", inputs["text"][0]])
+    if "pixels" not in inputs:
         raise invalid("no input named 'pixels'", ["body", "inputs"])
-    i, spec, chunk = found
+    i, spec, chunk = inputs["pixels"]
     loc: list[str | int] = ["body", "inputs", i]
     datatype = spec.get("datatype")
     if datatype not in DTYPES:
@@ -94,6 +109,57 @@ def pixels_tensor(body: dict[str, Any], tail: bytes, shape: tuple[int, int, int]
     return torch.from_numpy(array.copy())
 
 
+def text_strings(body: dict[str, Any], tail: bytes) -> tuple[list[str], list[str | int]]:
+    """The strings of the single ``text`` BYTES input (UTF-8) and its location, for error messages."""
+    inputs = named_inputs(body, tail)
+    if "pixels" in inputs:
+        raise invalid("input 'pixels' sent to a text model; it takes 'text' BYTES [-1] (UTF-8 strings)",
+                      ["body", "inputs", inputs["pixels"][0]])
+    if "text" not in inputs:
+        raise invalid("no input named 'text' (BYTES [-1], UTF-8 strings)", ["body", "inputs"])
+    i, spec, chunk = inputs["text"]
+    loc: list[str | int] = ["body", "inputs", i]
+    if spec.get("datatype") != "BYTES":
+        raise invalid(f"text datatype must be BYTES, got {spec.get('datatype')!r}", loc)
+    dims = spec.get("shape")
+    if not (isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)
+            and (len(dims) == 1 or (len(dims) == 2 and dims[1] == 1)) and dims[0] >= 1):
+        raise invalid(f"text shape {dims!r} must be [N] (or [N, 1]) with N >= 1", loc)
+    count = dims[0]
+    if chunk is not None:
+        elements = _bytes_elements(chunk, loc)
+    else:
+        data = spec.get("data")
+        if isinstance(data, list) and all(isinstance(row, list) for row in data):
+            data = [value for row in data for value in row]  # nested [[...], ...]
+        if not isinstance(data, list) or not all(isinstance(value, str) for value in data):
+            raise invalid("text data must be a (flat or nested) list of strings", loc)
+        elements = data
+    if len(elements) != count:
+        raise invalid(f"text data holds {len(elements)} strings, shape {dims} needs {count}", loc)
+    if chunk is None:
+        return [str(e) for e in elements], loc
+    try:
+        return [bytes(e).decode("utf-8") for e in elements], loc
+    except UnicodeDecodeError as exc:
+        raise bad_input(f"inputs.{i}: text is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+
+
+def _bytes_elements(chunk: bytes, loc: list[str | int]) -> list[bytes]:
+    """The binary BYTES tensor layout: each element a 4-byte little-endian length, then that many bytes."""
+    out, offset = [], 0
+    while offset < len(chunk):
+        if offset + 4 > len(chunk):
+            raise bad_input(f"{'.'.join(map(str, loc[1:]))}: binary text ends inside an element's length prefix")
+        size = int.from_bytes(chunk[offset:offset + 4], "little")
+        offset += 4
+        if offset + size > len(chunk):
+            raise bad_input(f"{'.'.join(map(str, loc[1:]))}: binary text element longer than the data left")
+        out.append(chunk[offset:offset + size])
+        offset += size
+    return out
+
+
 def int_parameter(parameters: dict[str, Any], name: str) -> int | None:
     value = parameters.get(name)
     if value is None:
@@ -119,22 +185,36 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
         "label": ("BYTES", [n], [labels[c] for c in s.prediction.tolist()]),
         "class_index": ("INT64", [n], s.prediction.tolist()),
     }
-    names = requested or list(OUTPUTS)
+    available = list(OUTPUTS)
+    if outcome.texts is not None:
+        tensors["tokens"] = ("INT64", [n], [t.tokens for t in outcome.texts])
+        tensors["truncated"] = ("BOOL", [n], [t.truncated for t in outcome.texts])
+        tensors["dropped_tokens"] = ("INT64", [n], [t.dropped_tokens for t in outcome.texts])
+        available += TEXT_OUTPUTS
+    names = requested or available
     unknown = [name for name in names if name not in tensors]
     if unknown:
-        raise invalid(f"unknown outputs {unknown}; available: {list(OUTPUTS)}", ["body", "outputs"])
+        raise invalid(f"unknown outputs {unknown}; available: {available}", ["body", "outputs"])
     return [{"name": name, "datatype": tensors[name][0], "shape": tensors[name][1], "data": tensors[name][2]}
             for name in names]
 
 
-def metadata(name: str, versions: list[str], shape: tuple[int, int, int], num_classes: int) -> dict[str, Any]:
-    return {
-        "name": name, "versions": versions, "platform": "pytorch_torchscript",
-        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [-1, *shape]}],
-        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, num_classes]}]
-        + [{"name": n, "datatype": "FP32", "shape": [-1]} for n in ("confidence", "predictive_entropy",
-                                                                      "expected_entropy", "mutual_information",
-                                                                      "ood_score")]
-        + [{"name": "is_ood", "datatype": "BOOL", "shape": [-1]}, {"name": "label", "datatype": "BYTES", "shape": [-1]},
-           {"name": "class_index", "datatype": "INT64", "shape": [-1]}],
-    }
+def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, Any]:
+    num_classes = len(artifact.labels)
+    if artifact.text is not None:
+        inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    else:
+        inputs = [{"name": "pixels", "datatype": "FP32", "shape": [-1, *artifact.input_shape]}]
+    outputs = ([{"name": "probabilities", "datatype": "FP32", "shape": [-1, num_classes]}]
+               + [{"name": n, "datatype": "FP32", "shape": [-1]} for n in ("confidence", "predictive_entropy",
+                                                                          "expected_entropy", "mutual_information",
+                                                                          "ood_score")]
+               + [{"name": "is_ood", "datatype": "BOOL", "shape": [-1]},
+                  {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                  {"name": "class_index", "datatype": "INT64", "shape": [-1]}])
+    if artifact.text is not None:
+        outputs += [{"name": "tokens", "datatype": "INT64", "shape": [-1]},
+                    {"name": "truncated", "datatype": "BOOL", "shape": [-1]},
+                    {"name": "dropped_tokens", "datatype": "INT64", "shape": [-1]}]
+    return {"name": name, "versions": versions, "platform": "pytorch_torchscript", "inputs": inputs,
+            "outputs": outputs}

@@ -24,10 +24,13 @@ class PixelsInput(BaseModel):
 
 
 class TextInput(BaseModel):
-    """A text string, for text models (sent to an image model it is refused with 422)."""
+    """A text string, for text models (sent to an image model it is refused with 422). Tokenised with the model's
+    own tokenizer and truncated to the manifest's ``input.max_length`` tokens; the prediction reports ``tokens``,
+    ``truncated`` and ``dropped_tokens``."""
 
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(..., description="raw text; longer than the server's character limit -> 413")
+    text: str = Field(..., description="raw text, not empty; longer than the model's character limit (min of the "
+                                       "manifest's input.max_characters and DIRECTOR_MAX_TEXT_CHARS) -> 413")
 
 
 Input = ImageInput | PixelsInput | TextInput
@@ -58,6 +61,11 @@ class Prediction(BaseModel):
     ood_score: float = Field(..., description="the manifest's OOD score for this sample count; higher = more OOD")
     is_ood: bool = Field(..., description="ood_score > the threshold passing 95% of in-distribution validation "
                                           "inputs")
+    tokens: int | None = Field(None, description="text models: tokens the model read, [CLS]/[SEP] included (at most "
+                                                 "the manifest's input.max_length)")
+    truncated: bool | None = Field(None, description="text models: true when the text had more tokens than "
+                                                     "input.max_length and was truncated as the manifest says")
+    dropped_tokens: int | None = Field(None, description="text models: tokens cut off by truncation (0 if none)")
 
 
 class OodInfo(BaseModel):
@@ -74,6 +82,9 @@ class Timings(BaseModel):
     total_ms: float = Field(..., description="server time from request to response")
     batch_requests: int = Field(..., description="requests that shared the forward")
     batch_rows: int = Field(..., description="sampled rows in the forward (inputs x n_samples, summed)")
+    batch_padded_length: int | None = Field(None, description="text models: the width the batch's token ids were "
+                                                              "right-padded to (its longest text rounded up to a "
+                                                              "multiple of 8)")
 
 
 class PredictResponse(BaseModel):
@@ -122,6 +133,11 @@ class VersionInfo(BaseModel):
     max_samples: int | None = None
     loaded_at: float | None = Field(None, description="unix time the version became ready")
     queue_depth: int | None = None
+    input: dict[str, Any] | None = Field(None, description="the manifest's input section (image: channels, height, "
+                                                           "width; text: tokenizer, max_length, max_characters, "
+                                                           "truncation, padding)")
+    max_text_characters: int | None = Field(None, description="text models: the longest text accepted, min of "
+                                                              "input.max_characters and DIRECTOR_MAX_TEXT_CHARS")
 
 
 class ModelSummary(BaseModel):

@@ -1,5 +1,5 @@
 """Prediction logic behind the HTTP routes (JSON API and Open Inference Protocol share it): resolve the
-model version, turn inputs into pixels, queue them on the version's batching worker, and turn the
+model version, turn inputs into pixels or token ids, queue them on the version's batching worker, and turn the
 summaries into per-input results with the manifest's OOD rule. Records metrics, drift and the log that
 ``/feedback`` joins to."""
 
@@ -15,7 +15,7 @@ import torch
 
 from models.uncertainty import UncertaintySummary, ood_score
 from service.artifact import ArtifactError, OodRule, ood_rule
-from service.batching import BatchResult, Draining, QueueFull, Ticket
+from service.batching import BatchResult, Draining, Inputs, QueueFull, Ticket
 from service.drift import DriftMonitor
 from service.errors import ApiError, invalid, not_found, overloaded, too_large
 from service.images import decode_base64, image_to_tensor, pixels_to_tensor
@@ -23,6 +23,7 @@ from service.metrics import DRAINING, QUEUE_FULL, TIMEOUT
 from service.protocol import ImageInput, Input, PixelsInput, TextInput
 from service.repository import ModelVersion, State
 from service.state import AppState
+from service.texts import EncodedText, check_text, encode
 
 log = logging.getLogger("service.serving")
 
@@ -39,6 +40,7 @@ class Outcome:
     ood: list[float]
     is_ood: list[bool]
     batch: BatchResult
+    texts: list[EncodedText] | None = None  # text models: what the model read of each input
 
 
 def resolve(state: AppState, model: str | None, version: str | None) -> ModelVersion:
@@ -75,15 +77,35 @@ def check_count(state: AppState, count: int) -> None:
         raise too_large(f"{count} inputs in one request, the limit is {limit}")
 
 
-def inputs_to_pixels(state: AppState, entry: ModelVersion, inputs: list[Input]) -> torch.Tensor:
-    """``[n, C, H, W]`` float32 in [0, 1] from JSON inputs."""
+def text_limit(state: AppState, entry: ModelVersion) -> int:
+    """Longest text (characters) this server accepts for a text model: the manifest's ``input.max_characters`` or
+    ``DIRECTOR_MAX_TEXT_CHARS``, whichever is lower."""
+    artifact = entry.artifact
+    assert artifact is not None and artifact.text is not None
+    return min(artifact.text.max_characters, state.settings.max_text_chars)
+
+
+def prepare_inputs(state: AppState, entry: ModelVersion, inputs: list[Input]) -> Inputs:
+    """JSON inputs as the model takes them: pixels ``[n, C, H, W]`` float32 in [0, 1] (image models) or tokenised
+    texts (text models); an input of the other modality is refused with 422."""
     artifact = entry.artifact
     assert artifact is not None
     check_count(state, len(inputs))
+    if artifact.text is not None:
+        texts = []
+        for i, item in enumerate(inputs):
+            loc: list[str | int] = ["body", "inputs", i]
+            if not isinstance(item, TextInput):
+                kind = "image_base64" if isinstance(item, ImageInput) else "pixels"
+                raise invalid(f"inputs.{i}: model {entry.name!r} takes text ({{\"text\": ...}}); {kind} inputs need "
+                              "an image model", loc)
+            check_text(item.text, text_limit(state, entry), [*loc, "text"])
+            texts.append(item.text)
+        return tokenize(entry, texts)
     shape = artifact.input_shape
     tensors = []
     for i, item in enumerate(inputs):
-        loc: list[str | int] = ["body", "inputs", i]
+        loc = ["body", "inputs", i]
         if isinstance(item, TextInput):
             if len(item.text) > state.settings.max_text_chars:
                 raise too_large(f"inputs.{i}: text has {len(item.text)} characters, the limit is "
@@ -97,10 +119,17 @@ def inputs_to_pixels(state: AppState, entry: ModelVersion, inputs: list[Input]) 
     return torch.stack(tensors)
 
 
-async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samples: int, seed: int | None,
+def tokenize(entry: ModelVersion, texts: list[str]) -> list[EncodedText]:
+    """Texts (already checked against the limits) through the artifact's truncating tokenizer."""
+    artifact = entry.artifact
+    assert artifact is not None and artifact.tokenizer is not None
+    return encode(artifact.tokenizer, texts)
+
+
+async def run(state: AppState, entry: ModelVersion, inputs: Inputs, n_samples: int, seed: int | None,
               ticket: Ticket | None = None) -> Outcome:
-    """Queue ``pixels`` on the version's worker (on the slot ``ticket`` reserved at admission, if it is this
-    worker's); map overload, drain and timeout to 503/503/504."""
+    """Queue ``inputs`` (pixels, or tokenised texts) on the version's worker (on the slot ``ticket`` reserved at
+    admission, if it is this worker's); map overload, drain and timeout to 503/503/504."""
     labels = (entry.name, entry.version)
     metrics = state.metrics
     if state.lifecycle.draining:
@@ -113,7 +142,7 @@ async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samp
     except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
         raise invalid(str(exc), ["body", "n_samples"]) from exc
     try:
-        future = worker.enqueue(pixels, n_samples, seed, ticket)
+        future = worker.enqueue(inputs, n_samples, seed, ticket)
         metrics.queue_depth.labels(*labels).set(worker.depth)
         batch = await asyncio.wait_for(future, state.settings.request_timeout_s)
     except QueueFull as exc:
@@ -129,7 +158,8 @@ async def run(state: AppState, entry: ModelVersion, pixels: torch.Tensor, n_samp
         metrics.queue_depth.labels(*labels).set(worker.depth)
     scores = ood_score(batch.summary, rule.score).tolist()
     flags = [score > rule.threshold for score in scores]
-    outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch)
+    texts = inputs if isinstance(inputs, list) else None
+    outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch, texts)
     await record(state, outcome)
     return outcome
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from service import serving
 from service.deps import State, require_api_key
 from service.errors import ERROR_RESPONSES, not_found
 from service.protocol import ModelDetail, ModelList, ModelSummary, VersionInfo
@@ -13,18 +14,21 @@ from service.state import AppState
 router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
 
-def version_info(entry: ModelVersion) -> VersionInfo:
+def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
     sampling = entry.manifest.get("sampling", {}) if isinstance(entry.manifest.get("sampling"), dict) else {}
+    section = entry.manifest.get("input")
+    text_limit = serving.text_limit(state, entry) if entry.artifact is not None and entry.artifact.text else None
     return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
                        method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
                        default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
-                       loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None)
+                       loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None,
+                       input=section if isinstance(section, dict) else None, max_text_characters=text_limit)
 
 
 def summary(state: AppState, name: str) -> ModelSummary:
     default = state.repository.default_version(name)
     return ModelSummary(name=name, default_version=default.version if default else None,
-                        versions=[version_info(v) for v in state.repository.versions(name)])
+                        versions=[version_info(state, v) for v in state.repository.versions(name)])
 
 
 def detail(state: AppState, name: str, entry: ModelVersion | None) -> ModelDetail:

@@ -9,11 +9,13 @@ from fastapi.responses import JSONResponse
 
 from service import __version__, oip, serving
 from service.admission import ticket_of
+from service.batching import Inputs
 from service.deps import State, require_api_key
 from service.errors import ERROR_RESPONSES, invalid, not_found
 from service.repository import ModelVersion
 from service.repository import State as ModelState
 from service.state import AppState
+from service.texts import check_text
 
 SERVER_NAME = "director-serving"
 health = APIRouter(prefix="/v2", tags=["open inference protocol"])
@@ -21,10 +23,11 @@ guarded = APIRouter(prefix="/v2", tags=["open inference protocol"], dependencies
                     responses=ERROR_RESPONSES)
 # the body is read raw (it may carry binary tensors), so its schema is documented here
 INFER_BODY = {"requestBody": {"required": True, "description": (
-    "OIP inference request: inputs [{name: pixels, datatype: FP32, shape: [N, C, H, W], data}], parameters "
-    "{n_samples, seed}, outputs [{name}]; the binary tensor extension (Inference-Header-Content-Length) is "
-    "accepted"), "content": {"application/json": {"schema": {"type": "object", "required": ["inputs"]}},
-                             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+    "OIP inference request: inputs [{name: pixels, datatype: FP32, shape: [N, C, H, W], data}] (image models) or "
+    "[{name: text, datatype: BYTES, shape: [N], data: [UTF-8 strings]}] (text models), parameters {n_samples, seed}, "
+    "outputs [{name}]; the binary tensor extension (Inference-Header-Content-Length) is accepted"),
+    "content": {"application/json": {"schema": {"type": "object", "required": ["inputs"]}},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 
 
 @health.get("/health/live", summary="OIP liveness")
@@ -62,7 +65,7 @@ def _metadata(state: AppState, name: str, version: str | None) -> dict[str, Any]
                 "outputs": [], "state": entry.state.value, "reason": entry.reason}
     versions = [entry.version] if version is not None else [
         v.version for v in state.repository.versions(name) if v.state is ModelState.READY]
-    return oip.metadata(name, versions, entry.artifact.input_shape, len(entry.artifact.labels))
+    return oip.metadata(name, versions, entry.artifact)
 
 
 def _ready(state: AppState, name: str, version: str | None) -> JSONResponse:
@@ -83,9 +86,18 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     seed = oip.int_parameter(parameters, "seed")
     if seed is not None and seed < 0:
         raise invalid("parameter seed must be >= 0", ["body", "parameters", "seed"])
-    pixels = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.manifest["modality"])
-    serving.check_count(state, int(pixels.shape[0]))
-    outcome = await serving.run(state, entry, pixels, n_samples, seed, ticket_of(request.scope))
+    inputs: Inputs
+    if entry.artifact.text is not None:
+        texts, loc = oip.text_strings(body, tail)
+        serving.check_count(state, len(texts))
+        limit = serving.text_limit(state, entry)
+        for i, text in enumerate(texts):
+            check_text(text, limit, [*loc, "data", i])
+        inputs = serving.tokenize(entry, texts)
+    else:
+        inputs = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.modality)
+        serving.check_count(state, int(inputs.shape[0]))
+    outcome = await serving.run(state, entry, inputs, n_samples, seed, ticket_of(request.scope))
     requested = [o.get("name") for o in body.get("outputs") or [] if isinstance(o, dict)] or None
     response: dict[str, Any] = {
         "model_name": entry.name, "model_version": entry.version,

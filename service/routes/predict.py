@@ -10,10 +10,11 @@ from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from service import serving
 from service.admission import ticket_of
 from service.deps import State, require_api_key
-from service.errors import ERROR_RESPONSES, too_large
+from service.errors import ERROR_RESPONSES, invalid, too_large
 from service.images import image_to_tensor
 from service.protocol import OodInfo, Prediction, PredictRequest, PredictResponse, Timings
 from service.serving import Outcome
+from service.texts import EncodedText
 
 router = APIRouter(tags=["predict"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
@@ -23,14 +24,16 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
     assert entry.artifact is not None
     labels = entry.artifact.labels
     probabilities = s.probabilities.tolist()
+    texts: list[EncodedText | None] = [*outcome.texts] if outcome.texts is not None else [None] * len(outcome.ood)
     predictions = [
         Prediction(index=i, label=labels[c], class_index=c, confidence=conf,
                    probabilities=dict(zip(labels, probabilities[i], strict=True)) if return_probabilities else None,
                    predictive_entropy=pe, expected_entropy=ee, mutual_information=mi, ood_score=score,
-                   is_ood=flag)
-        for i, (c, conf, pe, ee, mi, score, flag) in enumerate(zip(
+                   is_ood=flag, tokens=text.tokens if text else None, truncated=text.truncated if text else None,
+                   dropped_tokens=text.dropped_tokens if text else None)
+        for i, (c, conf, pe, ee, mi, score, flag, text) in enumerate(zip(
             s.prediction.tolist(), s.confidence.tolist(), s.predictive_entropy.tolist(), s.expected_entropy.tolist(),
-            s.mutual_information.tolist(), outcome.ood, outcome.is_ood, strict=True))
+            s.mutual_information.tolist(), outcome.ood, outcome.is_ood, texts, strict=True))
     ]
     rule, batch = outcome.rule, outcome.batch
     return PredictResponse(
@@ -40,7 +43,7 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
         predictions=predictions,
         timings=Timings(queue_ms=round(batch.queue_s * 1000, 3), inference_ms=round(batch.inference_s * 1000, 3),
                         total_ms=serving.elapsed_ms(started), batch_requests=batch.batch_requests,
-                        batch_rows=batch.batch_rows),
+                        batch_rows=batch.batch_rows, batch_padded_length=batch.padded_length),
     )
 
 
@@ -49,13 +52,16 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
              description="Classify one or more inputs with `n_samples` stochastic forwards each. Images are "
                          "converted to the model's channels and size (PIL `L`/`RGB`, transparency onto black, "
                          "bilinear resize, aspect ratio not kept); pixel arrays must already have the model's "
-                         "shape. Requests are batched dynamically with other requests unless `seed` is given.")
+                         "shape. Texts (text models only) are tokenised with the model's tokenizer and truncated "
+                         "to the manifest's `input.max_length` tokens, reported per input (`tokens`, `truncated`, "
+                         "`dropped_tokens`); a text over the model's character limit is refused with 413. Requests "
+                         "are batched dynamically with other requests unless `seed` is given.")
 async def predict(body: PredictRequest, state: State, request: Request) -> PredictResponse:
     started = time.perf_counter()
     entry = serving.resolve(state, body.model, body.version)
     n_samples = serving.check_samples(entry, body.n_samples)
-    pixels = serving.inputs_to_pixels(state, entry, body.inputs)
-    outcome = await serving.run(state, entry, pixels, n_samples, body.seed, ticket_of(request.scope))
+    inputs = serving.prepare_inputs(state, entry, body.inputs)
+    outcome = await serving.run(state, entry, inputs, n_samples, body.seed, ticket_of(request.scope))
     return to_response(outcome, body.return_probabilities, started)
 
 
@@ -75,10 +81,13 @@ async def predict_image(
     started = time.perf_counter()
     entry = serving.resolve(state, model, version)
     count = serving.check_samples(entry, n_samples)
+    assert entry.artifact is not None
+    if entry.artifact.text is not None:
+        raise invalid(f"model {entry.name!r} takes text (POST /predict with {{\"text\": ...}} inputs); image uploads "
+                      "need an image model", ["body", "file"])
     data = await file.read(state.settings.max_body_bytes + 1)
     if len(data) > state.settings.max_body_bytes:
         raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
-    assert entry.artifact is not None
     pixels = image_to_tensor(data, entry.artifact.input_shape, state.settings.max_image_pixels, ["body", "file"])
     outcome = await serving.run(state, entry, pixels.unsqueeze(0), count, seed, ticket_of(request.scope))
     return to_response(outcome, return_probabilities, started)

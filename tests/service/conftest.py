@@ -1,12 +1,15 @@
-"""Service test fixtures: a real tiny artifact from the real pipeline, and real uvicorn servers on loopback.
+"""Service test fixtures: real tiny artifacts (image and text) from the real pipeline, and real uvicorn servers on
+loopback.
 
-The tiny model is inaccurate on purpose (it trains in seconds); accuracy and OOD-rate tests use the
+The tiny models are inaccurate on purpose (they train in seconds); accuracy and OOD-rate tests use the
 committed default model in ``model_repository/fashion-vit/1/``."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
+import json
 import shutil
 import threading
 import time
@@ -19,9 +22,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import torch
 import yaml
 from PIL import Image
 
+from models.artifact_format import ARTIFACT, MANIFEST, TOKENIZER, sha256_file
 from service.app import create_app
 from service.config import Settings
 from service.server import DirectorServer, uvicorn_config
@@ -46,6 +51,45 @@ def tiny_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp / "repo" / "tiny" / "1"
     assert (folder / "manifest.json").is_file()
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_text_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``<tmp>/repo/tiny-text/1``: the text pipeline on the tiny text config (tiny BERT, WordPiece vocabulary of 400,
+    max_length 32 tokens, max_characters 200; about 30 s)."""
+    from tests.conftest import tiny_text_config_dict
+    from training.cli import main
+
+    tmp = tmp_path_factory.mktemp("tiny-text-pipeline")
+    config = tmp / "tiny-text.yaml"
+    config.write_text(yaml.safe_dump(tiny_text_config_dict(tmp)))
+    for stage in ("fit-backbone", "distil", "export"):
+        assert main([stage, "--config", str(config)]) == 0
+    folder = tmp / "repo" / "tiny-text" / "1"
+    assert (folder / MANIFEST).is_file() and (folder / TOKENIZER).is_file()
+    return folder
+
+
+def rehash(folder: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` with the sha256 and size of every file it lists as they are now."""
+    for name in manifest["files"]:
+        manifest["files"][name] = {"sha256": sha256_file(folder / name), "bytes": (folder / name).stat().st_size}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def with_noise_scale(source: Path, target: Path, scale: float) -> Path:
+    """A copy of an artifact whose sampling noise is multiplied by ``scale`` (0: noise off): the TorchScript module's
+    ``rollout.noise_scale`` buffer is set with torch.jit, the module re-saved and the manifest re-hashed. (The exporter
+    cannot write this: with a one-point ``export.noise_scale_grid`` it records the value in the manifest but leaves
+    the module's buffer as trained.)"""
+    shutil.copytree(source, target)
+    module = torch.jit.load(str(target / ARTIFACT))
+    module.rollout.noise_scale.fill_(scale)
+    torch.jit.save(module, str(target / ARTIFACT))
+    manifest = json.loads((target / MANIFEST).read_text())
+    manifest["sampling"]["noise_scale"] = scale
+    rehash(target, manifest)
+    return target
 
 
 def copy_version(source: Path, repository: Path, name: str, version: str) -> Path:
@@ -120,6 +164,92 @@ def tiny_server(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory)
                             drift_min_window=20)
     with serve(settings) as running:
         yield running
+
+
+TEXT_MODEL, QUIET_MODEL = "tiny-text", "tiny-text-quiet"
+
+
+@pytest.fixture(scope="session")
+def text_repository(tiny_text_artifact: Path, tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny-text`` (as exported), ``tiny-text-quiet`` (the same with its sampling noise off), the tiny image model
+    ``tiny``, ``broken-text`` (a tokenizer.json that no longer matches its sha256) and ``overlong-text`` (a manifest
+    max_length beyond the artifact's position table, caught by the warm-up)."""
+    repository = tmp_path_factory.mktemp("text-repository")
+    work = tmp_path_factory.mktemp("text-variants")
+    copy_version(tiny_text_artifact, repository, TEXT_MODEL, "1")
+    copy_version(with_noise_scale(tiny_text_artifact, work / "quiet", 0.0), repository, QUIET_MODEL, "1")
+    copy_version(tiny_artifact, repository, "tiny", "1")
+    broken = work / "broken"
+    shutil.copytree(tiny_text_artifact, broken)
+    with (broken / TOKENIZER).open("a") as handle:
+        handle.write(" ")
+    copy_version(broken, repository, "broken-text", "1")
+    overlong = work / "overlong"  # a manifest promising more tokens than the artifact has positions for
+    shutil.copytree(tiny_text_artifact, overlong)
+    manifest = json.loads((overlong / MANIFEST).read_text())
+    manifest["input"]["max_length"] += 8
+    rehash(overlong, manifest)
+    copy_version(overlong, repository, "overlong-text", "1")
+    return repository
+
+
+@pytest.fixture(scope="session")
+def text_server(text_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """One shared server on the text models (default ``tiny-text``) and the tiny image model, default batch token
+    budget (4096), the manifest's character limit (200) below the server's."""
+    tmp = tmp_path_factory.mktemp("text-server")
+    settings = settings_for(text_repository, tmp, default_model=TEXT_MODEL, max_inputs_per_request=32,
+                            drift_min_window=20)
+    with serve(settings) as running:
+        yield running
+
+
+def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``condition()`` until true; the timeout only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def one_batch(server: Running, model: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    """POST ``bodies`` to /predict for ``model`` so that the worker packs them into batches by its budget alone, not
+    by arrival times: a seeded request (which runs alone) is held inside its forward by taking the device lock,
+    ``bodies`` are sent concurrently, and the lock is released only once all of them are queued."""
+    entry = server.app_state.repository.get(model, None)
+    assert entry is not None and entry.worker is not None
+    worker = entry.worker
+    lock = server.app_state.device.lock
+    held = [False]  # whether this test still holds the device lock
+    wait_for(lambda: worker.idle, "the worker to be idle")
+
+    def release() -> None:
+        if held[0]:
+            held[0] = False
+            lock.release()
+
+    async def fire() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            blocker = asyncio.ensure_future(client.post("/predict", json={
+                "model": model, "inputs": bodies[0]["inputs"][:1], "n_samples": 1, "seed": 0}))
+            while not (worker.depth == 0 and not worker.idle):  # the seeded request is in its forward
+                assert not blocker.done(), blocker.result().text
+                await asyncio.sleep(0.005)
+            tasks = [asyncio.ensure_future(client.post("/predict", json={**body, "model": model})) for body in bodies]
+            while worker.depth < len(bodies):
+                assert not any(t.done() for t in tasks), [t.result().text for t in tasks if t.done()]
+                await asyncio.sleep(0.005)
+            release()
+            responses = await asyncio.gather(*tasks)
+            assert (await blocker).status_code == 200
+            return list(responses)
+
+    lock.acquire()
+    held[0] = True
+    try:
+        return asyncio.run(fire())
+    finally:
+        release()
 
 
 def png_base64(array: np.ndarray) -> str:

@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.service.conftest import Running
+from tests.service.conftest import QUIET_MODEL, TEXT_MODEL, Running
 
 OUTPUTS = ("probabilities", "confidence", "predictive_entropy", "expected_entropy", "mutual_information",
            "ood_score", "is_ood", "label")
@@ -93,3 +93,80 @@ def test_infer_errors(client: triton.InferenceServerClient, tiny_server: Running
     assert short.status_code == 422
     garbage = httpx.post(f"{tiny_server.url}/v2/models/tiny/infer", content=b"{nope")
     assert garbage.status_code == 400
+
+
+# ---- text models: `text` BYTES [-1] -------------------------------------------------------------------------------
+
+TEXTS = ["a funny film.", "the acting is good but the story is not.", "so bad it is good, " * 8, "héllo wörld ✓ fine"]
+
+
+@pytest.fixture
+def text_client(text_server: Running) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(url=text_server.url.removeprefix("http://"), network_timeout=30.0)
+
+
+def text_input(texts: list[str], binary: bool) -> triton.InferInput:
+    tensor = triton.InferInput("text", [len(texts)], "BYTES")
+    tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=binary)
+    return tensor
+
+
+def test_text_model_metadata(text_client: triton.InferenceServerClient) -> None:
+    assert text_client.is_model_ready(TEXT_MODEL)
+    meta = text_client.get_model_metadata(TEXT_MODEL)
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    datatypes = {o["name"]: o["datatype"] for o in meta["outputs"]}
+    assert datatypes["tokens"] == "INT64" and datatypes["truncated"] == "BOOL" and datatypes["label"] == "BYTES"
+    assert meta["outputs"][0] == {"name": "probabilities", "datatype": "FP32", "shape": [-1, 2]}
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_text_infer_with_bytes(text_client: triton.InferenceServerClient, text_server: Running, binary: bool) -> None:
+    """BYTES in the binary layout and as JSON strings; on the noise-off model the answer equals /predict's."""
+    result = text_client.infer(QUIET_MODEL, [text_input(TEXTS, binary)], parameters={"n_samples": 2})
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (4, 2) and np.allclose(probabilities.sum(1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(result.as_numpy("confidence"), probabilities.max(1), rtol=1e-6)
+    assert result.as_numpy("truncated").tolist() == [False, False, True, False]
+    tokens = result.as_numpy("tokens")
+    assert tokens[2] == 32 and result.as_numpy("dropped_tokens")[2] > 0 and result.as_numpy("dropped_tokens")[0] == 0
+    assert set(result.as_numpy("label").astype(str).tolist()) <= {"negative", "positive"}
+    response = result.get_response()
+    assert response["model_name"] == QUIET_MODEL and response["parameters"]["n_samples"] == 2
+    http = httpx.post(f"{text_server.url}/predict", json={"model": QUIET_MODEL, "n_samples": 2,
+                                                          "inputs": [{"text": t} for t in TEXTS]}, timeout=30).json()
+    assert [p["tokens"] for p in http["predictions"]] == tokens.tolist()
+    expected = np.array([[p["probabilities"]["negative"], p["probabilities"]["positive"]] for p in http["predictions"]])
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+    nested = httpx.post(f"{text_server.url}/v2/models/{TEXT_MODEL}/infer", json={"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [2, 1], "data": [["a funny film."], ["dull."]]}]}, timeout=30)
+    assert nested.status_code == 200, nested.text
+    assert {o["name"]: o["shape"] for o in nested.json()["outputs"]}["tokens"] == [2]
+
+
+def test_text_infer_errors(text_client: triton.InferenceServerClient, text_server: Running) -> None:
+    with pytest.raises(InferenceServerException, match="takes 'text' BYTES"):
+        text_client.infer(TEXT_MODEL, [pixels_input(1, True)])
+    with pytest.raises(InferenceServerException, match="201 characters"):
+        text_client.infer(TEXT_MODEL, [text_input(["fine", "x" * 201], True)])
+    with pytest.raises(InferenceServerException, match="empty"):
+        text_client.infer(TEXT_MODEL, [text_input(["  "], False)])
+    with pytest.raises(InferenceServerException, match="takes 'pixels'"):
+        text_client.infer("tiny", [text_input(["a funny film."], True)])
+    url = f"{text_server.url}/v2/models/{TEXT_MODEL}/infer"
+    cases = [
+        ({"inputs": [{"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 422),
+        ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["only one"]}]}, 422),
+        ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [3]}]}, 422),
+        ({"inputs": [{"name": "words", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}, 422),
+    ]
+    for body, status in cases:
+        response = httpx.post(url, json=body, timeout=30)
+        assert response.status_code == status, (body, response.text)
+        assert "Traceback" not in response.text
+    head = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": 6}}]}).encode()
+    for tail in (b"\x02\x00\x00\x00\xff\xfe", b"\x09\x00\x00\x00ab"):  # not UTF-8; length beyond the data
+        response = httpx.post(url, content=head + tail, timeout=30,
+                              headers={"Inference-Header-Content-Length": str(len(head))})
+        assert response.status_code == 400 and response.json()["type"] == "bad_request", response.text

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from service.artifact import ArtifactError, ood_rule, validate_manifest
+from service.artifact import ArtifactError, TextSpec, ood_rule, text_spec, validate_manifest
 from service.cli import settings_from_args
 from service.config import Settings
-from service.inference import chunks_by_rows
+from service.inference import chunks_by_rows, chunks_by_tokens
 from service.metrics import REJECT_REASONS, Metrics, reference_values
 from service.repository import version_key
+from service.texts import pad_batch, padded_length
 from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value
 
 
@@ -20,6 +22,44 @@ def test_chunks_bound_rows_and_keep_order() -> None:
     assert chunks_by_rows([4, 4, 4, 4], 8) == [slice(0, 2), slice(2, 4)]
     assert chunks_by_rows([1, 16, 1], 8) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # oversized input alone
     assert chunks_by_rows([2, 2, 2], 100) == [slice(0, 3)]
+
+
+def test_text_padding_is_right_sided_to_a_multiple_of_8_within_max_length() -> None:
+    assert [padded_length(n, 64) for n in (1, 7, 8, 9, 17, 63, 64)] == [8, 8, 8, 16, 24, 64, 64]
+    assert padded_length(30, 30) == 30  # never beyond the artifact's position table
+    ids, mask = pad_batch([[2, 5, 3], [2, 7, 7, 7, 7, 7, 7, 7, 7, 3]], pad_id=0, max_length=64)
+    assert ids.shape == mask.shape == (2, 16) and ids.dtype == mask.dtype == torch.long
+    assert ids[0].tolist() == [2, 5, 3] + [0] * 13 and mask[0].tolist() == [1, 1, 1] + [0] * 13
+    assert mask[1].sum() == 10 and ids[1, :10].tolist() == [2] + [7] * 8 + [3]
+
+
+def test_text_chunks_bound_padded_tokens_times_samples() -> None:
+    # widths round up to 8: [6 tokens x 4 samples] alone costs 8 x 4 = 32; with a 20-token text, 24 x 8 = 192
+    assert chunks_by_tokens([6, 20], [4, 4], 192, 64) == [slice(0, 2)]
+    assert chunks_by_tokens([6, 20], [4, 4], 191, 64) == [slice(0, 1), slice(1, 2)]
+    assert chunks_by_tokens([30, 6, 6], [8, 8, 8], 256, 32) == [slice(0, 1), slice(1, 3)]  # 32 x 8; 8 x 16
+    assert chunks_by_tokens([32], [64], 100, 32) == [slice(0, 1)]  # an input over the budget gets its own forward
+
+
+def test_text_manifest_validation_reasons() -> None:
+    good = {"format_version": "1.0", "name": "t", "version": "1", "modality": "text", "labels": ["a", "b"],
+            "input": {"tokenizer": "tokenizer.json", "max_length": 32, "max_characters": 200,
+                      "truncation": {"side": "right"}, "padding": {"side": "right", "pad_id": 0}},
+            "sampling": {"default_samples": 2, "max_samples": 4},
+            "ood": {"thresholds": {"2": {"score": "energy", "threshold": 0.0}}},
+            "files": {"director.ts": {}, "tokenizer.json": {}}}
+    validate_manifest(good)
+    assert text_spec(good) == TextSpec("tokenizer.json", 32, 200, 0, "right")
+    section = good["input"]
+    for change, reason in [({"tokenizer": None}, "input.tokenizer"), ({"tokenizer": "vocab.txt"}, "do not list"),
+                           ({"max_length": 1}, "max_length"), ({"max_characters": "200"}, "max_characters"),
+                           ({"padding": {"side": "left", "pad_id": 0}}, "right only"),
+                           ({"padding": {"side": "right"}}, "pad_id"),
+                           ({"truncation": {"side": "middle"}}, "truncation.side")]:
+        with pytest.raises(ArtifactError, match=reason):
+            validate_manifest({**good, "input": {**section, **change}})
+    with pytest.raises(ArtifactError, match="tokenizer"):
+        validate_manifest({**good, "files": {"director.ts": {}}})
 
 
 def test_ood_rule_exact_nearest_and_mutual_information_fallback() -> None:
