@@ -68,9 +68,12 @@ def sample_split(model: torch.nn.Module, split: AnySplit, n_samples: int, seed: 
 
 def fit_noise_scale(director: Director, split: AnySplit, grid: list[float], n_samples: int, seed: int
                     ) -> tuple[float, dict[str, float]]:
-    """Noise temperature: the std multiplier minimising validation NLL (kept at 1.0 for a 1-point grid)."""
+    """Noise temperature: the std multiplier minimising validation NLL, set on ``director``'s buffer. A 1-point
+    grid is a choice, not a fit: that value is set (an empty grid keeps 1.0)."""
     if len(grid) <= 1:
-        return (grid[0] if grid else 1.0), {}
+        scale = float(grid[0]) if grid else 1.0
+        director.rollout.noise_scale.fill_(scale)
+        return scale, {}
     scores = {}
     for scale in grid:
         director.rollout.noise_scale.fill_(scale)

@@ -133,3 +133,20 @@ def test_results_page_and_plot_are_written(exported: tuple[Path, Path]) -> None:
     assert "| DIRECTOR, S=4 |" in page and "median predicted std / RMS(X_t)" in page
     png = docs / "tiny-reliability.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_one_point_noise_grid_sets_the_buffer(exported: tuple[Path, Path]) -> None:
+    """``noise_scale_grid: [0.0]`` must switch the noise off in the module, not only in the manifest."""
+    from training.data import load_dataset
+    from training.export import fit_noise_scale
+
+    config, _ = exported
+    cfg = load_config(config)
+    director, _ = load_director(cfg.run_dir)
+    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
+                        cfg.data.train_limit, cfg.data.test_limit)
+    scale, scores = fit_noise_scale(director, data.val.head(8), [0.0], 2, 0)
+    assert scale == 0.0 and scores == {}
+    assert float(director.rollout.noise_scale) == 0.0
+    logits = director(data.val.images[:4], 3)  # [S, B, C]
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[1], logits[2])
