@@ -130,8 +130,18 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
     noisy = copy.deepcopy(director)
-    scale, nll_by_scale = fit_noise_scale(noisy, evaluation.data.val.head(cfg.export.threshold_images),
-                                          ev.noise_scale_grid, ev.samples, cfg.seed)
+    # the fit samples the validation split once per grid value: keep its result so a rerun samples nothing
+    fits_path = evaluation.run_dir / "eval" / "noise_scale_fits.json"
+    fits = json.loads(fits_path.read_text()) if fits_path.exists() else {}
+    fit_key = f"{director_id}|{ev.noise_scale_grid}|S={ev.samples}|n={cfg.export.threshold_images}|seed={cfg.seed}"
+    if fit_key in fits:
+        scale, nll_by_scale = fits[fit_key]["scale"], fits[fit_key]["val_nll"]
+        noisy.rollout.noise_scale.fill_(scale)
+    else:
+        scale, nll_by_scale = fit_noise_scale(noisy, evaluation.data.val.head(cfg.export.threshold_images),
+                                              ev.noise_scale_grid, ev.samples, cfg.seed)
+        fits[fit_key] = {"scale": scale, "val_nll": nll_by_scale}
+        fits_path.write_text(json.dumps(fits, indent=2) + "\n")
     evaluation.add_source("director_noise", noisy, f"dir-{director_id}-noise{scale}", ev.samples)
     return {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
 

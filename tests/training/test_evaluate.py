@@ -116,6 +116,9 @@ def test_rerun_reads_the_cache(evaluated: tuple[Path, dict[str, Any]]) -> None:
     for key in METHODS:
         assert second["test_and_ood"][key]["test"]["nll"] == first["test_and_ood"][key]["test"]["nll"]
     assert second["shift"] == first["shift"]
+    fits = json.loads((config.parent / "run" / "eval" / "noise_scale_fits.json").read_text())
+    assert len(fits) == 1  # the noise-temperature fit was read back, not redone under another key
+    assert second["noise_scale"] == first["noise_scale"] == next(iter(fits.values()))["scale"]
 
 
 @pytest.mark.parametrize("method", ["deterministic", "mc_dropout", "ensemble"])
