@@ -105,3 +105,31 @@ class EnsembleModel(nn.Module):
         batch = pixels.shape[0]
         repeats = torch.full((batch,), n_samples, dtype=torch.long, device=pixels.device)
         return rows_to_samples(self.sample_rows(pixels, repeats), batch, n_samples)  # [S, B, C]
+
+
+class PackedTokenClassifier(nn.Module):
+    """A text classifier ``(input_ids, attention_mask) -> [B, C]`` read as a one-tensor classifier of packed
+    tokens [B, 2, L] (ids, mask), so the baselines above serve text unchanged: repeating a packed row repeats
+    the text with its mask."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, packed: torch.Tensor) -> torch.Tensor:
+        return self.classifier(packed[:, 0], packed[:, 1])  # [B, C]
+
+
+class TokenInputs(nn.Module):
+    """The text side of the artifact contract over a baseline built on ``PackedTokenClassifier``:
+    ``forward(input_ids, attention_mask, n_samples) -> [S, B, C]``."""
+
+    def __init__(self, baseline: nn.Module) -> None:
+        super().__init__()
+        self.baseline = baseline
+
+    def sample_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+        return self.baseline.sample_rows(torch.stack((input_ids, attention_mask), dim=1), repeats)  # [R, C]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_samples: int) -> torch.Tensor:
+        return self.baseline(torch.stack((input_ids, attention_mask), dim=1), n_samples)  # [S, B, C]

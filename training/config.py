@@ -12,18 +12,20 @@ import yaml
 from models.backbones import VitConfig
 
 MODALITIES = ("image", "text")
-TEXT_DATASETS = ("movie_reviews",)
+TEXT_DATASETS = ("movie_reviews", "imdb", "cola")
 
 
 @dataclass
 class DataConfig:
-    dataset: str = "fashion_mnist"  # image: fashion_mnist | cifar10 | cifar100; text: movie_reviews
+    dataset: str = "fashion_mnist"  # image: fashion_mnist | cifar10 | cifar100; text: movie_reviews | imdb | cola
     root: str = "/usr/share/datasets/fashion-mnist"
     val_size: int = 6000
     split_seed: int = 0
     train_limit: int | None = None  # tiny configs in tests
     test_limit: int | None = None
     labels: list[str] = field(default_factory=list)
+    # imdb / cola: local copies of the hub splits ({"train": file, "test": file}; parquet, jsonl or csv), else the hub
+    files: dict[str, str] | None = None
 
 
 @dataclass
@@ -99,12 +101,14 @@ class EvaluateConfig:
     sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     noise_scale_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])
     corruption_images: int = 2000
+    shift_texts: int | None = None  # texts per shifted domain (drawn under the seed); None: all of them
     corruptions: list[str] = field(default_factory=list)  # empty: all of training.corruptions.CORRUPTIONS
     severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     ood_images: int = 1000
     ablations: list[str] = field(default_factory=lambda: ["both", "floor", "l1_only", "l2_only",
                                                           "tau_1.0", "tau_0.1", "tau_0.03"])
     ablation_epochs: int = 2
+    ablation_inputs: int | None = None  # first N test inputs for the ablation rows (None: the whole split)
     distil_seeds: list[int] = field(default_factory=lambda: [1, 2])  # extra seeds beside cfg.seed, full recipe
     latency_images: int = 64
     latency_repeats: int = 3

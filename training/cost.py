@@ -3,13 +3,16 @@ for every method so they can be reported as ratios to the deterministic backbone
 
 Latency is one input per forward at the method's sample count (what a lone request pays), median over inputs.
 Peak memory on CPU is the rise of the process's peak resident set (``VmHWM``) during the forwards, measured in
-a fresh child process that loads the scripted artifact (the peak is reset through ``/proc/self/clear_refs``
-after loading); on CUDA it is ``torch.cuda.max_memory_allocated``.
+a fresh child process that loads the saved model (a TorchScript file, or a pickled eager module for models that
+do not script, such as the transformers-based text baselines) and a saved batch of real inputs; the peak is
+reset through ``/proc/self/clear_refs`` after loading and one warm-up forward. Inputs are a tuple of tensors:
+``(pixels,)`` for images, ``(input_ids, attention_mask)`` for texts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -18,23 +21,31 @@ from pathlib import Path
 
 import torch
 
+from training.artifact import save_scripted, script_module
+
 _CHILD = r"""
 import json, re, sys, warnings
 warnings.filterwarnings("ignore")
 import torch
-path, batch, n_samples, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model_path, inputs_path, n_samples, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(threads)
-model = torch.jit.load(path, map_location="cpu").eval()
-pixels = torch.rand((batch, *json.loads(sys.argv[5])))
+if model_path.endswith(".ts"):
+    model = torch.jit.load(model_path, map_location="cpu")
+else:
+    model = torch.load(model_path, map_location="cpu", weights_only=False)
+model = model.eval()
+inputs = torch.load(inputs_path)
 def status(key):
     return int(re.search(key + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 with torch.inference_mode():
-    model(pixels[:1], n_samples)
+    model(*[x[:1] for x in inputs], n_samples)
     before = status("VmRSS")
     open("/proc/self/clear_refs", "w").write("5")
-    model(pixels, n_samples)
+    model(*inputs, n_samples)
 print(json.dumps({"peak_bytes": max(0, status("VmHWM") - before)}))
 """
+
+Inputs = tuple[torch.Tensor, ...]
 
 
 def parameter_count(module: torch.nn.Module) -> int:
@@ -42,23 +53,41 @@ def parameter_count(module: torch.nn.Module) -> int:
 
 
 @torch.inference_mode()
-def latency_per_input_ms(model: torch.nn.Module, images: torch.Tensor, n_samples: int, repeats: int = 1) -> float:
-    """Median wall time of ``model(one_image, n_samples)`` over the images (after one warm-up forward)."""
-    model(images[:1], n_samples)
+def latency_per_input_ms(model: torch.nn.Module, singles: list[Inputs], n_samples: int, repeats: int = 1) -> float:
+    """Median wall time of ``model(*one_input, n_samples)`` over ``singles`` (each a batch of one), after one
+    warm-up forward."""
+    model(*singles[0], n_samples)
     times = []
     for _ in range(repeats):
-        for i in range(images.shape[0]):
+        for inputs in singles:
             start = time.perf_counter()
-            model(images[i : i + 1], n_samples)
+            model(*inputs, n_samples)
             times.append(time.perf_counter() - start)
     return 1000.0 * statistics.median(times)
 
 
-def peak_memory_bytes(artifact: Path, image_shape: tuple[int, ...], batch: int, n_samples: int,
-                      threads: int = 1) -> int:
-    """Peak extra resident memory of one forward of ``batch`` inputs at ``n_samples``, in a fresh process."""
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(artifact), str(batch), str(n_samples), str(threads),
-                          json.dumps(list(image_shape))], capture_output=True, text=True, timeout=600, check=False)
+def save_model_file(model: torch.nn.Module, folder: Path, name: str, script: bool) -> Path:
+    """Where the memory probe loads ``model`` from: ``<name>.ts`` (TorchScript) or ``<name>.pt`` (a pickled eager
+    module, for models that do not script); kept between runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if script:
+        path = folder / f"{name}.ts"
+        if not path.exists():
+            save_scripted(script_module(model), path)
+    else:
+        path = folder / f"{name}.pt"
+        torch.save(model, path)
+    return path
+
+
+def peak_memory_bytes(model_file: Path, inputs: Inputs, n_samples: int, threads: int = 1) -> int:
+    """Peak extra resident memory of one forward of ``inputs`` at ``n_samples``, in a fresh process."""
+    inputs_file = model_file.with_suffix(".inputs.pt")
+    torch.save(tuple(x.contiguous() for x in inputs), inputs_file)
+    root = Path(__file__).resolve().parents[1]  # pickled modules import models.* in the child
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(model_file), str(inputs_file), str(n_samples),
+                          str(threads)], capture_output=True, text=True, timeout=600, check=False, env=env)
     if out.returncode != 0:
-        raise RuntimeError(f"memory probe failed for {artifact}: {out.stderr.strip()[-500:]}")
+        raise RuntimeError(f"memory probe failed for {model_file}: {out.stderr.strip()[-500:]}")
     return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"])

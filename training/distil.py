@@ -48,7 +48,7 @@ from training.text_inputs import (
     TokenDataset,
     TokenSplit,
     load_run_tokenizer,
-    load_text_splits,
+    raw_text_task,
     text_outputs,
     text_sampled_logits,
     token_batches,
@@ -65,8 +65,7 @@ AnySplit = Split | TokenSplit
 def load_data(cfg: PipelineConfig) -> Dataset | TokenDataset:
     """The run's dataset: images, or texts tokenised with the run's own tokenizer (written by fit-backbone)."""
     if cfg.is_text:
-        raw = load_text_splits(cfg.data.dataset, cfg.data.val_size, cfg.data.split_seed, cfg.data.train_limit,
-                               cfg.data.test_limit, cfg.text.data_cache)
+        raw = raw_text_task(cfg)
         return tokenize_dataset(load_run_tokenizer(cfg.run_dir), cfg.text, raw)
     return load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
                         cfg.data.train_limit, cfg.data.test_limit)
@@ -110,11 +109,12 @@ def view_logits(view: View, split: AnySplit, rollout: Callable[[torch.Tensor, to
 
 
 def split_sampled_logits(model: torch.nn.Module, split: AnySplit, n_samples: int,
-                         device: torch.device | str = "cpu") -> torch.Tensor:
-    """Sampled logits [S, N, C] of an artifact-contract model on an image or text split."""
+                         device: torch.device | str = "cpu", rows_per_forward: int = 256) -> torch.Tensor:
+    """Sampled logits [S, N, C] of an artifact-contract model on an image or text split, in forwards of about
+    ``rows_per_forward`` sample rows."""
     if isinstance(split, TokenSplit):
-        return text_sampled_logits(model, split, n_samples, device=device)
-    return sampled_logits(lambda x, s: model(x.to(device), s).cpu(), split.images, n_samples)
+        return text_sampled_logits(model, split, n_samples, rows_per_forward, device=device)
+    return sampled_logits(lambda x, s: model(x.to(device), s).cpu(), split.images, n_samples, rows_per_forward)
 
 
 @dataclass

@@ -22,26 +22,22 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
+from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel, PackedTokenClassifier, TokenInputs
 from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
 from training.ablations import ablation_config, ensure_distilled, seed_config
-from training.artifact import git_commit, json_safe, save_scripted, script_module
+from training.artifact import git_commit, json_safe
 from training.baselines import ensemble_members, member_config
 from training.calibration import fit_temperature
 from training.config import PipelineConfig
-from training.corruptions import CORRUPTIONS, corrupt, corruption_seed, corruption_subset
-from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes
-from training.data import Dataset, digits_images, letter_images, load_dataset, photo_patch_images, uniform_noise_images
-from training.distil import DIRECTOR_FILE, load_director
+from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
+from training.distil import DIRECTOR_FILE, AnySplit, load_director, split_sampled_logits
+from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
 from training.export import fit_noise_scale, mean_logvar_score
 from training.fit_backbone import BACKBONE_FILE, load_backbone
 from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, classification_report, ece_bootstrap
 from training.ood import ood_report
-from training.predict import sampled_logits
 from training.runtime import set_threads
-
-OOD_SETS = ("uniform_noise", "sklearn_digits", "letters")
 
 
 @dataclass(frozen=True)
@@ -68,15 +64,13 @@ def summary_of(logits: torch.Tensor, method: Method) -> UncertaintySummary:
 
 
 class Evaluation:
-    """Holds the data, the models and the logit cache of one evaluation run."""
+    """Holds the input sets, the models and the logit cache of one evaluation run."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.ev = cfg.evaluate
         self.run_dir = Path(cfg.run_dir)
-        self.data: Dataset = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
-                                          cfg.data.train_limit, cfg.data.test_limit)
-        self.shape = tuple(int(s) for s in self.data.test.images.shape[1:])
+        self.inputs: EvalInputs = load_eval_inputs(cfg)
         self.cache = LogitCache(self.run_dir / "eval" / "logits")
         self.sources: dict[str, Source] = {}
 
@@ -84,48 +78,30 @@ class Evaluation:
     def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
         self.sources[name] = Source(model.eval(), model_id, draws)
 
-    def logits(self, source: str, set_name: str, images: torch.Tensor, draws: int | None = None) -> torch.Tensor:
+    def logits(self, source: str, set_name: str, split: AnySplit, draws: int | None = None) -> torch.Tensor:
         src = self.sources[source]
         n = draws or src.draws
         return self.cache.get(src.model_id, set_name, n,
-                              lambda: sampled_logits(src.model, images, n, self.ev.rows_per_forward))  # [S, N, C]
-
-    # --- input sets -------------------------------------------------------------------------------------
-    def ood_sets(self) -> dict[str, torch.Tensor]:
-        n, seed = self.ev.ood_images, self.cfg.seed
-        return {"uniform_noise": uniform_noise_images(n, self.shape, seed + 1),
-                "sklearn_digits": digits_images(self.shape)[:n],
-                "letters": letter_images(n, self.shape, seed + 2)}
-
-    def ood_validation(self) -> torch.Tensor:
-        return photo_patch_images(self.cfg.export.ood_validation_images, self.shape, self.cfg.seed)
-
-    def corrupted_sets(self) -> list[tuple[str, int, str, torch.Tensor, torch.Tensor]]:
-        """(type, severity, set name, images, labels) over a fixed test subset, the same for every type."""
-        test = self.data.test
-        index = corruption_subset(len(test), min(self.ev.corruption_images, len(test)), seed=self.cfg.seed)
-        clean, labels = test.images[index], test.labels[index]
-        names = self.ev.corruptions or list(CORRUPTIONS)
-        out = []
-        for name in names:
-            for severity in self.ev.severities:
-                images = corrupt(clean, name, severity, corruption_seed(name, severity, self.cfg.seed))
-                out.append((name, severity, f"c-{name}-{severity}-n{len(index)}", images, labels))
-        return out
+                              lambda: split_sampled_logits(src.model, split, n,
+                                                           rows_per_forward=self.ev.rows_per_forward))  # [S, N, C]
 
 
 def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     """The models every method reads from; returns fitted settings (noise scale) for the record."""
     cfg, ev, run = evaluation.cfg, evaluation.ev, evaluation.run_dir
     draws_test = max([*ev.sweep_samples, ev.samples])
-    backbone = load_backbone(run)
+    # text baselines take packed (ids, mask) rows, so the same three baseline modules serve both modalities
+    classifier = PackedTokenClassifier if cfg.is_text else (lambda m: m)
+    contract = TokenInputs if cfg.is_text else (lambda m: m)
+    backbone = classifier(load_backbone(run))
     backbone_id = fingerprint(run / BACKBONE_FILE)
-    evaluation.add_source("deterministic", DeterministicModel(backbone), f"det-{backbone_id}", 1)
-    evaluation.add_source("mc_dropout", MCDropoutModel(backbone), f"mcd-{backbone_id}", ev.samples)
-    members = ensemble_members(cfg, ev.ensemble_members)
+    evaluation.add_source("deterministic", contract(DeterministicModel(backbone)), f"det-{backbone_id}", 1)
+    evaluation.add_source("mc_dropout", contract(MCDropoutModel(backbone)), f"mcd-{backbone_id}", ev.samples)
+    members = [classifier(m) for m in ensemble_members(cfg, ev.ensemble_members)]
     member_files = [Path(member_config(cfg, s).run_dir) / BACKBONE_FILE
                     for s in range(cfg.seed, cfg.seed + ev.ensemble_members)]
-    evaluation.add_source("ensemble", EnsembleModel(members), f"ens-{fingerprint(*member_files)}", len(members))
+    evaluation.add_source("ensemble", contract(EnsembleModel(members)), f"ens-{fingerprint(*member_files)}",
+                          len(members))
     director, _ = load_director(run)
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
@@ -138,7 +114,7 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
         scale, nll_by_scale = fits[fit_key]["scale"], fits[fit_key]["val_nll"]
         noisy.rollout.noise_scale.fill_(scale)
     else:
-        scale, nll_by_scale = fit_noise_scale(noisy, evaluation.data.val.head(cfg.export.threshold_images),
+        scale, nll_by_scale = fit_noise_scale(noisy, evaluation.inputs.val.head(cfg.export.threshold_images),
                                               ev.noise_scale_grid, ev.samples, cfg.seed)
         fits[fit_key] = {"scale": scale, "val_nll": nll_by_scale}
         fits_path.write_text(json.dumps(fits, indent=2) + "\n")
@@ -148,10 +124,10 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
 
 def build_methods(evaluation: Evaluation) -> list[Method]:
     """The compared methods; temperatures are fitted on validation NLL of the method's own sampled logits."""
-    ev, val = evaluation.ev, evaluation.data.val
+    ev, val = evaluation.ev, evaluation.inputs.val
     s, m = ev.samples, ev.ensemble_members
-    det_t = fit_temperature(evaluation.logits("deterministic", "val", val.images), val.labels)
-    dir_t = fit_temperature(evaluation.logits("director", "val", val.images), val.labels)
+    det_t = fit_temperature(evaluation.logits("deterministic", "val", val), val.labels)
+    dir_t = fit_temperature(evaluation.logits("director", "val", val), val.labels)
     return [
         Method("deterministic", "Deterministic (max softmax)", "deterministic", 1, family="deterministic"),
         Method("temperature_scaling", f"Temperature scaling (T={det_t:.2f})", "deterministic", 1, det_t,
@@ -176,19 +152,18 @@ def usable_scores(method: Method) -> list[str]:
 
 def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int) -> dict[str, Any]:
     """Test-split calibration table and, per OOD set, every usable score of every method."""
-    test, ev = evaluation.data.test, evaluation.ev
-    ood_sets = evaluation.ood_sets()
-    ood_val = evaluation.ood_validation()
+    inputs, ev, seed = evaluation.inputs, evaluation.ev, evaluation.cfg.seed
+    test, ood_sets, ood_val = inputs.test, inputs.ood, inputs.ood_validation
     director = evaluation.sources["director"].model
-    logvar_test = mean_logvar_score(director, test.images, evaluation.cfg.seed)  # [N]
-    logvar_ood = {name: mean_logvar_score(director, images, evaluation.cfg.seed) for name, images in ood_sets.items()}
-    logvar_val = mean_logvar_score(director, ood_val, evaluation.cfg.seed)
-    logvar_id_val = mean_logvar_score(director, evaluation.data.val.images, evaluation.cfg.seed)
+    logvar_test = mean_logvar_score(director, test, seed)  # [N]
+    logvar_ood = {name: mean_logvar_score(director, split, seed) for name, split in ood_sets.items()}
+    logvar_val = mean_logvar_score(director, ood_val, seed)
+    logvar_id_val = mean_logvar_score(director, inputs.val, seed)
     results: dict[str, Any] = {}
     for method in tqdm(methods, desc="test + OOD", leave=False):
         draws = draws_test if method.source in ("director", "mc_dropout") else None
-        test_summary = summary_of(evaluation.logits(method.source, "test", test.images, draws), method)
-        val_summary = summary_of(evaluation.logits(method.source, "val", evaluation.data.val.images), method)
+        test_summary = summary_of(evaluation.logits(method.source, "test", test, draws), method)
+        val_summary = summary_of(evaluation.logits(method.source, "val", inputs.val), method)
         oodv_summary = summary_of(evaluation.logits(method.source, "ood_val", ood_val), method)
         scores = usable_scores(method)
         id_scores = {n: ood_score(test_summary, n) for n in scores}
@@ -199,8 +174,8 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
             id_scores["mean_logvar"] = logvar_test
             selection["mean_logvar"] = ood_report(logvar_id_val, logvar_val)["auroc"]
         per_set = {}
-        for set_name, images in ood_sets.items():
-            summary = summary_of(evaluation.logits(method.source, set_name, images), method)
+        for set_name, split in ood_sets.items():
+            summary = summary_of(evaluation.logits(method.source, set_name, split), method)
             set_scores = {n: ood_score(summary, n) for n in scores}
             if method.source == "director":
                 set_scores["mean_logvar"] = logvar_ood[set_name]
@@ -216,41 +191,54 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
 
 
 def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, Any]:
-    """Accuracy, ECE and NLL per corruption type and severity, and per severity averaged over types."""
-    per_method: dict[str, Any] = {m.key: {"by_type": {}, "by_severity": {}} for m in methods}
-    sets = evaluation.corrupted_sets()
-    for name, severity, set_name, images, labels in tqdm(sets, desc="corruptions", leave=False):
+    """Accuracy, ECE and NLL per shifted set. Images: per corruption type and severity, and per severity averaged
+    over the types (``by_type``, ``by_severity``); texts: per domain and averaged over the domains (``by_domain``)."""
+    per_method: dict[str, Any] = {m.key: {} for m in methods}
+    for shifted in tqdm(shift_sets(evaluation.cfg, evaluation.inputs), desc="shift", leave=False):
         for method in methods:
-            summary = summary_of(evaluation.logits(method.source, set_name, images), method)
-            report = classification_report(summary.probabilities, labels)
+            summary = summary_of(evaluation.logits(method.source, shifted.set_name, shifted.split), method)
+            report = classification_report(summary.probabilities, shifted.split.labels)
             entry = {k: report[k] for k in ("accuracy", "ece", "nll")}
             entry["mean_mutual_information"] = float(summary.mutual_information.mean())
-            per_method[method.key]["by_type"].setdefault(name, {})[str(severity)] = entry
+            entry["n"] = len(shifted.split)
+            result = per_method[method.key]
+            if shifted.level is None:
+                result.setdefault("by_domain", {})[shifted.group] = entry
+            else:
+                result.setdefault("by_type", {}).setdefault(shifted.group, {})[str(shifted.level)] = entry
     for result in per_method.values():
-        for severity in evaluation.ev.severities:
-            rows = [result["by_type"][t][str(severity)] for t in result["by_type"]]
-            result["by_severity"][str(severity)] = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        if "by_domain" in result:
+            result["mean"] = mean_entry(list(result["by_domain"].values()))
+            continue
+        result["by_severity"] = {str(severity): mean_entry([by_level[str(severity)]
+                                                            for by_level in result["by_type"].values()])
+                                 for severity in evaluation.ev.severities}
     return per_method
 
 
+def mean_entry(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k != "n"}
+
+
 def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) -> dict[str, Any]:
-    """Parameters, latency per input (batch of one) and peak memory per method, and ratios to deterministic."""
-    ev, images = evaluation.ev, evaluation.data.test.images[: evaluation.ev.latency_images]
-    folder.mkdir(parents=True, exist_ok=True)
+    """Parameters, latency per input (batch of one) and peak memory per method, and ratios to deterministic.
+    Text models are measured as pickled eager modules (the baselines hold transformers modules, which do not
+    script; DIRECTOR is measured the same way so the ratios compare like with like)."""
+    ev, inputs, cfg = evaluation.ev, evaluation.inputs, evaluation.cfg
+    singles = inputs.singles(inputs.test, ev.latency_images)
+    batch = inputs.first(inputs.test, ev.latency_images)
     measured: dict[tuple[str, int], dict[str, float]] = {}
     for method in tqdm(methods, desc="cost", leave=False):
         key = (method.source, method.n_samples)
         if key in measured:
             continue
-        model = evaluation.sources[method.source].model
-        path = folder / f"{method.source}.ts"
-        if not path.exists():
-            save_scripted(script_module(model), path)
+        source = evaluation.sources[method.source]
+        script = not cfg.is_text  # transformers modules do not script: text models are pickled
+        path = save_model_file(source.model, folder, source.model_id, script)
         measured[key] = {
-            "parameters": parameter_count(model),
-            "latency_ms": latency_per_input_ms(model, images, method.n_samples, ev.latency_repeats),
-            "peak_memory_bytes": peak_memory_bytes(path, evaluation.shape, ev.latency_images, method.n_samples,
-                                                   evaluation.cfg.threads or 1),
+            "parameters": parameter_count(source.model),
+            "latency_ms": latency_per_input_ms(source.model, singles, method.n_samples, ev.latency_repeats),
+            "peak_memory_bytes": peak_memory_bytes(path, batch, method.n_samples, cfg.threads or 1),
         }
     base = measured[("deterministic", 1)]
     out: dict[str, Any] = {}
@@ -263,17 +251,17 @@ def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) 
 def evaluate_sweep(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
     """ECE, NLL and accuracy against latency over sample counts, for DIRECTOR and MC dropout. S-sample
     estimates are the first S of the cached test draws (draws are i.i.d., so any S of them are an S-draw)."""
-    test, ev = evaluation.data.test, evaluation.ev
-    images = test.images[: ev.latency_images]
+    inputs, ev = evaluation.inputs, evaluation.ev
+    singles = inputs.singles(inputs.test, ev.latency_images)
     out: dict[str, Any] = {}
     for source in ("director", "mc_dropout"):
-        logits = evaluation.logits(source, "test", test.images, draws_test)  # [S_max, N, C]
+        logits = evaluation.logits(source, "test", inputs.test, draws_test)  # [S_max, N, C]
         rows = {}
         for s in ev.sweep_samples:
             probs = summarize(logits[:s]).probabilities
-            report = classification_report(probs, test.labels)
+            report = classification_report(probs, inputs.test.labels)
             rows[str(s)] = {"accuracy": report["accuracy"], "ece": report["ece"], "nll": report["nll"],
-                            "latency_ms": latency_per_input_ms(evaluation.sources[source].model, images, s,
+                            "latency_ms": latency_per_input_ms(evaluation.sources[source].model, singles, s,
                                                                ev.latency_repeats)}
         out[source] = rows
     return out
@@ -281,12 +269,14 @@ def evaluate_sweep(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
 
 def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
     """Each ablation variant (and each extra distillation seed) on the test split at S and S = 1."""
-    cfg, ev, test = evaluation.cfg, evaluation.ev, evaluation.data.test
-    ood_sets = evaluation.ood_sets()
+    cfg, ev = evaluation.cfg, evaluation.ev
+    test = evaluation.inputs.test.head(ev.ablation_inputs)
+    test_name = "test" if len(test) == len(evaluation.inputs.test) else f"test-n{len(test)}"
+    ood_sets = evaluation.inputs.ood
     variants: list[tuple[str, str, PipelineConfig]] = [("ablation", name, ablation_config(cfg, name))
                                                       for name in ev.ablations]
     variants += [("seed", f"seed{s}", seed_config(cfg, s)) for s in [cfg.seed, *ev.distil_seeds]]
-    out: dict[str, Any] = {"ablation": {}, "seed": {}}
+    out: dict[str, Any] = {"ablation": {}, "seed": {}, "test_inputs": len(test)}
     if not ev.ablations and not ev.distil_seeds:
         return out  # the main run alone says nothing about seed variance: report no ablations at all
     for group, name, variant in tqdm(variants, desc="ablations", leave=False):
@@ -294,7 +284,7 @@ def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
         director, payload = load_director(run)
         model_id = f"dir-{fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)}"
         evaluation.add_source(model_id, director, model_id, ev.samples)
-        logits = evaluation.logits(model_id, "test", test.images)
+        logits = evaluation.logits(model_id, test_name, test)
         summary = summarize(logits)
         entry = {k: v for k, v in classification_report(summary.probabilities, test.labels).items()
                  if k in ("accuracy", "ece", "nll", "brier")}
@@ -303,8 +293,8 @@ def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
         entry["tau"] = payload["tau"]
         entry["observed_variance"] = payload["observed_variance"]
         entry["epochs"] = len(payload["history"])
-        for set_name, images in ood_sets.items():
-            ood = summarize(evaluation.logits(model_id, set_name, images))
+        for set_name, split in ood_sets.items():
+            ood = summarize(evaluation.logits(model_id, set_name, split))
             entry[f"mi_{set_name}"] = float(ood.mutual_information.mean())
             entry[f"auroc_mi_{set_name}"] = ood_report(summary.mutual_information, ood.mutual_information)["auroc"]
         out[group][name] = entry
@@ -335,7 +325,8 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "torch": torch.__version__,
         "threads": cfg.threads, "binning": BINNING, "settings": asdict(cfg.evaluate),
         "noise_scale": fitted["noise_scale"], "noise_scale_val_nll": fitted["noise_scale_val_nll"],
-        "test_draws": draws_test,
+        "test_draws": draws_test, "modality": "text" if cfg.is_text else "image", "unit": evaluation.inputs.unit,
+        "ood_validation_set": evaluation.inputs.ood_validation_name,
         "methods": [asdict(m) for m in methods],
     }
     stages: list[tuple[str, Stage]] = [
@@ -363,10 +354,11 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{cfg.evaluate.task}.json"
     json_path.write_text(json.dumps(json_safe(results), indent=2, allow_nan=False) + "\n")
-    probs = {m.label: summary_of(evaluation.logits(m.source, "test", evaluation.data.test.images,
+    test = evaluation.inputs.test
+    probs = {m.label: summary_of(evaluation.logits(m.source, "test", test,
                                                     draws_test if m.source in ("director", "mc_dropout") else None),
                                  m).probabilities for m in methods}
-    page = write_evaluation(results, probs, evaluation.data.test.labels, out_dir,
+    page = write_evaluation(results, probs, test.labels, out_dir,
                             command or f"python -m training evaluate --config {cfg.source}")
     print(f"wrote {page} and {json_path} in {results['seconds']['total'] / 60:.1f} min")
     return page

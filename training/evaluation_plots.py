@@ -69,6 +69,23 @@ def shift_plot(shift: dict[str, Any], labels: dict[str, str], path: Path) -> Pat
     return _save(fig, path)
 
 
+def domain_shift_plot(shift: dict[str, Any], labels: dict[str, str], path: Path) -> Path:
+    """Accuracy and ECE per shifted text domain (the in-domain test split is in the main table), grouped bars."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    keys = list(shift)
+    domains = list(next(iter(shift.values()))["by_domain"])
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        x = [d + (i - (len(keys) - 1) / 2) * width for d in range(len(domains))]
+        left.bar(x, [100 * shift[key]["by_domain"][d]["accuracy"] for d in domains], width, label=labels[key])
+        right.bar(x, [100 * shift[key]["by_domain"][d]["ece"] for d in domains], width, label=labels[key])
+    for ax, ylabel, title in ((left, "accuracy (%)", "Accuracy per domain"), (right, "ECE (%)", "ECE per domain")):
+        ax.set_xticks(range(len(domains)), domains)
+        ax.set(ylabel=ylabel, title=title)
+    right.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def sweep_plot(sweep: dict[str, Any], path: Path) -> Path:
     """ECE against latency per input, one point per sample count."""
     fig, ax = plt.subplots(figsize=(6, 4))

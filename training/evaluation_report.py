@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from training.evaluation_plots import reliability_grid, shift_plot, sweep_plot
+from training.evaluation_plots import domain_shift_plot, reliability_grid, shift_plot, sweep_plot
 
 
 def pct(value: float) -> str:
@@ -48,9 +48,10 @@ def main_table(results: dict[str, Any]) -> list[str]:
 def ood_tables(results: dict[str, Any]) -> list[str]:
     first = next(iter(results["test_and_ood"].values()))
     sets = list(first["ood"])
+    selection_set = results.get("ood_validation_set", "sklearn sample-photo patches (OOD validation only)")
     lines = ["Each method's score is chosen, as the exporter chooses the manifest's, among the scores the server "
              "computes from sampled logits (max softmax, predictive entropy, mutual information, energy) by AUROC on "
-             "the OOD-validation set (sklearn photo patches, used for nothing else); then on every reported "
+             f"the OOD-validation set ({selection_set}, used for nothing else); then on every reported "
              "set: AUROC / AUPR-In / AUPR-Out / FPR at 95% TPR (OOD positive, higher score = more OOD; TPR is the "
              "in-distribution pass rate).", "",
              "| method | chosen score | " + " | ".join(sets) + " |",
@@ -97,6 +98,28 @@ def sweep_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def domain_shift_table(results: dict[str, Any]) -> list[str]:
+    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    first = next(iter(results["shift"].values()))
+    domains = list(first["by_domain"])
+    lines = ["| method | " + " | ".join(f"{d} (n={first['by_domain'][d]['n']:,}): acc / ECE / NLL" for d in domains)
+             + " | mean: acc / ECE / NLL |",
+             "| --- | " + " | ".join("---" for _ in domains) + " | --- |"]
+    for key, r in results["shift"].items():
+        cells = [f"{pct(e['accuracy'])} / {pct(e['ece'])} / {e['nll']:.3f}"
+                 for e in [*(r["by_domain"][d] for d in domains), r["mean"]]]
+        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def shifted(result: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """The hardest shift a method's shift result holds: the top severity, or the mean over text domains."""
+    if "by_domain" in result:
+        return "on the shifted domains (mean)", result["mean"]
+    sev = max(result["by_severity"], key=int)
+    return f"at severity {sev}", result["by_severity"][sev]
+
+
 def ablation_table(results: dict[str, Any]) -> list[str]:
     ab = results["ablations"]
     if not ab["ablation"] and not ab["seed"]:
@@ -125,7 +148,8 @@ def ablation_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-PENDING = "Pending: this stage was not in this run's `evaluate.stages`; run the full command to add it."
+PENDING = ("Not run: this stage is not in this run's `evaluate.stages` (the config's list, or `--set` on the "
+           "command line); add it there to fill this section.")
 
 
 def findings(results: dict[str, Any]) -> list[str]:
@@ -151,14 +175,18 @@ def findings(results: dict[str, Any]) -> list[str]:
                  f"NLL {d['test']['nll']:.4f} vs {b['test']['nll']:.4f}",
                  f"mean OOD AUROC (own chosen score) {ood_d:.3f} vs {ood_b:.3f}"]
         if "shift" in results:
-            sev = max(results["shift"][key]["by_severity"], key=int)
-            parts.append(f"ECE at severity {sev} {pct(results['shift'][f'director_s{s}']['by_severity'][sev]['ece'])}%"
-                         f" vs {pct(results['shift'][key]['by_severity'][sev]['ece'])}%")
+            where, ours = shifted(results["shift"][f"director_s{s}"])
+            parts.append(f"ECE {where} {pct(ours['ece'])}% vs {pct(shifted(results['shift'][key])[1]['ece'])}%")
         if "cost" in results:
             parts.append(f"latency {results['cost'][f'director_s{s}']['latency_ms']:.2f} vs "
                          f"{results['cost'][key]['latency_ms']:.2f} ms")
         out.append(f"- vs {b['label']}: " + "; ".join(parts) + ".")
     return out
+
+
+def _shift_cut(settings: dict[str, Any]) -> str:
+    n = settings.get("shift_texts")
+    return f"; each domain cut to {n:,} sentences drawn under the seed" if n else ""
 
 
 def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], labels: torch.Tensor, out_dir: Path,
@@ -183,7 +211,7 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         "Every number below is in the JSON beside this page. Trained baselines, ablation kernels and sampled "
         "logits are cached under the run folder, so the command resumes and a rerun only re-renders. "
         f"Stage times: {', '.join(f'{k} {v / 60:.1f} min' for k, v in results['seconds'].items())}.", "",
-        f"## Test split ({first['n']:,} images)", "",
+        f"## Test split ({first['n']:,} {results.get('unit', 'images')})", "",
         f"Calibration binning: {binning}. ECE interval: 95% percentile bootstrap ({st['bootstrap']} resamples); "
         "binned ECE is biased upward under resampling, so for a well-calibrated method the interval can sit above "
         "the point estimate: compare methods by their intervals, not their third digit. "
@@ -192,14 +220,22 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         *main_table(results), "", f"![reliability]({reliability.name})", "",
         "### Where DIRECTOR (default S) stands", "", *findings(results), "",
         "## Out-of-distribution detection", "", *ood_tables(results), "",
-        f"## Shift: corrupted test images ({st['corruption_images']} per type and severity, mean over the types)", "",
     ]
-    if "shift" in results:
+    text_shift = "shift" in results and "by_domain" in next(iter(results["shift"].values()))
+    if text_shift:
+        shift = domain_shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
+        lines += ["## Shift: other domains of the same corpus", "",
+                  "Sentences from other sources, labelled by the same rule as the training data (mean human rating "
+                  f"above +0.5 positive, below -0.5 negative){_shift_cut(st)}.", "",
+                  *domain_shift_table(results), "", f"![shift]({shift.name})", ""]
+    elif "shift" in results:
+        lines += [f"## Shift: corrupted test images ({st['corruption_images']} per type and severity, mean over the "
+                  "types)", ""]
         shift = shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
         lines += ["Types: " + ", ".join(next(iter(results["shift"].values()))["by_type"]) + ". Per type in the JSON.",
                   "", *shift_table(results), "", f"![shift]({shift.name})", ""]
     else:
-        lines += [PENDING, ""]
+        lines += ["## Shift", "", PENDING, ""]
     lines += ["## ECE against latency over sample counts", ""]
     if "sweep" in results:
         sweep = sweep_plot(results["sweep"], out_dir / f"{task}-ece-latency.png")
@@ -214,7 +250,9 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         lines += [f"Variants train {st['ablation_epochs']} distillation epochs from the same frozen backbone (`both` "
                   "is the reference at that budget); tau is the main run's except in the tau variants; `floor` uses "
                   "only the per-step floor as observed variance. MI AUROC: mutual information as the OOD score, test "
-                  "split vs the set. Seed rows use the full recipe.", "", *ablation_table(results), ""]
+                  "split vs the set. Seed rows use the full recipe. Every row is measured on the first "
+                  f"{results['ablations'].get('test_inputs', first['n']):,} test {results.get('unit', 'images')} at "
+                  f"S = {st['samples']}.", "", *ablation_table(results), ""]
     else:
         lines += [PENDING, ""]
     page = out_dir / f"{task}.md"

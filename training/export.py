@@ -48,9 +48,10 @@ from training.plots import reliability_diagram
 from training.predict import chunked, sampled_logits
 from training.report import write_results
 from training.runtime import load_checkpoint, set_threads
-from training.text_inputs import TokenDataset, TokenSplit, encode, sample_texts, shuffled_words, text_outputs
+from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits, text_outputs
 
 QUANTILES = 101  # reference distributions are stored as this many evenly spaced quantiles
+IMAGE_OOD_SELECTION_SET = "sklearn sample-photo patches (OOD validation only)"
 
 
 def _sampled(model: torch.nn.Module, images: torch.Tensor, n_samples: int, seed: int) -> torch.Tensor:
@@ -121,8 +122,10 @@ def split_rollout_trace(director: Director, split: AnySplit, seed: int) -> dict[
     return rollout_trace(director, split.images, seed)[0]
 
 
-def mean_logvar_score(director: Director, images: torch.Tensor | TokenSplit, seed: int) -> torch.Tensor:
-    """The DIRECTOR-native OOD score of every input [N] (images, or a tokenised text split)."""
+def mean_logvar_score(director: Director, images: torch.Tensor | AnySplit, seed: int) -> torch.Tensor:
+    """The DIRECTOR-native OOD score of every input [N] (images, an image split or a tokenised text split)."""
+    if isinstance(images, Split):
+        images = images.images
     if isinstance(images, TokenSplit):
         return text_outputs(lambda ids, mask: rollout_trace(director, ids, seed, mask)[1], images, 256)  # [N]
     return chunked(lambda x: rollout_trace(director, x, seed)[1], images, 256)  # [N]
@@ -152,7 +155,7 @@ class ServedStatistics:
 
 def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
                       sample_counts: list[int], default_s: int, seed: int, ood_validation: AnySplit | None = None,
-                      selection_set: str = "sklearn sample-photo patches (OOD validation only)") -> ServedStatistics:
+                      selection_set: str = IMAGE_OOD_SELECTION_SET) -> ServedStatistics:
     """Reference distributions on validation, the OOD score chosen by AUROC on the OOD-validation set
     (images: sklearn photo patches; none of the reported sets), and its 95%-TPR threshold per sample count."""
     val_logits = sample_split(served, data.val, default_s, seed)  # [S, Nv, C]
@@ -223,7 +226,7 @@ def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> Export
         reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
                       "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
         ood_validation=None,
-        selection_set="sklearn sample-photo patches (OOD validation only)",
+        selection_set=IMAGE_OOD_SELECTION_SET,
         input_section={
             "channels": image_shape[0], "height": image_shape[1], "width": image_shape[2],
             "dtype": "float32", "range": [0.0, 1.0],
@@ -268,7 +271,6 @@ def table_effect(director: TextDirector, artifact_module: TextDirector, split: T
 
 
 def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
-    from training.text_data import load_fortunes
     from training.text_inputs import TOKENIZER_FILE, load_run_tokenizer, pad_id
 
     tcfg, ecfg = cfg.text, cfg.export
@@ -289,16 +291,16 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
             **table_effect(director, artifact_module, data.val.head(ecfg.threshold_images))}
         return artifact_module, served
 
-    fortunes = sample_texts(load_fortunes(), cfg.evaluate.ood_images, cfg.seed + 1)
-    shuffled = shuffled_words(sample_texts(data.train.texts, ecfg.ood_validation_images, cfg.seed), cfg.seed)
+    reported_ood, ood_validation = text_ood_splits(tokenizer, tcfg, data.train.texts, cfg.evaluate.ood_images,
+                                                   ecfg.ood_validation_images, cfg.seed)
     encoder_config = backbone.encoder.config
     return ExportParts(
         data=data,
         backbone_logits=lambda split: text_outputs(lambda ids, mask: backbone(ids, mask).float(), split, 256),
         build_artifact=build_artifact,
-        reported_ood={"fortunes_quotes": encode(tokenizer, fortunes, tcfg.max_characters)},
-        ood_validation=encode(tokenizer, shuffled, tcfg.max_characters),
-        selection_set="training sentences with their words shuffled (OOD validation only)",
+        reported_ood=reported_ood,
+        ood_validation=ood_validation,
+        selection_set=TEXT_OOD_SELECTION_SET,
         input_section={
             "tokenizer": TOKENIZER, "max_length": tcfg.max_length, "max_characters": tcfg.max_characters,
             "truncation": {

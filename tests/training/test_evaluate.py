@@ -152,5 +152,5 @@ def test_a_partial_run_marks_the_missing_stages_pending(evaluated: tuple[Path, d
     results = json.loads((docs / "partial.json").read_text())
     assert "sweep" in results and "shift" not in results and "cost" not in results and "ablations" not in results
     page = (docs / "partial.md").read_text()
-    assert page.count("Pending: this stage was not in this run") == 3  # costs are marked beside the main table
+    assert page.count("Not run: this stage is not in this run") == 3  # costs are marked beside the main table
     assert "--set 'evaluate.stages=[test_and_ood, sweep]'" in page

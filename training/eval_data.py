@@ -1,0 +1,109 @@
+"""The input sets of an evaluation, per modality: validation and test splits, the reported OOD sets, the
+OOD-validation set (score choice only) and the shifted sets, all as splits (``Split`` of images or
+``TokenSplit`` of tokenised texts) so the evaluation samples and scores them alike.
+
+Images (Fashion-MNIST): OOD uniform noise, upsampled sklearn digits and rendered letters; OOD validation sklearn
+photo patches; shift the corrupted test subsets (type x severity). Texts (movie reviews): OOD quotes of the Debian
+``fortunes`` package; OOD validation shuffled training sentences; shift the tweets, NYT editorial and Amazon review
+sentences of the same corpus (one level each: a domain, not a severity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training.config import PipelineConfig
+from training.corruptions import CORRUPTIONS, corrupt, corruption_seed, corruption_subset
+from training.data import Split, digits_images, letter_images, photo_patch_images, uniform_noise_images
+from training.distil import AnySplit, load_data
+from training.export import IMAGE_OOD_SELECTION_SET
+from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenSplit, encode, load_run_tokenizer, text_ood_splits
+
+Inputs = tuple[torch.Tensor, ...]  # what a model takes besides n_samples: (pixels,) or (input_ids, attention_mask)
+
+
+@dataclass(frozen=True)
+class ShiftSet:
+    group: str  # corruption type or text domain
+    level: int | None  # corruption severity; None for a domain
+    set_name: str  # logit-cache key
+    split: AnySplit
+
+
+@dataclass
+class EvalInputs:
+    val: AnySplit
+    test: AnySplit
+    ood: dict[str, AnySplit]  # reported OOD sets
+    ood_validation: AnySplit  # picks the OOD score; none of the reported sets
+    ood_validation_name: str
+    unit: str  # "images" | "texts"
+
+    def first(self, split: AnySplit, n: int) -> Inputs:
+        """The first ``n`` inputs of ``split`` as one batch (texts trimmed to their longest)."""
+        return split_inputs(split, torch.arange(min(n, len(split))))
+
+    def singles(self, split: AnySplit, n: int) -> list[Inputs]:
+        """The first ``n`` inputs of ``split``, each as a batch of one."""
+        return [split_inputs(split, torch.tensor([i])) for i in range(min(n, len(split)))]
+
+
+def split_inputs(split: AnySplit, index: torch.Tensor) -> Inputs:
+    if isinstance(split, TokenSplit):
+        return split.rows(index)  # (ids [b, l], mask [b, l])
+    return (split.images[index],)  # ([b, C, H, W],)
+
+
+def unlabelled(images: torch.Tensor) -> Split:
+    return Split(images, torch.zeros(images.shape[0], dtype=torch.long))
+
+
+def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
+    data = load_data(cfg)
+    ev, seed = cfg.evaluate, cfg.seed
+    if cfg.is_text:
+        tokenizer = load_run_tokenizer(cfg.run_dir)
+        ood, ood_val = text_ood_splits(tokenizer, cfg.text, data.train.texts, ev.ood_images,
+                                       cfg.export.ood_validation_images, seed)
+        return EvalInputs(data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
+    shape = tuple(int(s) for s in data.test.images.shape[1:])
+    ood = {"uniform_noise": unlabelled(uniform_noise_images(ev.ood_images, shape, seed + 1)),
+           "sklearn_digits": unlabelled(digits_images(shape)[: ev.ood_images]),
+           "letters": unlabelled(letter_images(ev.ood_images, shape, seed + 2))}
+    ood_val = unlabelled(photo_patch_images(cfg.export.ood_validation_images, shape, seed))
+    return EvalInputs(data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
+
+
+def shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
+    """Corrupted test subsets (images: a fixed subset, the same for every type and severity) or the shifted text
+    domains (each cut to ``evaluate.shift_texts`` sentences drawn under the seed, when set)."""
+    ev = cfg.evaluate
+    if cfg.is_text:
+        from training.hub_text import HUB_TEXT_TASKS
+        from training.text_data import load_shift_sets
+
+        task = HUB_TEXT_TASKS.get(cfg.data.dataset)
+        if task is not None and not task.sentiment:
+            raise ValueError(f"the text shift sets are labelled by sentiment and do not apply to {cfg.data.dataset}: "
+                             "leave `shift` out of evaluate.stages")
+        tokenizer = load_run_tokenizer(cfg.run_dir)
+        out = []
+        for name, domain in load_shift_sets(cfg.text.data_cache).items():
+            if ev.shift_texts is not None and ev.shift_texts < len(domain):
+                order = torch.randperm(len(domain), generator=torch.Generator().manual_seed(cfg.seed))
+                domain = domain.subset(torch.sort(order[: ev.shift_texts]).values)
+            split = encode(tokenizer, domain.texts, cfg.text.max_characters, domain.labels)
+            out.append(ShiftSet(name, None, f"shift-{name}-n{len(split)}", split))
+        return out
+    test = inputs.test
+    assert isinstance(test, Split)
+    index = corruption_subset(len(test), min(ev.corruption_images, len(test)), seed=cfg.seed)
+    clean, labels = test.images[index], test.labels[index]
+    out = []
+    for name in ev.corruptions or list(CORRUPTIONS):
+        for severity in ev.severities:
+            images = corrupt(clean, name, severity, corruption_seed(name, severity, cfg.seed))
+            out.append(ShiftSet(name, severity, f"c-{name}-{severity}-n{len(index)}", Split(images, labels)))
+    return out
