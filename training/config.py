@@ -13,6 +13,7 @@ from models.backbones import VitConfig
 
 MODALITIES = ("image", "text")
 TEXT_DATASETS = ("movie_reviews", "imdb", "cola")
+L2_TARGETS = ("labels", "teacher")
 
 
 @dataclass
@@ -60,6 +61,9 @@ class DistilConfig:
     mean_mse_weight: float = 0.0
     l1_on_rollout: bool = False
     train_samples: int = 1  # rollouts per input for L2
+    # L2's target: the labels, or the frozen backbone's predictive distribution on the same input (knowledge
+    # distillation: the kernel cannot fit the training labels beyond what its teacher does; small datasets)
+    l2_target: str = "labels"  # labels | teacher
     observed_variance: str = "attention"  # attention | floor
     floor_fraction: float = 1e-4
     tau: float | None = None  # None: select on validation from tau_grid
@@ -206,6 +210,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
 
 def check_config(cfg: PipelineConfig) -> None:
     """Refuse settings that cannot work together, naming the key."""
+    if cfg.distil.l2_target not in L2_TARGETS:
+        raise ValueError(f"distil.l2_target must be one of {L2_TARGETS}, got {cfg.distil.l2_target!r}")
     if cfg.modality not in MODALITIES:
         raise ValueError(f"modality must be one of {MODALITIES}, got {cfg.modality!r}")
     if cfg.is_text:

@@ -275,7 +275,7 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
         readout = copy.deepcopy(readout).requires_grad_(True)
     process = ObservedProcess(view, floors, tau, dcfg.observed_variance)
     weights = LossWeights(dcfg.lambda_1, dcfg.lambda_2, dcfg.beta_nll, dcfg.mean_mse_weight, dcfg.l1_on_rollout,
-                          dcfg.train_samples)
+                          dcfg.train_samples, dcfg.l2_target)
     objective = DistillationLoss(kernel, readout, process, weights).to(device)
     trainable = [p for p in objective.parameters() if p.requires_grad]
     model: torch.nn.Module = objective

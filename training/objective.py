@@ -89,6 +89,7 @@ class LossWeights:
     mean_mse_weight: float = 0.0
     l1_on_rollout: bool = False
     train_samples: int = 1
+    l2_target: str = "labels"  # labels | teacher (the backbone's softmax on the same input)
 
 
 class DistillationLoss(nn.Module):
@@ -116,6 +117,12 @@ class DistillationLoss(nn.Module):
             loss = loss + self.weights.mean_mse_weight * masked_mean((mean_p - target_mean).square(), mask)
         return loss, mean_p.detach(), logvar_p.detach()
 
+    def _read(self, x: torch.Tensor, mask: torch.Tensor | None, repeats: int) -> torch.Tensor:
+        """Readout logits of final states [B*repeats, N, D]; text pools each row's real tokens."""
+        if mask is None:
+            return self.readout(x)  # [B*r, C]
+        return self.readout(x, mask.repeat_interleave(repeats, dim=0))  # [B*r, C]
+
     def forward(self, x0: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch = x0.shape[0]
@@ -140,11 +147,13 @@ class DistillationLoss(nn.Module):
 
         repeats = torch.full((batch,), self.weights.train_samples, dtype=torch.long, device=x0.device)
         x_final = self.rollout(x0, repeats, mask)  # [B*S, N, D] reparameterised
-        if mask is None:
-            logits = self.readout(x_final)  # [B*S, C]
-        else:  # text: pooling over each row's real tokens
-            logits = self.readout(x_final, mask.repeat_interleave(self.weights.train_samples, dim=0))  # [B*S, C]
-        l2 = F.cross_entropy(logits, labels.repeat_interleave(self.weights.train_samples))
+        logits = self._read(x_final, mask, self.weights.train_samples)  # [B*S, C]
+        if self.weights.l2_target == "teacher":
+            with torch.no_grad():  # the frozen backbone's own prediction: its trajectory ends in X_T
+                target = self._read(states[-1], mask, 1).float().softmax(-1)  # [B, C]
+        else:
+            target = labels  # [B]
+        l2 = F.cross_entropy(logits, target.repeat_interleave(self.weights.train_samples, dim=0))
         loss = self.weights.lambda_1 * l1 + self.weights.lambda_2 * l2
 
         with torch.no_grad():

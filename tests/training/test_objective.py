@@ -64,6 +64,27 @@ def test_fresh_kernel_l1_is_the_identity_gap() -> None:
     torch.testing.assert_close(diag["mean_sq_error"], gaps)
 
 
+def test_teacher_target_is_the_backbones_own_prediction() -> None:
+    """l2_target teacher: L2 is the cross-entropy against the frozen backbone's softmax on the same input (no labels
+    read), and a student rollout that reproduced the teacher exactly would reach the teacher's entropy."""
+    torch.manual_seed(1)
+    images = torch.rand(4, 1, 28, 28)
+    objective, view = _objective(l2_target="teacher", lambda_1=0.0, lambda_2=1.0)
+    x0 = view.embed(images)
+    teacher = view.readout_head(objective.process.trajectory(x0)[0][-1]).softmax(-1)  # [B, C]
+    torch.manual_seed(5)
+    _, with_labels_a = objective(x0, torch.zeros(4, dtype=torch.long))
+    torch.manual_seed(5)
+    _, with_labels_b = objective(x0, torch.full((4,), 3, dtype=torch.long))
+    assert with_labels_a["l2"] == with_labels_b["l2"]  # the labels are not read
+    torch.manual_seed(5)
+    student = view.readout_head(objective.rollout(x0, torch.ones(4, dtype=torch.long)))  # the same draw
+    expected = -(teacher * student.log_softmax(-1)).sum(-1).mean()
+    torch.testing.assert_close(with_labels_a["l2"], expected)
+    entropy = -(teacher * teacher.log()).sum(-1).mean()
+    assert with_labels_a["l2"] >= entropy  # cross-entropy >= the teacher's entropy (Gibbs)
+
+
 def test_floor_mode_uses_only_the_floor() -> None:
     view = VitTransitionView(build_vit(VitConfig(patch_size=7, embed_dim=16, depth=2, num_heads=2)).eval())
     process = ObservedProcess(view, torch.tensor([1e-3, 2e-3]), tau=1.0, mode="floor")
