@@ -48,7 +48,8 @@ test: setup
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Serves every model in model_repository/ (default: fashion-vit) on 127.0.0.1:8000; options: python -m service --help
+# Serves every model in model_repository/ (fashion-vit, the default, and movie-reviews-minilm) on 127.0.0.1:8000;
+# options: python -m service --help
 serve: $(STAMP)
 	$(PY) -m service
 

@@ -38,9 +38,12 @@ def save_scripted(module: torch.jit.ScriptModule, path: Path) -> None:
 
 
 def git_commit() -> str:
+    """HEAD, with ``-dirty`` when tracked files differ from it. Untracked files do not count: the stages write
+    their own outputs (new model versions, result pages) into the tree while they run."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=5).stdout
         return out.stdout.strip() + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
