@@ -49,7 +49,9 @@ Inputs = tuple[torch.Tensor, ...]
 
 
 def parameter_count(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
+    """Stored weights: parameters and buffers (DIRECTOR's text embedding tables are buffers, the backbone's are
+    parameters; counting only parameters would hide them on one side)."""
+    return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())
 
 
 @torch.inference_mode()

@@ -29,7 +29,7 @@ def main_table(results: dict[str, Any]) -> list[str]:
     costs = results.get("cost")
     head = "| method | S | acc % | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC | misclass. AUROC |"
     if costs:
-        head += " params (x) | latency ms (x) | peak MiB (x) |"
+        head += " weights (x) | latency ms (x) | peak MiB (x) |"
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for key, r in results["test_and_ood"].items():
         t = r["test"]
@@ -198,7 +198,8 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
     first = next(iter(results["test_and_ood"].values()))["test"]
     st = results["settings"]
     binning = "; ".join(f"{k}: {v}" for k, v in results["binning"].items())
-    cost_note = ("Costs are measured in the same run on this machine: latency is one input per forward at the "
+    cost_note = ("Costs are measured in the same run on this machine: weights are the stored parameters and buffers "
+                 "(embedding tables included); latency is one input per forward at the "
                  "method's S (median), peak memory the rise of resident memory during one forward of "
                  f"{st['latency_images']} inputs in a fresh process; (x) is the ratio to the deterministic backbone; "
                  "1-minute load average during the timings: "
