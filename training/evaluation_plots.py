@@ -71,7 +71,7 @@ def shift_plot(shift: dict[str, Any], labels: dict[str, str], path: Path) -> Pat
 
 def domain_shift_plot(shift: dict[str, Any], labels: dict[str, str], path: Path) -> Path:
     """Accuracy and ECE per shifted text domain (the in-domain test split is in the main table), grouped bars."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.8))
     keys = list(shift)
     domains = list(next(iter(shift.values()))["by_domain"])
     width = 0.8 / len(keys)
@@ -82,8 +82,13 @@ def domain_shift_plot(shift: dict[str, Any], labels: dict[str, str], path: Path)
     for ax, ylabel, title in ((left, "accuracy (%)", "Accuracy per domain"), (right, "ECE (%)", "ECE per domain")):
         ax.set_xticks(range(len(domains)), domains)
         ax.set(ylabel=ylabel, title=title)
-    right.legend(fontsize=7)
-    return _save(fig, path)
+    handles, names = left.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))  # room for the legend below the axes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def sweep_plot(sweep: dict[str, Any], path: Path) -> Path:
