@@ -12,7 +12,8 @@ import yaml
 from models.backbones import VitConfig
 
 MODALITIES = ("image", "text")
-TEXT_DATASETS = ("movie_reviews", "imdb", "cola")
+HUB_TEXT_DATASETS = ("imdb", "cola")  # training.hub_text
+TEXT_DATASETS = ("movie_reviews", *HUB_TEXT_DATASETS)
 L2_TARGETS = ("labels", "teacher")
 
 
@@ -214,6 +215,9 @@ def check_config(cfg: PipelineConfig) -> None:
         raise ValueError(f"distil.l2_target must be one of {L2_TARGETS}, got {cfg.distil.l2_target!r}")
     if cfg.modality not in MODALITIES:
         raise ValueError(f"modality must be one of {MODALITIES}, got {cfg.modality!r}")
+    if cfg.data.files is not None and cfg.data.dataset not in HUB_TEXT_DATASETS:
+        raise ValueError(f"data.files are local copies of a hub task {HUB_TEXT_DATASETS}; "
+                         f"{cfg.data.dataset} does not read them")
     if cfg.is_text:
         text = cfg.text
         if cfg.data.dataset not in TEXT_DATASETS:

@@ -8,7 +8,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from training.config import load_config
+from training.config import HUB_TEXT_DATASETS, load_config
 from training.hub_text import HUB_TEXT_TASKS, load_hub_text_task
 from training.text_inputs import load_text_splits
 
@@ -83,3 +83,9 @@ def test_the_pipeline_reads_them_through_its_config(tmp_path: Path, imdb_files: 
                                                 cfg.data.train_limit, cfg.data.test_limit, cfg.text.data_cache,
                                                 cfg.data.files)
     assert (len(train), len(val), len(test), labels) == (36, 4, 10, ["negative", "positive"])
+
+
+def test_local_files_for_a_task_that_ignores_them_are_refused(imdb_files: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="data.files"):
+        load_config("configs/movie_reviews_minilm.yaml", {"data.files": imdb_files})
+    assert set(HUB_TEXT_DATASETS) == set(HUB_TEXT_TASKS)  # the config check and the loaders agree
