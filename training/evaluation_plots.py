@@ -16,8 +16,8 @@ import torch  # noqa: E402
 from training.metrics import ECE_BINS  # noqa: E402
 
 
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig: Any, path: Path, rect: tuple[float, float, float, float] = (0, 0, 1, 1)) -> Path:
+    fig.tight_layout(rect=rect)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -84,11 +84,7 @@ def domain_shift_plot(shift: dict[str, Any], labels: dict[str, str], path: Path)
         ax.set(ylabel=ylabel, title=title)
     handles, names = left.get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))  # room for the legend below the axes
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, rect=(0, 0.12, 1, 1))  # room for the legend below the axes
 
 
 def sweep_plot(sweep: dict[str, Any], path: Path) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,13 +46,14 @@ def _format_of(path: str) -> str:
     return formats[suffix]
 
 
-def _split(rows: object, task: HubTextTask, name: str) -> TextSplit:
-    columns = set(rows.column_names)  # type: ignore[attr-defined]
+def _split(rows: Any, task: HubTextTask, name: str) -> TextSplit:
+    """A ``datasets.Dataset`` split as a ``TextSplit``, checking its columns and labels."""
+    columns = set(rows.column_names)
     missing = {task.text_column, task.label_column} - columns
     if missing:
         raise ValueError(f"split {name!r} lacks the columns {sorted(missing)} (has {sorted(columns)})")
-    texts = [str(t) for t in rows[task.text_column]]  # type: ignore[index]
-    labels = torch.tensor([int(v) for v in rows[task.label_column]], dtype=torch.long)  # type: ignore[index]
+    texts = [str(t) for t in rows[task.text_column]]
+    labels = torch.tensor([int(v) for v in rows[task.label_column]], dtype=torch.long)
     if labels.numel() and (labels.min() < 0 or labels.max() >= len(task.labels)):
         raise ValueError(f"split {name!r} has labels outside 0..{len(task.labels) - 1} (unlabelled test split?)")
     return TextSplit(texts, labels)

@@ -1,4 +1,3 @@
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -8,13 +7,7 @@ from transformers import BertModel
 from models.bert_view import BertTransitionView, feed_forward
 from models.text_backbones import TextClassifier, build_tiny_bert, from_pretrained_minilm, load_minilm_tokenizer
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lively(encoder: BertModel, seed: int) -> BertModel:

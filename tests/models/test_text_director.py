@@ -4,7 +4,6 @@ the artifact contract, and padding invariance (exact without noise, in distribut
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -28,12 +27,7 @@ from training.artifact import script_module
 VOCAB = 100
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _director(seed: int = 0, pooling: str = "mean", noise: float = 1.0) -> TextDirector:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from models.artifact_format import MANIFEST, sha256_file, verify_files
+from tests.training.resume import check_distil_resumes
 from training.artifact import load_scripted
 from training.cli import main
 from training.config import load_config
@@ -52,17 +52,7 @@ def test_stages_write_checkpoints_with_their_config(exported: tuple[Path, Path])
 
 def test_distil_resumes_from_its_checkpoint(exported: tuple[Path, Path], tmp_path: Path,
                                            capsys: pytest.CaptureFixture) -> None:
-    config, _ = exported
-    run = Path(load_config(config).run_dir)
-    copy_run = tmp_path / "run"
-    shutil.copytree(run, copy_run)  # leave the exported run untouched for the other tests
-    before = load_checkpoint(copy_run / "director.pt")["kernel"]
-    args = ["--config", str(config), "--set", f"run_dir={copy_run}", "--set", "distil.epochs=3"]
-    assert main(["distil", *args]) == 0
-    assert "resuming distillation at epoch 2" in capsys.readouterr().out
-    after = load_checkpoint(copy_run / "director.pt")
-    assert len(after["history"]) == 3
-    assert any(not torch.equal(before[k], after["kernel"][k]) for k in before)
+    check_distil_resumes(exported[0], tmp_path, capsys)
 
 
 def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> None:

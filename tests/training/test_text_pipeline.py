@@ -4,7 +4,6 @@ sentences): fit-backbone, distil (and resume), export; the exported artifact, ma
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from tokenizers import Tokenizer
 from models.artifact_format import MANIFEST, sha256_file, verify_files
 from models.text_director import fold_for_artifact
 from tests.conftest import tiny_text_config_dict
+from tests.training.resume import check_distil_resumes
 from training.artifact import load_scripted
 from training.cli import main
 from training.config import load_config
@@ -60,16 +60,7 @@ def test_stages_write_checkpoints_and_the_tokenizer(exported: tuple[Path, Path])
 
 def test_distil_resumes_from_its_checkpoint(exported: tuple[Path, Path], tmp_path: Path,
                                            capsys: pytest.CaptureFixture) -> None:
-    config, _ = exported
-    copy_run = tmp_path / "run"
-    shutil.copytree(Path(load_config(config).run_dir), copy_run)  # leave the exported run untouched
-    before = load_checkpoint(copy_run / "director.pt")["kernel"]
-    args = ["--config", str(config), "--set", f"run_dir={copy_run}", "--set", "distil.epochs=3"]
-    assert main(["distil", *args]) == 0
-    assert "resuming distillation at epoch 2" in capsys.readouterr().out
-    after = load_checkpoint(copy_run / "director.pt")
-    assert len(after["history"]) == 3
-    assert any(not torch.equal(before[k], after["kernel"][k]) for k in before)
+    check_distil_resumes(exported[0], tmp_path, capsys)
 
 
 def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> None:
