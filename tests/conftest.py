@@ -57,6 +57,20 @@ def tiny_text_config_dict(tmp_path: Path) -> dict:
     }
 
 
+def export_tiny(tmp: Path, raw: dict) -> tuple[Path, Path]:
+    """Fit-backbone, distil and export the config ``raw`` under ``tmp``; returns (config path, artifact folder)."""
+    from models.artifact_format import MANIFEST
+    from training.cli import main
+
+    config = tmp / f"{raw['name']}.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    for stage in ("fit-backbone", "distil", "export"):
+        assert main([stage, "--config", str(config)]) == 0
+    folder = tmp / "repo" / raw["export"]["name"] / "1"
+    assert (folder / MANIFEST).is_file()
+    return config, folder
+
+
 @pytest.fixture
 def tiny_config_path(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"

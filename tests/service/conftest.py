@@ -23,7 +23,6 @@ import httpx
 import numpy as np
 import pytest
 import torch
-import yaml
 from PIL import Image
 
 from models.artifact_format import ARTIFACT, MANIFEST, TOKENIZER, sha256_file
@@ -40,33 +39,21 @@ EXAMPLES = REPO_ROOT / "examples"
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``<tmp>/repo/tiny/1``: fit-backbone, distil and export on the tiny config (about 15 s)."""
-    from tests.conftest import tiny_config_dict
-    from training.cli import main
+    from tests.conftest import export_tiny, tiny_config_dict
 
     tmp = tmp_path_factory.mktemp("tiny-pipeline")
-    config = tmp / "tiny.yaml"
-    config.write_text(yaml.safe_dump(tiny_config_dict(tmp)))
-    for stage in ("fit-backbone", "distil", "export"):
-        assert main([stage, "--config", str(config)]) == 0
-    folder = tmp / "repo" / "tiny" / "1"
-    assert (folder / "manifest.json").is_file()
-    return folder
+    return export_tiny(tmp, tiny_config_dict(tmp))[1]
 
 
 @pytest.fixture(scope="session")
 def tiny_text_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``<tmp>/repo/tiny-text/1``: the text pipeline on the tiny text config (tiny BERT, WordPiece vocabulary of 400,
     max_length 32 tokens, max_characters 200; about 30 s)."""
-    from tests.conftest import tiny_text_config_dict
-    from training.cli import main
+    from tests.conftest import export_tiny, tiny_text_config_dict
 
     tmp = tmp_path_factory.mktemp("tiny-text-pipeline")
-    config = tmp / "tiny-text.yaml"
-    config.write_text(yaml.safe_dump(tiny_text_config_dict(tmp)))
-    for stage in ("fit-backbone", "distil", "export"):
-        assert main([stage, "--config", str(config)]) == 0
-    folder = tmp / "repo" / "tiny-text" / "1"
-    assert (folder / MANIFEST).is_file() and (folder / TOKENIZER).is_file()
+    folder = export_tiny(tmp, tiny_text_config_dict(tmp))[1]
+    assert (folder / TOKENIZER).is_file()
     return folder
 
 

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from models.artifact_format import MANIFEST, sha256_file, verify_files
-from tests.training.resume import check_distil_resumes
+from tests.training.pipeline_checks import check_distil_resumes, check_runs_isolated
 from training.artifact import load_scripted
-from training.cli import main
 from training.config import load_config
 from training.distil import load_director
 from training.runtime import load_checkpoint
@@ -22,17 +21,10 @@ from training.runtime import load_checkpoint
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Run the three stages once for the module; returns (config path, artifact folder)."""
-    import yaml
-
-    from tests.conftest import tiny_config_dict
+    from tests.conftest import export_tiny, tiny_config_dict
 
     tmp = tmp_path_factory.mktemp("pipeline")
-    config = tmp / "tiny.yaml"
-    config.write_text(yaml.safe_dump(tiny_config_dict(tmp)))
-    assert main(["fit-backbone", "--config", str(config)]) == 0
-    assert main(["distil", "--config", str(config)]) == 0
-    assert main(["export", "--config", str(config)]) == 0
-    return config, tmp / "repo" / "tiny" / "1"
+    return export_tiny(tmp, tiny_config_dict(tmp))
 
 
 def test_stages_write_checkpoints_with_their_config(exported: tuple[Path, Path]) -> None:
@@ -102,10 +94,7 @@ def test_artifact_loads_with_torch_alone(exported: tuple[Path, Path]) -> None:
         "assert not any(name.split('.')[0] in ('models', 'training', 'service', 'timm') for name in sys.modules)\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=folder,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith("ok")
+    check_runs_isolated(script, folder)
 
 
 def test_cli_help_lists_the_stages() -> None:

@@ -4,8 +4,6 @@ sentences): fit-backbone, distil (and resume), export; the exported artifact, ma
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +13,9 @@ from tokenizers import Tokenizer
 
 from models.artifact_format import MANIFEST, sha256_file, verify_files
 from models.text_director import fold_for_artifact
-from tests.conftest import tiny_text_config_dict
-from tests.training.resume import check_distil_resumes
+from tests.conftest import export_tiny, tiny_text_config_dict
+from tests.training.pipeline_checks import check_distil_resumes, check_runs_isolated
 from training.artifact import load_scripted
-from training.cli import main
 from training.config import load_config
 from training.distil import load_data, load_director
 from training.runtime import load_checkpoint
@@ -29,12 +26,7 @@ from training.text_inputs import TokenSplit, encode, load_run_tokenizer, shuffle
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Run the three stages once for the module; returns (config path, artifact folder)."""
     tmp = tmp_path_factory.mktemp("text-pipeline")
-    config = tmp / "tiny-text.yaml"
-    config.write_text(yaml.safe_dump(tiny_text_config_dict(tmp)))
-    assert main(["fit-backbone", "--config", str(config)]) == 0
-    assert main(["distil", "--config", str(config)]) == 0
-    assert main(["export", "--config", str(config)]) == 0
-    return config, tmp / "repo" / "tiny-text" / "1"
+    return export_tiny(tmp, tiny_text_config_dict(tmp))
 
 
 def _rows(split: TokenSplit, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,10 +167,7 @@ def test_artifact_loads_with_torch_alone(exported: tuple[Path, Path]) -> None:
         "assert not any(name.split('.')[0] in banned for name in sys.modules)\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=folder,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith("ok")
+    check_runs_isolated(script, folder)
 
 
 def test_length_bucketed_batches_cover_the_split_once() -> None:

@@ -1,8 +1,11 @@
-"""One check both pipelines' tests run: distillation resumes from its checkpoint (image and text alike)."""
+"""Checks both pipelines' tests run (image and text alike): distillation resumes from its checkpoint, and an
+exported artifact runs in a clean interpreter that imports none of our packages."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,3 +27,11 @@ def check_distil_resumes(config: Path, tmp_path: Path, capsys: pytest.CaptureFix
     after = load_checkpoint(copy_run / "director.pt")
     assert len(after["history"]) == 3
     assert any(not torch.equal(before[k], after["kernel"][k]) for k in before)
+
+
+def check_runs_isolated(script: str, folder: Path) -> None:
+    """Run ``script`` with ``python -I`` in ``folder`` (no site or repository on the path); it must print ``ok``."""
+    result = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=folder,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
