@@ -104,17 +104,26 @@ class Tally:
 
 
 class Pool:
-    """Idle keep-alive connections; a request with none idle opens a new one (up to ``limit``)."""
+    """Idle keep-alive connections; a request with none idle opens a new one (up to ``limit``).
 
-    def __init__(self, url: str, limit: int) -> None:
+    Like any HTTP client it does not reuse a connection the server may have closed: one idle longer than
+    ``keepalive_expiry_s`` (below uvicorn's 5 s keep-alive timeout) or one whose server already sent EOF is
+    dropped, so a keep-alive close racing a new request is not reported as a transport error."""
+
+    def __init__(self, url: str, limit: int, keepalive_expiry_s: float = 4.0) -> None:
         self.url = url
-        self.idle: deque[Connection] = deque()
+        self.idle: deque[tuple[Connection, float]] = deque()  # (connection, idle since), most recent last
         self.slots = asyncio.Semaphore(limit)
+        self.keepalive_expiry_s = keepalive_expiry_s
 
     async def take(self) -> Connection:
         await self.slots.acquire()
-        if self.idle:
-            return self.idle.pop()
+        expired_before = time.perf_counter() - self.keepalive_expiry_s
+        while self.idle:
+            conn, since = self.idle.pop()
+            if since > expired_before and not conn.reader.at_eof():
+                return conn
+            conn.close()
         try:
             return await Connection.connect(self.url)
         except BaseException:
@@ -123,14 +132,14 @@ class Pool:
 
     def give(self, conn: Connection) -> None:
         if conn.open:
-            self.idle.append(conn)
+            self.idle.append((conn, time.perf_counter()))
         else:
             conn.close()
         self.slots.release()
 
     def close(self) -> None:
         while self.idle:
-            self.idle.pop().close()
+            self.idle.pop()[0].close()
 
 
 async def _one(pool: Pool, raw: bytes, scheduled: float, tally: Tally, timeout_s: float) -> None:

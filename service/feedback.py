@@ -55,6 +55,8 @@ class FeedbackStore:
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10.0, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
+        # in WAL mode NORMAL still survives a crash of the process (not of the machine) without an fsync per request
+        self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(SCHEMA)
         self._inserts = 0
         self.prune()

@@ -18,6 +18,7 @@ from pathlib import Path
 from service.artifact import Artifact, ArtifactError, load_artifact, read_manifest
 from service.batching import BatchWorker
 from service.device import Device
+from service.heap import freeze_long_lived, thaw
 
 log = logging.getLogger("service.repository")
 
@@ -112,12 +113,14 @@ class ModelRepository:
     async def scan(self) -> None:
         async with self._scan_lock:
             found = self._folders()
+            loaded = False
             for (name, version), folder in found.items():
                 current = self.models.get(name, {}).get(version)
                 print_ = fingerprint(folder)
                 if current is not None and current.fingerprint == print_:
                     continue
                 await self._load(name, version, folder, print_, current)
+                loaded = True
             for name in list(self.models):
                 for version in list(self.models[name]):
                     if (name, version) not in found:
@@ -127,6 +130,8 @@ class ModelRepository:
                         self._retire(entry)
                 if not self.models[name]:
                     del self.models[name]
+            if loaded:  # the new versions live until replaced: keep them out of the collector's full scans
+                freeze_long_lived()
             self.scanned_once = True
 
     async def _load(self, name: str, version: str, folder: Path, print_: tuple, current: ModelVersion | None
@@ -181,3 +186,4 @@ class ModelRepository:
         """Finish every queued request, then stop all workers."""
         workers = [v.worker for v in self.all_versions() if v.worker is not None]
         await asyncio.gather(*(w.close(self.drain_timeout_s) for w in workers), *self._retiring)
+        thaw()

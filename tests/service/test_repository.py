@@ -4,6 +4,7 @@ appearing while requests run, and the per-version metric series following the re
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
 import time
@@ -124,6 +125,23 @@ def test_new_version_is_picked_up_while_requests_run(tiny_artifact: Path, tmp_pa
         gone = httpx.post(f"{server.url}/predict", json={"version": "1", "inputs": [{"pixels":
                                                                                      random_pixels(rng)[0]}]})
         assert gone.status_code == 404
+
+
+def test_loaded_versions_are_frozen_out_of_garbage_collection_until_shutdown(tiny_artifact: Path,
+                                                                              tmp_path: Path) -> None:
+    """Full collections would otherwise walk every model object on the event loop (service/heap.py)."""
+    repository = tmp_path / "repo"
+    copy_version(tiny_artifact, repository, "tiny", "1")
+    with serve(settings_for(repository, tmp_path, poll_interval_s=0.1)) as server:
+        frozen_at_start = gc.get_freeze_count()
+        assert frozen_at_start > 0
+        copy_version(tiny_artifact, repository, "tiny", "2")
+        wait_until(lambda: httpx.get(f"{server.url}/models/tiny").json()["default_version"] == "2",
+                   "version 2 ready")
+        wait_until(lambda: gc.get_freeze_count() > frozen_at_start, "version 2 frozen", deadline_s=10)
+        body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(2))[0]}], "n_samples": 2}
+        assert httpx.post(f"{server.url}/predict", json=body, timeout=30).json()["model_version"] == "2"
+    assert gc.get_freeze_count() == 0
 
 
 def series(server_url: str, name: str, **labels: str) -> float | None:
