@@ -112,7 +112,7 @@ class BatchStats:
 class BatchWorker:
     def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
                  max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
-                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 4096) -> None:
+                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048) -> None:
         self.artifact = artifact
         self.device = device
         self.max_rows = max_batch_samples

@@ -30,9 +30,11 @@ class Settings(BaseSettings):
     bf16: bool = Field(False, description="bf16 autocast for inference on CUDA (ignored on CPU)")
     max_batch_samples: int = Field(128, ge=1, description="rows per forward: sum over inputs of n_samples (128 "
                                    "measured best on a 2-core CPU, docs/benchmarks.md; raise it on a GPU)")
-    max_batch_tokens: int = Field(4096, ge=1, description="text models: padded tokens x samples per forward (the "
-                                  "batch's longest text rounded up to a multiple of 8, times its sampled rows); 4096 "
-                                  "= e.g. 8 requests of 16 samples at 32 padded tokens; raise it on a GPU")
+    max_batch_tokens: int = Field(2048, ge=1, description="text models: padded tokens x samples per forward (the "
+                                  "batch's longest text rounded up to a multiple of 8, times its sampled rows); 2048 "
+                                  "= e.g. 4 requests of 16 samples at 32 padded tokens, the largest forward before the "
+                                  "MiniLM artifact's inputs/s fall on a 2-core CPU (docs/benchmarks-text.md); raise it "
+                                  "on a GPU")
     max_batch_delay_ms: float = Field(0.0, ge=0, description="how long a batch waits for more requests (0: it takes "
                                       "what queued during the previous forward; measured best in docs/benchmarks.md)")
     max_queue: int = Field(256, ge=1, description="queued requests per model version before 503")

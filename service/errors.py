@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("service.errors")
@@ -24,10 +24,13 @@ KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method
 class ErrorBody(BaseModel):
     """The JSON body of every error response."""
 
-    error: str
-    status: int
-    type: str
-    details: list[dict[str, Any]] | None = None
+    error: str = Field(..., description="what went wrong, for a person to read")
+    status: int = Field(..., description="the HTTP status code, repeated")
+    type: str = Field(..., description="kind of error, for a program to branch on: bad_request, unauthorized, "
+                                       "not_found, method_not_allowed, too_large, invalid_input, internal, "
+                                       "unavailable, timeout")
+    details: list[dict[str, Any]] | None = Field(None, description="one entry per problem, with its location (loc) "
+                                                                   "and message (msg): every 422, some 400s")
 
 
 class ApiError(Exception):

@@ -50,8 +50,8 @@ class PredictRequest(BaseModel):
 
 class Prediction(BaseModel):
     index: int = Field(..., description="position of the input in the request")
-    label: str
-    class_index: int
+    label: str = Field(..., description="predicted label: argmax of the mean probability over samples")
+    class_index: int = Field(..., description="index of the label in the manifest's labels")
     confidence: float = Field(..., description="max of the mean probability over samples")
     probabilities: dict[str, float] | None = Field(None, description="label -> mean probability over samples")
     predictive_entropy: float = Field(..., description="entropy of the mean probability, nats")
@@ -71,7 +71,7 @@ class Prediction(BaseModel):
 class OodInfo(BaseModel):
     score: str = Field(..., description="name of the OOD score (max_softmax, predictive_entropy, "
                                         "mutual_information, energy)")
-    threshold: float
+    threshold: float = Field(..., description="is_ood = ood_score > threshold")
     calibrated_n_samples: int = Field(..., description="sample count the threshold was calibrated at")
     note: str | None = Field(None, description="set when n_samples has no calibrated threshold of its own")
 
@@ -90,12 +90,12 @@ class Timings(BaseModel):
 class PredictResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     id: str = Field(..., description="request id; quote it in /feedback")
-    model: str
-    model_version: str
-    n_samples: int
-    ood: OodInfo
-    predictions: list[Prediction]
-    timings: Timings
+    model: str = Field(..., description="model that answered")
+    model_version: str = Field(..., description="version that answered")
+    n_samples: int = Field(..., description="stochastic samples per input that were run")
+    ood: OodInfo = Field(..., description="the OOD rule applied to every input at this sample count")
+    predictions: list[Prediction] = Field(..., description="one per input, in request order")
+    timings: Timings = Field(..., description="where the server's time went")
 
 
 class FeedbackRequest(BaseModel):
@@ -113,26 +113,29 @@ class FeedbackRequest(BaseModel):
 
 class FeedbackResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
-    id: str
-    index: int
-    model: str
-    model_version: str
-    correct: bool
-    live_accuracy: float | None
-    live_ece: float | None
+    id: str = Field(..., description="request id the label was joined to")
+    index: int = Field(..., description="input index in that request")
+    model: str = Field(..., description="model that made the prediction")
+    model_version: str = Field(..., description="version that made the prediction")
+    correct: bool = Field(..., description="the logged prediction equals the reported label")
+    live_accuracy: float | None = Field(..., description="accuracy over the latest labelled predictions of the "
+                                                         "version (DIRECTOR_FEEDBACK_WINDOW)")
+    live_ece: float | None = Field(..., description="expected calibration error (10 equal-width bins) over the "
+                                                    "same window")
     labelled: int = Field(..., description="labelled predictions behind the live figures")
 
 
 class VersionInfo(BaseModel):
-    version: str
+    version: str = Field(..., description="version folder name")
     state: str = Field(..., description="ready | loading | unavailable")
     reason: str | None = Field(None, description="why the version is unavailable")
-    method: str | None = None
-    modality: str | None = None
-    default_samples: int | None = None
-    max_samples: int | None = None
+    method: str | None = Field(None, description="the manifest's method: director, deterministic, mc_dropout or "
+                                                  "ensemble")
+    modality: str | None = Field(None, description="image or text")
+    default_samples: int | None = Field(None, description="n_samples when a request gives none")
+    max_samples: int | None = Field(None, description="largest n_samples accepted")
     loaded_at: float | None = Field(None, description="unix time the version became ready")
-    queue_depth: int | None = None
+    queue_depth: int | None = Field(None, description="requests waiting for a batch")
     input: dict[str, Any] | None = Field(None, description="the manifest's input section (image: channels, height, "
                                                            "width; text: tokenizer, max_length, max_characters, "
                                                            "truncation, padding)")
@@ -141,14 +144,14 @@ class VersionInfo(BaseModel):
 
 
 class ModelSummary(BaseModel):
-    name: str
+    name: str = Field(..., description="model folder name")
     default_version: str | None = Field(None, description="highest ready version")
-    versions: list[VersionInfo]
+    versions: list[VersionInfo] = Field(..., description="every version in the repository, lowest first")
 
 
 class ModelList(BaseModel):
-    default_model: str
-    models: list[ModelSummary]
+    default_model: str = Field(..., description="model used when a request names none")
+    models: list[ModelSummary] = Field(..., description="every model in the repository")
 
 
 class ModelDetail(ModelSummary):
@@ -158,7 +161,8 @@ class ModelDetail(ModelSummary):
 
 
 class Health(BaseModel):
-    status: str
-    draining: bool = False
+    status: str = Field(..., description="alive (/health/live), ready or not_ready")
+    draining: bool = Field(False, description="shutting down: finishing queued requests, accepting none")
     models: dict[str, dict[str, str]] = Field(default_factory=dict, description="model -> version -> state")
-    missing_required: list[str] = Field(default_factory=list)
+    missing_required: list[str] = Field(default_factory=list, description="DIRECTOR_REQUIRED_MODELS that are "
+                                                                           "not ready")

@@ -76,7 +76,7 @@ async def predict_image(
     version: Annotated[str | None, Form(description="model version (default: highest ready)")] = None,
     n_samples: Annotated[int | None, Form(ge=1, description="stochastic samples")] = None,
     seed: Annotated[int | None, Form(ge=0, le=2**63 - 1, description="reproducible run")] = None,
-    return_probabilities: Annotated[bool, Form()] = True,
+    return_probabilities: Annotated[bool, Form(description="include the label -> probability map")] = True,
 ) -> PredictResponse:
     started = time.perf_counter()
     entry = serving.resolve(state, model, version)

@@ -182,11 +182,12 @@ def text_repository(tiny_text_artifact: Path, tiny_artifact: Path, tmp_path_fact
 
 @pytest.fixture(scope="session")
 def text_server(text_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    """One shared server on the text models (default ``tiny-text``) and the tiny image model, default batch token
-    budget (4096), the manifest's character limit (200) below the server's."""
+    """One shared server on the text models (default ``tiny-text``) and the tiny image model, a batch token budget
+    of 4096 (the tests' arithmetic uses it, whatever the default), the manifest's character limit (200) below the
+    server's."""
     tmp = tmp_path_factory.mktemp("text-server")
     settings = settings_for(text_repository, tmp, default_model=TEXT_MODEL, max_inputs_per_request=32,
-                            drift_min_window=20)
+                            drift_min_window=20, max_batch_tokens=4096)
     with serve(settings) as running:
         yield running
 
