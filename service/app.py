@@ -18,7 +18,7 @@ from service.batching import BatchStats, BatchWorker
 from service.config import Settings
 from service.device import resolve_device
 from service.errors import register_error_handlers
-from service.feedback import FeedbackStore
+from service.feedback import FLUSH_INTERVAL_S, FeedbackStore
 from service.metrics import Metrics, mark_process_dead
 from service.middleware import BodyLimit, HttpMetrics
 from service.repository import ModelRepository
@@ -86,7 +86,17 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
             if settings.poll_interval_s > 0:
                 await state.repository.poll(settings.poll_interval_s)
 
+        async def flush_feedback() -> None:
+            while True:
+                await asyncio.sleep(FLUSH_INTERVAL_S)
+                if state.feedback.pending:
+                    try:
+                        await asyncio.to_thread(state.feedback.flush)
+                    except Exception:  # the next flush retries what is still pending; predictions go on
+                        log.exception("could not write the prediction log")
+
         loader = asyncio.get_running_loop().create_task(load_then_poll(), name="repository")
+        flusher = asyncio.get_running_loop().create_task(flush_feedback(), name="feedback-flush")
         log.info("serving %s on %s (%d threads)", settings.model_repository, state.device.torch_device,
                  torch.get_num_threads())
         try:
@@ -97,7 +107,10 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
             await state.repository.close()  # queued requests finish first
-            state.feedback.close()
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+            state.feedback.close()  # writes what is still pending
             mark_process_dead()
 
     app = FastAPI(title="DIRECTOR serving", version=__version__, lifespan=lifespan,

@@ -160,11 +160,11 @@ async def run(state: AppState, entry: ModelVersion, inputs: Inputs, n_samples: i
     flags = [score > rule.threshold for score in scores]
     texts = inputs if isinstance(inputs, list) else None
     outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch, texts)
-    await record(state, outcome)
+    record(state, outcome)
     return outcome
 
 
-async def record(state: AppState, outcome: Outcome) -> None:
+def record(state: AppState, outcome: Outcome) -> None:
     entry, summary = outcome.entry, outcome.summary
     state.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood)
     artifact = entry.artifact
@@ -180,7 +180,7 @@ async def record(state: AppState, outcome: Outcome) -> None:
     rows = [(int(c), labels[int(c)], float(p)) for c, p in zip(summary.prediction, summary.confidence,
                                                                strict=True)]
     try:
-        await asyncio.to_thread(state.feedback.log, outcome.id, entry.name, entry.version, outcome.n_samples, rows)
+        state.feedback.log(outcome.id, entry.name, entry.version, outcome.n_samples, rows)  # buffered: no I/O here
     except Exception:  # the prediction is still good: losing its log only weakens live accuracy
         log.exception("could not log prediction %s", outcome.id)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -61,6 +62,36 @@ def test_feedback_store_is_bounded_in_rows_and_age(tmp_path: Path) -> None:
     aged = FeedbackStore(tmp_path / "f.sqlite3", max_rows=5, max_age_s=1e-9, window=100)
     assert aged.count() == 0  # everything is older than the age limit
     aged.close()
+
+
+def test_feedback_log_is_buffered_then_written_in_one_transaction_and_read_through(tmp_path: Path) -> None:
+    """``log`` does no I/O (it runs on the event loop); a read sees what was logged; ``close`` writes the rest."""
+    path = tmp_path / "f.sqlite3"
+    store = FeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
+    store.log("a", "m", "1", 4, [(0, "x", 0.9), (1, "y", 0.6)])
+    assert store.pending == 2
+    with sqlite3.connect(path) as other:  # nothing written yet
+        assert other.execute("SELECT COUNT(*) FROM predictions").fetchone()[0] == 0
+    assert store.lookup("a", 1) is not None and store.pending == 0  # a read flushes first
+    store.log("b", "m", "1", 4, [(0, "x", 0.8)])
+    assert store.flush() == 1 and store.flush() == 0
+    store.log("c", "m", "1", 4, [(1, "y", 0.7)])
+    store.close()
+    reopened = FeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
+    assert reopened.count() == 4 and reopened.lookup("c", 0) is not None
+    reopened.close()
+
+
+def test_a_failed_flush_keeps_its_rows_for_the_next(tmp_path: Path) -> None:
+    store = FeedbackStore(tmp_path / "f.sqlite3", max_rows=100, max_age_s=3600, window=100)
+    store.log("a", "m", "1", 4, [(0, "x", 0.9)])
+    store.log("b", "m", "1", 4, [(0, "x", object())])  # type: ignore[list-item]  # not a number: the insert fails
+    with pytest.raises(sqlite3.Error):
+        store.flush()
+    assert store.pending == 2  # rolled back, and both rows still queued
+    store._pending.pop()  # drop the bad row by hand; the good one is still queued, in order
+    assert store.flush() == 1 and store.lookup("a", 0) is not None
+    store.close()
 
 
 def test_ece_of_perfectly_calibrated_and_overconfident_rows() -> None:
