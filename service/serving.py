@@ -161,6 +161,11 @@ async def run(state: AppState, entry: ModelVersion, inputs: Inputs, n_samples: i
     texts = inputs if isinstance(inputs, list) else None
     outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch, texts)
     record(state, outcome)
+    # One batch wakes all its requests at once; without a yield here the loop would build and send every one of
+    # their responses before it next reads a socket, leaving new requests unread meanwhile. Measured at S = 1 with
+    # 32 closed-loop clients: 777 rps without this yield, 854 with it (about 830 with the earlier per-request
+    # thread hop that yielded by accident).
+    await asyncio.sleep(0)
     return outcome
 
 
