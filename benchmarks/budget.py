@@ -151,7 +151,8 @@ def measure_subject(url: str, subject: Subject, shape: tuple[int, int, int], bud
 
 def run_budget(repository: Path, model: str, deterministic: Path | None, config: str, threads: int,
                samples: list[int], max_batch_samples: int, budget_ms: float, seconds: float, steps: int,
-               peak_clients: int, peak_requests: int) -> dict[str, Any]:
+               peak_clients: int, peak_requests: int, server_args: list[str] | None = None) -> dict[str, Any]:
+    """``server_args`` go to every server started (e.g. ``--device cuda --bf16``)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="director-budget-") as tmp:
@@ -171,7 +172,7 @@ def run_budget(repository: Path, model: str, deterministic: Path | None, config:
         peak: list[dict[str, Any]] = []
         for mode, (extra, subjects) in servers.items():
             # a queue long enough that the search meets the latency budget, never a refusal
-            with running_server(repo, director, threads, [*extra, "--max-queue", "4096"]) as url:
+            with running_server(repo, director, threads, [*extra, "--max-queue", "4096", *(server_args or [])]) as url:
                 for subject in subjects:
                     rows.append(measure_subject(url, subject, shape, budget_ms, seconds, steps))
                 raw = encode_post(url, "/predict", body_for(shape, director, 1))

@@ -130,7 +130,9 @@ def budget_section(budget: dict[str, Any]) -> list[str]:
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     """Rewrite the tables of ``path``; keep the hand-written analysis after the marker."""
-    lines = ["# Serving benchmark (CPU, this machine)", ""]
+    device = results.get("device", "cpu")
+    where = "CPU, this machine" if device == "cpu" else f"{device}{', bf16' if results.get('bf16') else ', fp32'}"
+    lines = [f"# Serving benchmark ({where})", ""]
     if "runs" in results:
         lines += load_section(results)
     if "budget" in results:

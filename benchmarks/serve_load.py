@@ -18,6 +18,12 @@ Each configuration starts ``python -m service`` as its own process group (torch 
 
     .venv/bin/python benchmarks/serve_load.py --mode all --requests 200 --seconds 30 --threads 1 \
         --out docs/benchmarks.json --markdown docs/benchmarks.md
+
+On a GPU host, once with fp32 and once with ``--bf16`` (the server and the raw artifact on the GPU; rows per
+forward raised, since a forward of 128 rows leaves a GPU mostly idle):
+
+    .venv/bin/python benchmarks/serve_load.py --mode all --device cuda --max-batch-samples 2048 --threads 4 \
+        --out docs/benchmarks-gpu.json --markdown docs/benchmarks-gpu.md
 """
 
 from __future__ import annotations
@@ -73,30 +79,42 @@ async def drive(url: str, body: dict[str, Any], concurrency: int, max_requests: 
             if refused_latencies else None}
 
 
-def raw_artifact(folder: Path, n_samples: int, batch_sizes: list[int], threads: int, min_seconds: float = 0.5
-                 ) -> list[dict[str, Any]]:
+def raw_artifact(folder: Path, n_samples: int, batch_sizes: list[int], threads: int, min_seconds: float = 0.5,
+                 device: str = "cpu", bf16: bool = False) -> list[dict[str, Any]]:
     """Time of the artifact alone (``sample_rows``) per input at the same batch sizes: at least 5 forwards and
-    ``min_seconds`` per batch size."""
+    ``min_seconds`` per batch size, on ``device`` (bf16 autocast on CUDA when asked, as the server does)."""
     torch.set_num_threads(threads)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
-        module = torch.jit.load(str(folder / "director.ts"))
+        module = torch.jit.load(str(folder / "director.ts"), map_location=device)
     manifest = json.loads((folder / "manifest.json").read_text())
     shape = (manifest["input"]["channels"], manifest["input"]["height"], manifest["input"]["width"])
+    cuda = device.startswith("cuda")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and bf16):
         for batch in batch_sizes:
-            pixels = torch.rand(batch, *shape)
-            counts = torch.full((batch,), n_samples, dtype=torch.long)
+            pixels = torch.rand(batch, *shape, device=device)
+            counts = torch.full((batch,), n_samples, dtype=torch.long, device=device)
             module.sample_rows(pixels, counts)  # warm-up
+            sync()
             forwards, start = 0, time.perf_counter()
             while forwards < 5 or time.perf_counter() - start < min_seconds:
                 module.sample_rows(pixels, counts)
                 forwards += 1
+                sync()
             seconds = (time.perf_counter() - start) / forwards
             out.append({"batch": batch, "n_samples": n_samples, "rows": batch * n_samples,
                         "ms_per_forward": round(seconds * 1000, 3), "inputs_per_s": round(batch / seconds, 1)})
     return out
+
+
+def server_device_args(args: argparse.Namespace) -> list[str]:
+    return ["--device", args.device, *(["--bf16"] if args.bf16 else [])]
 
 
 def run_load(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -105,15 +123,16 @@ def run_load(args: argparse.Namespace, results: dict[str, Any]) -> None:
     shape = (manifest["input"]["channels"], manifest["input"]["height"], manifest["input"]["width"])
     pixels = np.random.default_rng(0).random(shape).round(4).tolist()
     body = {"inputs": [{"pixels": pixels}], "n_samples": args.n_samples, "return_probabilities": False}
+    device = server_device_args(args)
     modes = {
         "batching": ["--max-batch-samples", str(args.max_batch_samples), "--max-batch-delay-ms",
-                     str(args.max_batch_delay_ms)],
-        "batch-1": ["--max-batch-samples", str(args.n_samples), "--max-batch-delay-ms", "0"],
+                     str(args.max_batch_delay_ms), *device],
+        "batch-1": ["--max-batch-samples", str(args.n_samples), "--max-batch-delay-ms", "0", *device],
     }
     results.update({
         "command": results["invocation"], "threads": args.threads, "max_batch_samples": args.max_batch_samples,
         "max_batch_delay_ms": args.max_batch_delay_ms, "cpu_count": os.cpu_count(), "model": args.model,
-        "torch": torch.__version__, "n_samples": args.n_samples, "runs": {},
+        "torch": torch.__version__, "n_samples": args.n_samples, "runs": {}, "device": args.device, "bf16": args.bf16,
     })
     for mode, extra in modes.items():
         with running_server(args.repository, args.model, args.threads, extra) as url:
@@ -141,7 +160,8 @@ def run_load(args: argparse.Namespace, results: dict[str, Any]) -> None:
         print("flood", json.dumps(flood), flush=True)
     # S = 1 too: the ceiling of what batching can gain where a request is one row (budget mode's peak runs)
     results["raw_artifact"] = [row for s in sorted({args.n_samples, 1}, reverse=True)
-                               for row in raw_artifact(folder, s, [1, 8, 32, 128], args.threads)]
+                               for row in raw_artifact(folder, s, [1, 8, 32, 128], args.threads, device=args.device,
+                                                       bf16=args.bf16)]
     print("raw", json.dumps(results["raw_artifact"]))
 
 
@@ -156,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per run (upper bound)")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds per run (upper bound)")
     parser.add_argument("--threads", type=int, default=1, help="server torch threads (pinned)")
-    parser.add_argument("--max-batch-samples", type=int, default=128)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="server and raw artifact device")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (server and raw artifact)")
+    parser.add_argument("--max-batch-samples", type=int, default=128, help="rows per forward (raise it on a GPU)")
     parser.add_argument("--max-batch-delay-ms", type=float, default=0.0, help="batching window of the batching mode")
     parser.add_argument("--overload-factor", type=float, default=10.0, help="overload arrival rate / capacity")
     parser.add_argument("--overload-seconds", type=float, default=10.0, help="length of the overload run")
@@ -186,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         results["budget"] = run_budget(
             args.repository, args.model, args.deterministic, args.config, args.threads, args.budget_samples,
             args.max_batch_samples, args.budget_ms, args.point_seconds, args.search_steps, args.peak_clients,
-            args.requests * 4)
-        results["budget"].update({"command": invocation, "torch": torch.__version__, "cpu_count": os.cpu_count()})
+            args.requests * 4, server_device_args(args))
+        results["budget"].update({"command": invocation, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                                  "device": args.device, "bf16": args.bf16})
     results.pop("invocation")
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
