@@ -5,9 +5,11 @@ FastAPI and pydantic loaded that is a pause of about 0.1 s on this CPU, on the e
 few thousand requests; under overload it showed as the p99 of refusals (docs/benchmarks.md). Objects alive
 once the models are loaded live as long as the process, so they are collected once and then frozen
 (``gc.freeze``: moved to a permanent generation that collections skip). Objects made per request are still
-collected as before; a model version unloaded later is freed by reference counting, and only reference
-cycles among frozen objects would outlive it, until ``thaw`` at shutdown hands them back (the app may be embedded
-in a longer-lived process, a test run for one)."""
+collected as before, and an unloaded version is freed by reference counting once drained (its module and
+worker hold no cycles; tests/service/test_repository.py checks both go). Each freeze first thaws, so any cyclic
+garbage that did end up frozen is collected at the next load: one pause per model load instead of one every few
+thousand requests. ``thaw`` at shutdown hands everything back (the app may be embedded in a longer-lived
+process, a test run for one)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ log = logging.getLogger("service.heap")
 
 
 def freeze_long_lived() -> None:
-    """Collect what is garbage now, then exempt everything still alive from later collections."""
+    """Collect what is garbage now (frozen objects included), then exempt everything still alive from later
+    collections."""
     started = time.perf_counter()
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     log.info("froze %d long-lived objects out of garbage collection in %.3fs", gc.get_freeze_count(),

@@ -8,6 +8,7 @@ import gc
 import json
 import shutil
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,18 +130,27 @@ def test_new_version_is_picked_up_while_requests_run(tiny_artifact: Path, tmp_pa
 
 def test_loaded_versions_are_frozen_out_of_garbage_collection_until_shutdown(tiny_artifact: Path,
                                                                               tmp_path: Path) -> None:
-    """Full collections would otherwise walk every model object on the event loop (service/heap.py)."""
+    """Full collections would otherwise walk every model object on the event loop (service/heap.py); a removed
+    version, once drained, is still freed although it had been frozen."""
     repository = tmp_path / "repo"
     copy_version(tiny_artifact, repository, "tiny", "1")
     with serve(settings_for(repository, tmp_path, poll_interval_s=0.1)) as server:
         frozen_at_start = gc.get_freeze_count()
         assert frozen_at_start > 0
+        first = server.app_state.repository.get("tiny", "1")
+        assert first is not None and first.artifact is not None
+        first_module = weakref.ref(first.artifact.module)
+        first_worker = weakref.ref(first.worker)
+        del first
         copy_version(tiny_artifact, repository, "tiny", "2")
         wait_until(lambda: httpx.get(f"{server.url}/models/tiny").json()["default_version"] == "2",
                    "version 2 ready")
         wait_until(lambda: gc.get_freeze_count() > frozen_at_start, "version 2 frozen", deadline_s=10)
         body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(2))[0]}], "n_samples": 2}
         assert httpx.post(f"{server.url}/predict", json=body, timeout=30).json()["model_version"] == "2"
+        shutil.rmtree(repository / "tiny" / "1")
+        wait_until(lambda: first_module() is None and first_worker() is None, "version 1 freed after its removal",
+                   deadline_s=30)
     assert gc.get_freeze_count() == 0
 
 
