@@ -128,7 +128,7 @@ def budget_section(budget: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_markdown(results: dict[str, Any], path: Path) -> None:
+def write_markdown(results: dict[str, Any], path: Path, json_path: Path | None = None) -> None:
     """Rewrite the tables of ``path``; keep the hand-written analysis after the marker."""
     device = results.get("device", "cpu")
     where = "CPU, this machine" if device == "cpu" else f"{device}{', bf16' if results.get('bf16') else ', fp32'}"
@@ -139,7 +139,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         lines += ["", *budget_section(results["budget"])]
     if "runs" in results:
         lines += ["", *targets_section(results)]
-    lines += ["", "Every number above is also in `docs/benchmarks.json`; the tables are what `--markdown` wrote."]
+    where_json = f"`{json_path.as_posix()}`" if json_path is not None else "the results JSON"
+    lines += ["", f"Every number above is also in {where_json}; the tables are what `--markdown` wrote."]
     kept = f"{ANALYSIS_MARKER}\n\n## What this shows\n\n(analysis to be written)\n"
     if path.exists():
         text = path.read_text()

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.markdown is not None:
-        write_markdown(results, args.markdown)
+        write_markdown(results, args.markdown, args.out)
     return 0
 
 
