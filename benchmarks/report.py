@@ -1,4 +1,5 @@
-"""The generated part of docs/benchmarks.md: tables from the results JSON.
+"""The generated part of docs/benchmarks.md: tables from the results JSON (and the marker that keeps the
+hand-written part of every benchmark page).
 
 Everything from the ``ANALYSIS_MARKER`` line on is written by hand and kept as it is when the tables are
 rewritten (a file without the marker gets one, with a placeholder, after the tables)."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-ANALYSIS_MARKER = "<!-- analysis: written by hand below this line; serve_load.py --markdown keeps it -->"
+ANALYSIS_MARKER = "<!-- analysis: written by hand below this line; --markdown keeps it -->"
 
 
 def _ms(row: dict[str, Any], prefix: str = "") -> str:
@@ -141,9 +142,14 @@ def write_markdown(results: dict[str, Any], path: Path, json_path: Path | None =
         lines += ["", *targets_section(results)]
     where_json = f"`{json_path.as_posix()}`" if json_path is not None else "the results JSON"
     lines += ["", f"Every number above is also in {where_json}; the tables are what `--markdown` wrote."]
+    write_keeping_analysis(path, lines)
+
+
+def write_keeping_analysis(path: Path, generated: list[str]) -> None:
+    """Write the ``generated`` lines to ``path``, then its hand-written part from the marker on (kept as it is)."""
     kept = f"{ANALYSIS_MARKER}\n\n## What this shows\n\n(analysis to be written)\n"
     if path.exists():
         text = path.read_text()
         if ANALYSIS_MARKER in text:
             kept = text[text.index(ANALYSIS_MARKER):]
-    path.write_text("\n".join(lines) + "\n\n" + kept)
+    path.write_text("\n".join(generated) + "\n\n" + kept)

@@ -35,6 +35,7 @@ import os
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from budget import run_budget
 from loadgen import closed_loop, encode_post, open_loop
 from report import write_markdown
 from server import ROOT, running_server
+from timing import seconds_per_call
 
 
 async def drive(url: str, body: dict[str, Any], concurrency: int, max_requests: int, max_seconds: float
@@ -90,24 +92,13 @@ def raw_artifact(folder: Path, n_samples: int, batch_sizes: list[int], threads: 
     manifest = json.loads((folder / "manifest.json").read_text())
     shape = (manifest["input"]["channels"], manifest["input"]["height"], manifest["input"]["width"])
     cuda = device.startswith("cuda")
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
     out = []
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and bf16):
         for batch in batch_sizes:
             pixels = torch.rand(batch, *shape, device=device)
             counts = torch.full((batch,), n_samples, dtype=torch.long, device=device)
-            module.sample_rows(pixels, counts)  # warm-up
-            sync()
-            forwards, start = 0, time.perf_counter()
-            while forwards < 5 or time.perf_counter() - start < min_seconds:
-                module.sample_rows(pixels, counts)
-                forwards += 1
-                sync()
-            seconds = (time.perf_counter() - start) / forwards
+            seconds = seconds_per_call(partial(module.sample_rows, pixels, counts), 5, min_seconds,
+                                       torch.cuda.synchronize if cuda else lambda: None)
             out.append({"batch": batch, "n_samples": n_samples, "rows": batch * n_samples,
                         "ms_per_forward": round(seconds * 1000, 3), "inputs_per_s": round(batch / seconds, 1)})
     return out

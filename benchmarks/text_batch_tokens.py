@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from report import write_keeping_analysis
 from server import ROOT
+from timing import seconds_per_call
 from tqdm import tqdm
 
 CLS, SEP, FIRST_WORD, VOCAB_END = 101, 102, 1000, 20000  # BERT uncased ids: [CLS], [SEP], ordinary word pieces
@@ -35,12 +36,7 @@ def time_forward(module: torch.jit.ScriptModule, inputs: int, width: int, n_samp
     mask = torch.ones(inputs, width, dtype=torch.long)  # [B, L]
     repeats = torch.full((inputs,), n_samples, dtype=torch.long)  # [B]
     with torch.inference_mode():
-        module.sample_rows(ids, mask, repeats)  # warm-up
-        forwards, start = 0, time.perf_counter()
-        while forwards < 3 or time.perf_counter() - start < min_seconds:
-            module.sample_rows(ids, mask, repeats)
-            forwards += 1
-    return (time.perf_counter() - start) / forwards
+        return seconds_per_call(lambda: module.sample_rows(ids, mask, repeats), 3, min_seconds)
 
 
 def measure(folder: Path, widths: list[int], samples: list[int], max_tokens: int, threads: int,
@@ -77,7 +73,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         ratio = r["inputs_per_s"] / single[(r["width"], r["n_samples"])]
         lines.append(f"| {r['width']} | {r['n_samples']} | {r['inputs']} | {r['tokens_x_samples']} | "
                      f"{r['ms_per_forward']} | {r['inputs_per_s']} | {ratio:.2f}x |")
-    path.write_text("\n".join(lines) + "\n\n" + results.get("analysis", "") + "\n")
+    write_keeping_analysis(path, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,9 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.markdown is not None:
-        marker = "<!-- analysis: written by hand below this line -->"
-        text = args.markdown.read_text() if args.markdown.exists() else ""
-        results["analysis"] = text[text.index(marker):] if marker in text else marker
         write_markdown(results, args.markdown)
     return 0
 
