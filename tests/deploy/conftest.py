@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -172,6 +173,72 @@ def interpolate_defaults(value: str) -> str:
     import re
 
     return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}", lambda m: m.group(2) or "", value)
+
+
+class InterpolationError(ValueError):
+    """What ``docker compose config`` reports for a required variable (``${VAR:?message}``) left unset."""
+
+
+_INTERPOLATION = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """The Compose specification's interpolation of one string: ``$$``, ``$VAR``, ``${VAR}``, ``${VAR:-default}``
+    / ``${VAR-default}``, ``${VAR:?error}`` / ``${VAR?error}`` and ``${VAR:+replacement}`` / ``${VAR+replacement}``
+    (with the colon, an empty value counts as unset). No Docker engine or Compose v2 CLI runs here (Debian
+    bookworm ships only docker-compose 1.29, which predates the specification), so ``docker compose config`` is
+    reproduced for what this repository's compose file uses."""
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(1):
+            return "$"
+        name = match.group(2) or match.group(5)
+        operator, argument = match.group(3) or "", match.group(4) or ""
+        present = name in env and (env[name] != "" or not operator.startswith(":"))
+        if operator.endswith("-"):
+            return env[name] if present else argument
+        if operator.endswith("?"):
+            if not present:
+                raise InterpolationError(f"required variable {name} is missing a value: {argument}")
+            return env[name]
+        if operator.endswith("+"):
+            return argument if present else ""
+        return env.get(name, "")
+
+    return _INTERPOLATION.sub(substitute, value)
+
+
+def interpolate_tree(node: Any, env: dict[str, str]) -> Any:
+    if isinstance(node, str):
+        return interpolate(node, env)
+    if isinstance(node, list):
+        return [interpolate_tree(item, env) for item in node]
+    if isinstance(node, dict):
+        return {key: interpolate_tree(item, env) for key, item in node.items()}
+    return node
+
+
+def compose_config(env: dict[str, str], profiles: list[str] | None = None) -> dict[str, Any]:
+    """``docker compose config`` as far as it matters here: the file (YAML anchors and merge keys resolved)
+    interpolated from ``env`` (every string, inactive services included, as Compose does), then only the services
+    without a profile or with one of ``profiles`` (from ``COMPOSE_PROFILES`` when not given)."""
+    doc = interpolate_tree(compose(), env)
+    if profiles is None:
+        profiles = [p for p in env.get("COMPOSE_PROFILES", "").split(",") if p]
+    doc["services"] = {name: service for name, service in doc["services"].items()
+                       if not service.get("profiles") or set(service["profiles"]) & set(profiles)}
+    return doc
+
+
+def env_file(path: Path) -> dict[str, str]:
+    """The variables an env file sets (comments and blank lines ignored)."""
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
 
 
 # ---------------------------------------------------------------------------------------------- processes

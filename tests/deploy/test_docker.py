@@ -8,6 +8,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from service.app import create_app
@@ -19,8 +20,12 @@ from tests.deploy.conftest import (
     K8S_DIR,
     PROMETHEUS_CONFIG,
     REPO_ROOT,
+    RULES_DIR,
+    InterpolationError,
     compose,
+    compose_config,
     dockerfile_stages,
+    env_file,
     healthcheck_command,
     image_command,
     image_env,
@@ -158,22 +163,24 @@ def test_compose_schema_check_catches_a_mistake(tmp_path: Path) -> None:
 def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
     doc = compose()
     services = doc["services"]
-    assert set(services) == {"director", "prometheus", "grafana", "train"}
+    assert set(services) == {"director", "director-cpu", "prometheus", "grafana", "train"}
     assert set(doc["volumes"]) == {"models", "feedback", "prometheus-data", "grafana-data", "train-runs"}
     for name in ("director", "train"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"], name
-    director = services["director"]
-    assert director["build"]["target"] == "service" and director["build"]["dockerfile"] == "docker/Dockerfile"
-    assert director["restart"] == "unless-stopped" and set(director["healthcheck"]) >= {"test", "interval", "retries"}
-    assert "models:/models" in director["volumes"] and "feedback:/var/lib/director" in director["volumes"]
-    assert interpolate_defaults(director["ports"][0]) == "8000:8000"
+    for name in ("director", "director-cpu"):
+        server = services[name]
+        assert server["build"]["target"] == "service" and server["build"]["dockerfile"] == "docker/Dockerfile"
+        assert server["restart"] == "unless-stopped" and set(server["healthcheck"]) >= {"test", "interval", "retries"}
+        assert "models:/models" in server["volumes"] and "feedback:/var/lib/director" in server["volumes"]
+        assert interpolate_defaults(server["ports"][0]) == "127.0.0.1:8000:8000"
+        assert server["cap_drop"] == ["ALL"] and server["security_opt"] == ["no-new-privileges:true"]
     assert services["train"]["profiles"] == ["train"] and services["train"]["build"]["target"] == "train"
     assert "models:/models" in services["train"]["volumes"]  # the shared model repository
     for name in ("prometheus", "grafana"):
         assert services[name]["restart"] == "unless-stopped"
-    assert interpolate_defaults(services["grafana"]["ports"][0]) == "3000:3000"
-    assert interpolate_defaults(services["prometheus"]["ports"][0]) == "9090:9090"
+    assert interpolate_defaults(services["grafana"]["ports"][0]) == "127.0.0.1:3000:3000"
+    assert interpolate_defaults(services["prometheus"]["ports"][0]) == "127.0.0.1:9090:9090"
     assert "./docker/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
     assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
     # Prometheus scrapes the compose service on the image's port and the route the server serves
@@ -184,10 +191,89 @@ def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
 
 
 def test_compose_passes_every_other_server_setting_through() -> None:
-    environment = compose()["services"]["director"]["environment"]
-    assert all("=" not in item for item in environment)  # bare names: unset ones keep the server's defaults
-    assert set(environment) == SETTINGS_ENV - FIXED_BY_IMAGE
+    for name in ("director", "director-cpu"):
+        environment = compose()["services"][name]["environment"]
+        assert all("=" not in item for item in environment)  # bare names: unset ones keep the server's defaults
+        assert set(environment) == SETTINGS_ENV - FIXED_BY_IMAGE
     assert FIXED_BY_IMAGE <= SETTINGS_ENV
+
+
+# the values an operator fills into .env (copied from .env.example) before the first start
+OPERATOR_ENV = {"GRAFANA_ADMIN_PASSWORD": "a-long-random-password"}
+
+
+def published(service: dict) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each published port in the short syntax."""
+    out = []
+    for port in service.get("ports", []):
+        parts = str(port).split(":")
+        assert len(parts) == 3, f"{port}: no host address, so Docker publishes it on every interface"
+        out.append((parts[0], parts[1], parts[2]))
+    return out
+
+
+def test_no_port_is_published_on_all_interfaces_by_default() -> None:
+    """With .env.example's values (the required ones filled in) every published port of every service, in every
+    profile, listens on loopback; BIND_ADDRESS moves all of them at once."""
+    env = {**env_file(ENV_EXAMPLE), **OPERATOR_ENV}
+    profiles = ["gpu", "cpu", "train"]
+    ports = [p for s in compose_config(env, profiles)["services"].values() for p in published(s)]
+    assert {(port[1], port[2]) for port in ports} >= {("8000", "8000"), ("9090", "9090"), ("3000", "3000")}
+    assert {port[0] for port in ports} == {"127.0.0.1"}
+    moved = compose_config({**env, "BIND_ADDRESS": "10.0.0.5"}, profiles)
+    assert {p[0] for s in moved["services"].values() for p in published(s)} == {"10.0.0.5"}
+
+
+def test_grafana_needs_a_password_and_no_anonymous_access() -> None:
+    """No default password: `docker compose config` fails while GRAFANA_ADMIN_PASSWORD is unset or empty (as it
+    is in .env.example until the operator fills it in), for every profile; anonymous access and sign-up are off."""
+    grafana = compose()["services"]["grafana"]["environment"]
+    assert re.fullmatch(r"\$\{GRAFANA_ADMIN_PASSWORD:\?[^}]+\}", grafana["GF_SECURITY_ADMIN_PASSWORD"])
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and grafana["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env_file(ENV_EXAMPLE)["GRAFANA_ADMIN_PASSWORD"] == ""
+    for env in ({}, env_file(ENV_EXAMPLE)):
+        for profiles in (["gpu"], ["cpu"], ["train"]):
+            with pytest.raises(InterpolationError, match="GRAFANA_ADMIN_PASSWORD"):
+                compose_config(env, profiles)
+    config = compose_config({**env_file(ENV_EXAMPLE), **OPERATOR_ENV})
+    assert config["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "a-long-random-password"
+
+
+def test_prometheus_lifecycle_and_admin_apis_are_off() -> None:
+    command = compose()["services"]["prometheus"]["command"]
+    assert not [flag for flag in command if flag.startswith(("--web.enable-lifecycle", "--web.enable-admin-api"))]
+    # the documented way to reload after editing a rule file is a signal, not the HTTP API
+    assert "docker compose kill -s SIGHUP prometheus" in (RULES_DIR / "thresholds.yml").read_text()
+
+
+def test_gpu_and_cpu_profiles_each_run_one_server() -> None:
+    """`gpu` is the default (.env.example's COMPOSE_PROFILES) and reserves the GPU; `cpu` runs the same image and
+    settings without a reservation (DIRECTOR_DEVICE=auto then picks the CPU). Each profile runs exactly one
+    server, reachable as `director` on the compose network (the name Prometheus discovers replicas by), beside
+    the same monitoring services; the training job only under its own profile."""
+    env = {**env_file(ENV_EXAMPLE), **OPERATOR_ENV}
+    assert env["COMPOSE_PROFILES"] == "gpu"
+    scrape = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"]
+    discovered = next(j for j in scrape if j["job_name"] == "director")["dns_sd_configs"][0]["names"]
+    default = compose_config(env)
+    servers: dict[str, dict] = {}
+    for profile in ("gpu", "cpu"):
+        services = compose_config(env, [profile])["services"]
+        found = {name: s for name, s in services.items() if s.get("build", {}).get("target") == "service"}
+        assert len(found) == 1, (profile, sorted(found))
+        name, server = next(iter(found.items()))
+        names = {name, *server.get("networks", {}).get("default", {}).get("aliases", [])}
+        assert set(discovered) <= names, (profile, names)
+        assert {"prometheus", "grafana"} <= set(services) and "train" not in services, profile
+        servers[profile] = server
+    assert set(default["services"]) == set(compose_config(env, ["gpu"])["services"])
+    gpu, cpu = servers["gpu"], servers["cpu"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "deploy" not in cpu and "DIRECTOR_DEVICE" in cpu["environment"]  # auto unless set
+    assert Settings.model_fields["device"].default == "auto"
+    same = {key: value for key, value in gpu.items() if key not in {"deploy", "profiles", "networks"}}
+    assert same == {key: value for key, value in cpu.items() if key not in {"deploy", "profiles", "networks"}}
+    assert compose_config(env, ["train"])["services"].keys() >= {"train", "prometheus", "grafana"}
 
 
 def env_example() -> dict[str, str]:
@@ -204,7 +290,8 @@ def test_env_example_documents_every_variable_with_its_real_default() -> None:
     text = COMPOSE_FILE.read_text()
     interpolated = dict(re.findall(r"\$\{([A-Z][A-Z0-9_]*):-([^}]*)\}", text))
     passed_through = set(compose()["services"]["director"]["environment"])
-    assert set(documented) == set(interpolated) | passed_through
+    required = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*):\?", text))
+    assert set(documented) == set(interpolated) | passed_through | required | {"COMPOSE_PROFILES"}
     for name, default in interpolated.items():  # the compose default, as documented
         assert documented[name] == default, name
     for name in passed_through:  # the server's own default, as documented
@@ -215,8 +302,9 @@ def test_env_example_documents_every_variable_with_its_real_default() -> None:
         else:
             assert Settings(**{name.removeprefix("DIRECTOR_").lower(): documented[name]}).model_dump()[
                 name.removeprefix("DIRECTOR_").lower()] == default, name
-    assert all(line.startswith("#") or not line.strip() for line in ENV_EXAMPLE.read_text().splitlines()), \
-        "everything in .env.example is commented out: it documents defaults and sets nothing"
+    # everything is commented out (it documents defaults) except what an operator must decide: the profile, and
+    # the required secrets, left empty so that compose refuses to start until they are filled in
+    assert env_file(ENV_EXAMPLE) == {"COMPOSE_PROFILES": "gpu", **dict.fromkeys(required, "")}
 
 
 def test_training_command_is_a_valid_pipeline_invocation() -> None:
