@@ -6,6 +6,7 @@ Open Inference Protocol clients (which read ``error``) understand it too. Never 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -65,10 +66,18 @@ def overloaded(message: str, retry_after_s: int = 1) -> ApiError:
     return ApiError(503, message, headers={"Retry-After": str(retry_after_s)})
 
 
+class ErrorResponse(JSONResponse):
+    """JSON written as ASCII: a message that quotes what a client sent (a lone UTF-16 surrogate included) is still
+    encodable, and the error reads the same once parsed."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(status: int, message: str, details: list[dict[str, Any]] | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorBody(error=message, status=status, type=KINDS.get(status, "error"), details=details)
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+    return ErrorResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:

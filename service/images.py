@@ -72,10 +72,7 @@ def _flatten_alpha(image: Image.Image) -> Image.Image:
 
 def pixels_to_tensor(pixels: Any, shape: tuple[int, int, int], loc: list[str | int]) -> torch.Tensor:
     channels, height, width = shape
-    try:
-        array = np.asarray(pixels, dtype=np.float32)
-    except (ValueError, TypeError) as exc:
-        raise invalid(f"{_where(loc)}: pixels must be a rectangular nested list of numbers", loc) from exc
+    array = float_array(pixels, loc, "pixels must be a rectangular nested list of numbers")
     if array.ndim == 2 and channels == 1:
         array = array[None]
     if array.shape != (channels, height, width):
@@ -83,7 +80,19 @@ def pixels_to_tensor(pixels: Any, shape: tuple[int, int, int], loc: list[str | i
         raise invalid(f"{_where(loc)}: pixels have shape {list(array.shape)}, expected {expected}"
                       f"[{channels}, {height}, {width}]", loc)
     check_values(array, loc)
-    return torch.from_numpy(array.copy())
+    return torch.from_numpy(array.astype(np.float32))
+
+
+def float_array(data: Any, loc: list[str | int], shape_message: str) -> np.ndarray:
+    """``data`` (JSON numbers) as float64, so that no value is rounded to inf on the way in and the range check sees
+    what was sent. An integer beyond any float (JSON allows ``1`` followed by 400 zeros) is a value out of range."""
+    try:
+        return np.asarray(data, dtype=np.float64)
+    except OverflowError as exc:
+        raise invalid(f"{_where(loc)}: pixel values must lie in [0, 1], got an integer too large for a float",
+                      loc) from exc
+    except (ValueError, TypeError) as exc:
+        raise invalid(f"{_where(loc)}: {shape_message}", loc) from exc
 
 
 def check_values(array: np.ndarray, loc: list[str | int]) -> None:

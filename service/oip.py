@@ -19,7 +19,8 @@ import torch
 
 from service.artifact import Artifact
 from service.errors import bad_input, invalid
-from service.images import check_values
+from service.images import check_values, float_array
+from service.protocol import SEED_MAX, surrogate_message
 from service.serving import Outcome
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -42,6 +43,8 @@ def parse_body(raw: bytes, header_length: str | None) -> tuple[dict[str, Any], b
         body = json.loads(head)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_input(f"infer request is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # Python's parser recurses once per level of nesting
+        raise bad_input("infer request is not valid JSON: nested too deeply") from exc
     if not isinstance(body, dict) or not isinstance(body.get("inputs"), list) or not body["inputs"]:
         raise invalid("infer request needs a non-empty 'inputs' list", ["body", "inputs"])
     return body, tail
@@ -58,10 +61,10 @@ def named_inputs(body: dict[str, Any], tail: bytes) -> dict[str, Found]:
     for i, spec in enumerate(body["inputs"]):
         if not isinstance(spec, dict):
             raise invalid(f"inputs.{i} is not an object", ["body", "inputs", i])
-        size = (spec.get("parameters") or {}).get("binary_data_size")
+        size = parameters_of(spec, ["body", "inputs", i, "parameters"]).get("binary_data_size")
         chunk = None
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+            if not _is_int(size) or size < 0 or offset + size > len(tail):
                 raise bad_input(f"inputs.{i}: binary_data_size exceeds the binary data")
             chunk, offset = tail[offset:offset + size], offset + size
         name = spec.get("name")
@@ -96,17 +99,22 @@ def pixels_tensor(body: dict[str, Any], tail: bytes, shape: tuple[int, int, int]
                           f"{count * np.dtype(dtype).itemsize}", loc)
         array = np.frombuffer(chunk, dtype=dtype)
     else:
-        try:
-            array = np.asarray(spec.get("data"), dtype=dtype).reshape(-1)
-        except (TypeError, ValueError) as exc:
-            raise invalid("pixels data must be a (flat or nested) list of numbers", loc) from exc
+        array = float_array(spec.get("data"), loc, "pixels data must be a (flat or nested) list of numbers").reshape(-1)
         if array.size != count:
             raise invalid(f"pixels data holds {array.size} values, shape {dims} needs {count}", loc)
-    array = array.astype(np.float32).reshape(dims)
+        if datatype == "UINT8":
+            check_uint8(array, loc)
     if datatype == "UINT8":
         array = array / 255.0
-    check_values(array, loc)
-    return torch.from_numpy(array.copy())
+    check_values(array, loc)  # in the precision sent: a value no float32 holds is out of range, not rounded to inf
+    return torch.from_numpy(array.astype(np.float32).reshape(dims))
+
+
+def check_uint8(array: np.ndarray, loc: list[str | int]) -> None:
+    """UINT8 data sent as JSON numbers: whole numbers in 0..255, nothing wrapped around or rounded."""
+    if array.size and not (np.isfinite(array).all() and (array == np.round(array)).all()
+                           and array.min() >= 0 and array.max() <= 255):
+        raise invalid("UINT8 pixels must be whole numbers in 0..255", loc)
 
 
 def text_strings(body: dict[str, Any], tail: bytes) -> tuple[list[str], list[str | int]]:
@@ -160,16 +168,77 @@ def _bytes_elements(chunk: bytes, loc: list[str | int]) -> list[bytes]:
     return out
 
 
+def parameters_of(holder: dict[str, Any], loc: list[str | int]) -> dict[str, Any]:
+    """The ``parameters`` object of the request or of one input (absent or null: none)."""
+    value = holder.get("parameters")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(f"{'.'.join(map(str, loc[1:]))} must be an object, got {type(value).__name__}", loc)
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def int_parameter(parameters: dict[str, Any], name: str) -> int | None:
     value = parameters.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _is_int(value):
         raise invalid(f"parameter {name} must be an integer", ["body", "parameters", name])
     return value
 
 
+def seed_parameter(parameters: dict[str, Any]) -> int | None:
+    """``seed`` in 0..2**63 - 1, the range ``torch.manual_seed`` takes (and /predict's)."""
+    seed = int_parameter(parameters, "seed")
+    if seed is not None and not 0 <= seed <= SEED_MAX:
+        raise invalid(f"parameter seed must be between 0 and {SEED_MAX}", ["body", "parameters", "seed"])
+    return seed
+
+
+def request_id(body: dict[str, Any]) -> str | None:
+    """The request's ``id`` (a string, echoed in the response), or None when there is none."""
+    if "id" not in body:
+        return None
+    value = body["id"]
+    if not isinstance(value, str):
+        raise invalid(f"id must be a string, got {type(value).__name__}", ["body", "id"])
+    surrogate = surrogate_message(value)
+    if surrogate is not None:
+        raise invalid(f"id {surrogate}", ["body", "id"])
+    return value
+
+
+def available_outputs(text_model: bool) -> list[str]:
+    return [*OUTPUTS, *TEXT_OUTPUTS] if text_model else list(OUTPUTS)
+
+
+def requested_outputs(body: dict[str, Any], text_model: bool) -> list[str] | None:
+    """The output names the request asks for, checked before inference (None or an empty list: every output)."""
+    outputs = body.get("outputs")
+    if outputs is None:
+        return None
+    loc: list[str | int] = ["body", "outputs"]
+    if not isinstance(outputs, list):
+        raise invalid(f"outputs must be a list of {{\"name\": ...}} objects, got {type(outputs).__name__}", loc)
+    names = []
+    for i, item in enumerate(outputs):
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str):
+            raise invalid(f"outputs.{i} must be an object with a string name", [*loc, i])
+        names.append(name)
+    available = available_outputs(text_model)
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise invalid(f"unknown outputs {unknown}; available: {available}", loc)
+    return names or None
+
+
 def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str, Any]]:
+    """The requested outputs (already checked by ``requested_outputs``) of a finished request."""
     s = outcome.summary
     assert outcome.entry.artifact is not None
     labels = outcome.entry.artifact.labels
@@ -185,16 +254,11 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
         "label": ("BYTES", [n], [labels[c] for c in s.prediction.tolist()]),
         "class_index": ("INT64", [n], s.prediction.tolist()),
     }
-    available = list(OUTPUTS)
     if outcome.texts is not None:
         tensors["tokens"] = ("INT64", [n], [t.tokens for t in outcome.texts])
         tensors["truncated"] = ("BOOL", [n], [t.truncated for t in outcome.texts])
         tensors["dropped_tokens"] = ("INT64", [n], [t.dropped_tokens for t in outcome.texts])
-        available += TEXT_OUTPUTS
-    names = requested or available
-    unknown = [name for name in names if name not in tensors]
-    if unknown:
-        raise invalid(f"unknown outputs {unknown}; available: {available}", ["body", "outputs"])
+    names = requested or available_outputs(outcome.texts is not None)
     return [{"name": name, "datatype": tensors[name][0], "shape": tensors[name][1], "data": tensors[name][2]}
             for name in names]
 

@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 SEED_MAX = 2**63 - 1
+INDEX_MAX = 2**63 - 1  # the largest integer SQLite stores (the feedback store's input index column)
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Position of the first lone UTF-16 surrogate in ``text`` (None: it is Unicode text). JSON lets a string escape
+    one (``"\\ud800"``) and Python's parser keeps it, but it is no character: UTF-8 cannot encode it, so a tokenizer,
+    SQLite or the response encoder would fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def surrogate_message(text: str) -> str | None:
+    position = lone_surrogate(text)
+    if position is None:
+        return None
+    return f"holds a lone UTF-16 surrogate ({text[position]!a} at character {position}), which is not Unicode text"
+
+
+def _unicode(text: str) -> str:
+    message = surrogate_message(text)
+    if message is not None:
+        raise ValueError(f"string {message}")
+    return text
+
+
+UnicodeStr = Annotated[str, AfterValidator(_unicode)]
 
 
 class ImageInput(BaseModel):
@@ -38,8 +67,8 @@ Input = ImageInput | PixelsInput | TextInput
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
-    model: str | None = Field(None, description="model name; the server's default model when omitted")
-    version: str | None = Field(None, description="model version; the highest ready version when omitted")
+    model: UnicodeStr | None = Field(None, description="model name; the server's default model when omitted")
+    version: UnicodeStr | None = Field(None, description="model version; the highest ready version when omitted")
     inputs: list[Input] = Field(..., min_length=1, description="one or more inputs, answered in order")
     n_samples: int | None = Field(None, ge=1, description="stochastic samples per input, 1..manifest max_samples; "
                                                          "the manifest's default_samples when omitted")
@@ -100,9 +129,9 @@ class PredictResponse(BaseModel):
 
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: str = Field(..., min_length=1, max_length=64, description="the id of a /predict response")
-    index: int = Field(0, ge=0, description="input index in that request")
-    label: str | int = Field(..., description="true label: a label name or a class index")
+    id: UnicodeStr = Field(..., min_length=1, max_length=64, description="the id of a /predict response")
+    index: int = Field(0, ge=0, le=INDEX_MAX, description="input index in that request")
+    label: UnicodeStr | int = Field(..., description="true label: a label name or a class index")
 
     @model_validator(mode="after")
     def _no_bool(self) -> FeedbackRequest:

@@ -5,6 +5,8 @@ The rules (documented in docs/api.md and the OpenAPI schema):
   ``DIRECTOR_MAX_TEXT_CHARS``), is refused with 413. The exporter cut longer texts to ``max_characters`` before
   tokenising; the server refuses them instead, so that no answer silently ignores part of what was sent.
 - empty: a text with nothing but whitespace is refused with 422 (it would be [CLS] [SEP] only).
+- not Unicode: a text holding a lone UTF-16 surrogate (a JSON escape such as ``\\ud800`` that pairs with nothing) is
+  refused with 422; UTF-8 cannot encode it, so the tokenizer could not read it.
 - tokens: the tokenizer truncates to the manifest's ``input.max_length`` tokens ([CLS] and [SEP] included) on the
   manifest's truncation side; every prediction of a text model reports ``tokens`` (read by the model),
   ``truncated`` and ``dropped_tokens``.
@@ -22,6 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from service.errors import invalid, too_large
+from service.protocol import surrogate_message
 
 PAD_MULTIPLE = 8
 
@@ -43,12 +46,15 @@ class EncodedText:
 
 
 def check_text(text: str, max_characters: int, loc: list[str | int]) -> None:
-    """413 over the character limit, 422 when there is nothing but whitespace."""
+    """413 over the character limit, 422 when there is nothing but whitespace or when it is not Unicode text."""
     where = ".".join(str(part) for part in loc) if loc else "text"
     if len(text) > max_characters:
         raise too_large(f"{where}: text has {len(text)} characters, the limit for this model is {max_characters}")
     if not text.strip():
         raise invalid(f"{where}: text is empty", loc)
+    surrogate = surrogate_message(text)
+    if surrogate is not None:
+        raise invalid(f"{where}: text {surrogate}", loc)
 
 
 def encode(tokenizer: Tokenizer, texts: list[str]) -> list[EncodedText]:

@@ -11,7 +11,7 @@ from service import __version__, oip, serving
 from service.admission import ticket_of
 from service.batching import Inputs
 from service.deps import State, require_api_key
-from service.errors import ERROR_RESPONSES, invalid, not_found
+from service.errors import ERROR_RESPONSES, not_found
 from service.repository import ModelVersion
 from service.repository import State as ModelState
 from service.state import AppState
@@ -81,11 +81,11 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     body, tail = oip.parse_body(raw, request.headers.get(oip.HEADER_LENGTH))
     entry = serving.resolve(state, name, version)
     assert entry.artifact is not None
-    parameters = body.get("parameters") or {}
+    parameters = oip.parameters_of(body, ["body", "parameters"])
     n_samples = serving.check_samples(entry, oip.int_parameter(parameters, "n_samples"))
-    seed = oip.int_parameter(parameters, "seed")
-    if seed is not None and seed < 0:
-        raise invalid("parameter seed must be >= 0", ["body", "parameters", "seed"])
+    seed = oip.seed_parameter(parameters)
+    request_id = oip.request_id(body)  # every check of the request comes before inference
+    requested = oip.requested_outputs(body, entry.artifact.text is not None)
     inputs: Inputs
     if entry.artifact.text is not None:
         texts, loc = oip.text_strings(body, tail)
@@ -98,15 +98,14 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
         inputs = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.modality)
         serving.check_count(state, int(inputs.shape[0]))
     outcome = await serving.run(state, entry, inputs, n_samples, seed, ticket_of(request.scope))
-    requested = [o.get("name") for o in body.get("outputs") or [] if isinstance(o, dict)] or None
     response: dict[str, Any] = {
         "model_name": entry.name, "model_version": entry.version,
         "parameters": {"n_samples": n_samples, "prediction_id": outcome.id, "ood_score_name": outcome.rule.score,
                        "ood_threshold": outcome.rule.threshold},
         "outputs": oip.outputs_json(outcome, requested),
     }
-    if "id" in body:
-        response["id"] = str(body["id"])
+    if request_id is not None:
+        response["id"] = request_id
     return response
 
 
