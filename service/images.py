@@ -16,7 +16,6 @@ import base64
 import binascii
 import io
 import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -40,17 +39,19 @@ def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, l
                     ) -> torch.Tensor:
     channels, height, width = shape
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
-            if image.width * image.height > max_pixels:
-                raise too_large(f"{_where(loc)}: image is {image.width}x{image.height} = "
-                                f"{image.width * image.height} pixels, the limit is {max_pixels}")
-            image.load()
+        image = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
+        if image.width * image.height > max_pixels:
+            raise too_large(f"{_where(loc)}: image is {image.width}x{image.height} = "
+                            f"{image.width * image.height} pixels, the limit is {max_pixels}")
+        image.load()
     except ApiError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning) as exc:
+    except Image.DecompressionBombError as exc:
+        # Pillow refuses more than twice its MAX_IMAGE_PIXELS (2 x 89 M) inside open(), before the header check above
+        # can run (below that it only warns, and the check above decides)
+        raise too_large(f"{_where(loc)}: image is over Pillow's decompression-bomb limit ({exc}); the limit is "
+                        f"{max_pixels} pixels") from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise bad_input(f"{_where(loc)}: not a decodable PNG or JPEG image ({type(exc).__name__})") from exc
     image = _flatten_alpha(image)
     image = image.convert("L" if channels == 1 else "RGB")

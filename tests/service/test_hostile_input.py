@@ -1,13 +1,19 @@
-"""Inputs that used to answer 500 (issue 13): each class over real HTTP, on /predict, /feedback and the OIP route.
+"""Inputs that used to answer 500 or the wrong code (issue 13): each class over real HTTP, on /predict, /feedback and
+the OIP route, plus images over Pillow's bomb limit (413) and malformed requests.
 
-Every answer must be the one JSON error shape with a 4xx code, never a 500 or a traceback, and the keep-alive
-connection must stay usable (a 500 used to close it). Where a check has to come before inference, the predictions
-counter proves that no forward ran."""
+Every answer the app gives must be the one JSON error shape with a 4xx code, never a 500 or a traceback, and the
+keep-alive connection must stay usable (a 500 used to close it). Where a check has to come before inference, the
+predictions counter proves that no forward ran."""
 
 from __future__ import annotations
 
+import base64
 import json
+import socket
+import struct
+import zlib
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -206,3 +212,69 @@ def test_a_nested_body_within_the_limit_is_not_refused_for_depth(client: httpx.C
     """A legitimately nested body (pixels [C][H][W] inside inputs) parses as before."""
     body = json.dumps({"inputs": [{"pixels": random_pixels(np.random.default_rng(0))[0]}], "n_samples": 1})
     assert send(client, "/predict", body).status_code == 200
+
+
+# ---- images over Pillow's own decompression-bomb limit -------------------------------------------------------------
+
+def png_header_only(width: int, height: int) -> str:
+    """A PNG whose header claims ``width`` x ``height`` (a few dozen bytes: the pixels are never there), base64."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+    return base64.b64encode(png).decode()
+
+
+@pytest.mark.parametrize(("width", "height"), [(10_000, 10_000), (20_000, 10_000), (2**31 - 1, 2**31 - 1)])
+def test_images_over_pillows_bomb_limit_are_413(client: httpx.Client, width: int, height: int) -> None:
+    """From twice its own limit (2 x 89 M pixels) Pillow refuses an image inside open(), before the server's header
+    check: 413 like every image over the pixel limit, not 400."""
+    body = assert_error(send(client, "/predict", {"inputs": [{"image_base64": png_header_only(width, height)}]}), 413,
+                        "inputs.0.image_base64", "the limit is 1000000")
+    assert body["type"] == "too_large"
+    files = {"file": ("bomb.png", base64.b64decode(png_header_only(width, height)), "image/png")}
+    assert_error(client.post("/predict/image", files=files), 413)
+
+
+def test_a_header_just_over_the_servers_limit_names_its_size(client: httpx.Client) -> None:
+    body = assert_error(send(client, "/predict", {"inputs": [{"image_base64": png_header_only(1001, 1000)}]}), 413)
+    assert "1001x1000" in body["error"]
+
+
+# ---- protocol-level errors ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("path", "kwargs", "status"), [
+    ("/predict/image", {"content": b"--x\r\nbroken", "headers": {"Content-Type": "multipart/form-data"}}, 400),
+    ("/predict/image", {"content": b"--x\r\nbroken", "headers": {"Content-Type": "multipart/form-data; boundary=x"}},
+     422),
+    ("/predict/image", {"content": b"not a form", "headers": {"Content-Type": "text/plain"}}, 422),
+    ("/predict", {"content": b'{"inputs": []}', "headers": {"Content-Type": "text/plain"}}, 422),
+    ("/predict", {"content": b"\xff\xfe\x00garbage", "headers": {"Content-Type": "application/json"}}, 400),
+    ("/feedback", {"content": b"", "headers": {"Content-Type": "application/json"}}, 422),
+])
+def test_malformed_bodies_the_app_sees_get_the_error_shape(client: httpx.Client, path: str, kwargs: dict[str, Any],
+                                                           status: int) -> None:
+    response = client.post(path, **kwargs)
+    assert response.headers["content-type"] == "application/json"
+    assert_error(response, status)
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("PUT", "/predict", 405), ("DELETE", "/models", 405),
+                                                        ("GET", "/v2/models/tiny/infer", 405),
+                                                        ("GET", "/%ff%fe", 404), ("GET", "/predict/x", 404)])
+def test_routing_errors_get_the_error_shape(client: httpx.Client, method: str, path: str, status: int) -> None:
+    assert_error(client.request(method, path), status)
+
+
+def test_malformed_http_is_answered_by_uvicorn_in_plain_text(tiny_server: Running) -> None:
+    """Below the app: a request uvicorn cannot parse never reaches it, so the answer is uvicorn's own plain-text 400
+    and the connection closes (docs/api.md, Errors). Pinned here so that the documentation stays true."""
+    parts = urlsplit(tiny_server.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"text/plain" in head.lower() and b"Invalid HTTP request" in body
