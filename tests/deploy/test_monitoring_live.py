@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import (
+    ALERTMANAGER_CONFIG,
     DEFAULT_MODEL_DIR,
     PROMETHEUS_CONFIG,
     RULES_DIR,
@@ -58,6 +59,7 @@ PHASE_IMAGES = 64  # per phase; 8 per request at the default 16 samples
 PER_REQUEST = 8
 FEEDBACK = 32
 GPU_METRIC = "director_gpu_memory_allocated_bytes"
+GPU_DEVICE_METRIC = "director_gpu_memory_used_bytes"
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Stack:
     service_url: str
     service_port: int
     prometheus_url: str
+    alertmanager_url: str
     model: str
     t_in_distribution: float  # after the in-distribution phase was scraped
     t_ood: float  # after the OOD phase was scraped
@@ -72,10 +75,13 @@ class Stack:
     variable_values: dict[str, str]
 
 
-def prometheus_config(service_port: int, prometheus_port: int) -> dict[str, Any]:
+def prometheus_config(service_port: int, prometheus_port: int, alertmanager_port: int) -> dict[str, Any]:
     """The committed config, pointed at loopback: 1 s scrapes and rule evaluations, the director job's
-    service discovery replaced by the test server's address, the committed rule files by absolute path."""
+    service discovery replaced by the test server's address, the committed rule files by absolute path, and
+    the test's Alertmanager in place of the compose service."""
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    (alertmanagers,) = config["alerting"]["alertmanagers"]
+    alertmanagers["static_configs"] = [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     config["rule_files"] = [str(RULES_DIR / Path(pattern).name) for pattern in config["rule_files"]]
     targets = {"director": f"127.0.0.1:{service_port}", "prometheus": f"127.0.0.1:{prometheus_port}"}
@@ -153,20 +159,28 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     repository = tmp / "model_repository"
     shutil.copytree(DEFAULT_MODEL_DIR, repository / "fashion-vit" / "1")  # the committed default model
     broken_version(repository)
-    service_port, prometheus_port = free_port(), free_port()
+    service_port, prometheus_port, alertmanager_port = free_port(), free_port(), free_port()
     env = {**os.environ,
            "DIRECTOR_HOST": "127.0.0.1", "DIRECTOR_PORT": str(service_port),
            "DIRECTOR_MODEL_REPOSITORY": str(repository), "DIRECTOR_FEEDBACK_DB": str(tmp / "feedback.sqlite3"),
            "DIRECTOR_TORCH_THREADS": "1", "DIRECTOR_POLL_INTERVAL_S": "0", "DIRECTOR_LOG_LEVEL": "warning",
            "DIRECTOR_DRIFT_MIN_WINDOW": "10", "DIRECTOR_MAX_QUEUE": "2"}
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(service_port, prometheus_port)))
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(service_port, prometheus_port,
+                                                                         alertmanager_port)))
     prometheus_cmd = [tool("prometheus", "apt-get install prometheus"),
                       f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                       f"--web.listen-address=127.0.0.1:{prometheus_port}", "--log.level=warn"]
+    alertmanager_cmd = [tool("prometheus-alertmanager", "apt-get install prometheus-alertmanager"),
+                        f"--config.file={ALERTMANAGER_CONFIG}", f"--storage.path={tmp / 'alertmanager'}",
+                        f"--web.listen-address=127.0.0.1:{alertmanager_port}", "--cluster.listen-address=",
+                        "--log.level=warn"]
     service_url, prometheus_url = f"http://127.0.0.1:{service_port}", f"http://127.0.0.1:{prometheus_port}"
+    alertmanager_url = f"http://127.0.0.1:{alertmanager_port}"
     # the server runs the image's own command (ENTRYPOINT ["python", "-m", "service"]), configured by DIRECTOR_*
     with process_group(native(image_command("service")), env, tmp / "service.log") as server, \
-            process_group(prometheus_cmd, dict(os.environ), tmp / "prometheus.log", cwd=tmp) as prometheus:
+            process_group(prometheus_cmd, dict(os.environ), tmp / "prometheus.log", cwd=tmp) as prometheus, \
+            process_group(alertmanager_cmd, dict(os.environ), tmp / "alertmanager.log", cwd=tmp) as alerts:
+        wait_http(f"{alertmanager_url}/-/ready", alerts, tmp / "alertmanager.log")
         wait_http(f"{prometheus_url}/-/ready", prometheus, tmp / "prometheus.log")
         wait_http(f"{service_url}/health/ready", server, tmp / "service.log")
         wait_for(prometheus_url, 'up{job="director"}', lambda v: v == [1.0])
@@ -206,8 +220,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                               timeout=30).json()["data"]
             assert found, f"variable {variable['name']}: no values for {selector}"
             resolved["$" + variable["name"]] = "|".join(found)
-        yield Stack(service_url, service_port, prometheus_url, "fashion-vit", t_in_distribution, t_ood,
-                    statuses.count(503), resolved)
+        yield Stack(service_url, service_port, prometheus_url, alertmanager_url, "fashion-vit", t_in_distribution,
+                    t_ood, statuses.count(503), resolved)
 
 
 def assert_has_data(stack: Stack, expression: Expression, expr: str) -> None:
@@ -242,12 +256,17 @@ def test_every_alert_expression_has_data_on_both_sides(stack: Stack) -> None:
     set operators is evaluated instead: the measured quantity and its threshold must both exist, otherwise the
     alert could never fire. ``absent(X)`` is quiet exactly when X has data, so X is checked."""
     expressions = alert_expressions()
-    assert len(expressions) == 7
+    assert len(expressions) == 10
     for expression in expressions:
         sides = operands(expression.expr)
         assert len(sides) >= 2, expression
         for side in sides:
             if is_number(side):
+                continue
+            if GPU_DEVICE_METRIC in side:
+                # no GPU here: the device-wide GPU memory families are exported without samples (checked by name)
+                assert f"# TYPE {GPU_DEVICE_METRIC} gauge" in httpx.get(f"{stack.service_url}/metrics").text
+                assert values(query(stack.prometheus_url, side)) == []
                 continue
             if side.startswith("absent(") and side.endswith(")"):
                 side = side[len("absent("):-1]
@@ -310,3 +329,11 @@ def test_dockerfile_healthcheck_runs_against_the_live_server(stack: Stack) -> No
     nothing_there = subprocess.run(command, env={**os.environ, "DIRECTOR_PORT": str(free_port())},
                                    capture_output=True, text=True, timeout=30)
     assert nothing_there.returncode == 1 and "Connection refused" in nothing_there.stderr
+
+
+def test_prometheus_sends_alerts_to_the_alertmanager(stack: Stack) -> None:
+    """The committed `alerting:` block (pointed at the test's Alertmanager, which runs the committed config): the
+    Alertmanager is discovered and active, and it is ready."""
+    found = httpx.get(f"{stack.prometheus_url}/api/v1/alertmanagers", timeout=30).json()["data"]
+    assert [a["url"] for a in found["activeAlertmanagers"]] == [f"{stack.alertmanager_url}/api/v2/alerts"]
+    assert httpx.get(f"{stack.alertmanager_url}/-/ready", timeout=10).status_code == 200

@@ -11,7 +11,8 @@ import yaml
 from tests.deploy.conftest import PROMETHEUS_CONFIG, PROMETHEUS_DIR, RULE_TESTS, RULES_DIR, promtool, run_tool
 
 ALERTS = {"DirectorOodRateHigh", "DirectorConfidenceDrift", "DirectorLatencyP99High", "DirectorHighErrorRatio",
-          "DirectorModelNotReady", "DirectorDown", "DirectorQueueSaturated"}
+          "DirectorModelNotReady", "DirectorDown", "DirectorQueueSaturated", "DirectorLiveAccuracyLow",
+          "DirectorLiveEceHigh", "DirectorGpuMemoryHigh"}
 
 
 def alert_rules() -> dict[str, dict]:
@@ -60,6 +61,9 @@ def test_promtool_rule_unit_tests_fire_and_stay_quiet() -> None:
     ("ood_rate_factor", "3", "10", "DirectorOodRateHigh"),
     # a ratio of the exported capacity, not a depth: at 0.99 the 98%-full queue of the unit tests is quiet
     ("queue_saturation", "0.8", "0.99", "DirectorQueueSaturated"),
+    ("live_accuracy_drop", "0.05", "0.2", "DirectorLiveAccuracyLow"),
+    ("live_ece_rise", "0.05", "0.1", "DirectorLiveEceHigh"),
+    ("gpu_memory_ratio", "0.9", "0.95", "DirectorGpuMemoryHigh"),
 ])
 def test_thresholds_live_in_one_place(tmp_path: Path, record: str, value: str, changed: str, alert: str) -> None:
     """Raising one threshold in thresholds.yml alone silences its alert in some unit-test case: the alert reads
