@@ -2,9 +2,17 @@
 names the repository does not know are counted as ``unknown``. When ``PROMETHEUS_MULTIPROC_DIR`` is set
 (several uvicorn workers) values live in the shared directory and ``/metrics`` aggregates them.
 
+The registry carries the standard ``process_*``, ``python_gc_*`` and ``python_info`` collectors; no counter or
+histogram exports a ``_created`` series (``disable_created_metrics``: Prometheus does not read them, and they
+doubled every counter's series). Gauges of a value between 0 and 1 end in ``_ratio`` (live accuracy and ECE, the
+reference accuracy, ECE, OOD share and confidence quantiles); ``director_confidence_drift_ks`` is a distance
+between distributions and keeps its name. ``director_class_predictions_total{label}`` counts predictions per
+class, its ``label`` values bounded by the version's manifest.
+
 Per-version series follow the repository (``publish_version`` / ``unpublish_version``, called by
 ``AppState.sync_version_metrics`` on every change): while a version is ready, its manifest's reference values
-(``director_reference_*``) and its queue capacity are exported, and its labelled counters exist at 0 so that
+(``director_reference_*``) and its queue capacity are exported, and its labelled counters (one per class of its
+manifest for the per-class counter) exist at 0 so that
 ``rate()`` sees their first increment; once it is unloaded (removed, or replaced by a version that failed to
 load) its reference and capacity series disappear. Counters and histograms of an unloaded version stay (their
 totals are history).
@@ -15,19 +23,36 @@ latest value any live worker wrote, and a worker's values go with it when it exi
 ``mostrecent`` would keep a dead worker's values for ever. Queue capacity is ``livesum`` like queue depth (each
 worker has its own queue), so depth / capacity is the replica's fill ratio. prometheus-client cannot delete a
 series from the shared files (``remove`` only forgets it in the calling process), so in that mode a removed
-series is overwritten with NaN and ``expose`` leaves NaN gauge samples out."""
+series is overwritten with NaN and ``expose`` leaves NaN gauge samples out. The process collector then reports
+every live worker (``process_*{pid}``, read from ``/proc``, whichever worker answers the scrape); garbage
+collection statistics exist only inside each process, so ``python_gc_*`` is left out in that mode rather than
+report whichever worker answered."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client import multiprocess as prom_multiprocess
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -52,6 +77,9 @@ REFERENCE_DISTRIBUTIONS = ("confidence", "predictive_entropy", "mutual_informati
 
 log = logging.getLogger("service.metrics")
 
+# process-wide by prometheus-client's design; this module's counters and histograms are created after it
+disable_created_metrics()
+
 SeriesKey = tuple[Gauge, tuple[str, ...]]
 
 
@@ -63,6 +91,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        PlatformCollector(registry=r)
         self.requests = Counter("director_requests_total", "HTTP requests by route template and status",
                                 ["endpoint", "code"], registry=r)
         self.request_duration = Histogram("director_request_duration_seconds", "HTTP request latency",
@@ -87,6 +118,8 @@ class Metrics:
         self.rejected = Counter("director_rejected_requests_total", "requests refused (queue_full, timeout, "
                                 "draining)", [*MV, "reason"], registry=r)
         self.predictions = Counter("director_predictions_total", "inputs predicted", MV, registry=r)
+        self.class_predictions = Counter("director_class_predictions_total", "inputs predicted per class (label: "
+                                         "the manifest's label, else unknown)", [*MV, "label"], registry=r)
         self.ood_predictions = Counter("director_ood_predictions_total", "inputs flagged out-of-distribution",
                                        MV, registry=r)
         self.confidence = Histogram("director_prediction_confidence", "max of the mean probability", MV,
@@ -102,9 +135,9 @@ class Metrics:
         self.drift_psi = Gauge("director_confidence_drift_psi", "PSI of live confidences over the reference "
                                "deciles", MV, registry=r, multiprocess_mode="livemostrecent")
         self.feedback = Counter("director_feedback_total", "ground-truth labels received", MV, registry=r)
-        self.live_accuracy = Gauge("director_live_accuracy", "accuracy over the latest labelled predictions", MV,
-                                   registry=r, multiprocess_mode="mostrecent")
-        self.live_ece = Gauge("director_live_ece", "ECE over the latest labelled predictions", MV, registry=r,
+        self.live_accuracy = Gauge("director_live_accuracy_ratio", "accuracy over the latest labelled predictions",
+                                   MV, registry=r, multiprocess_mode="mostrecent")
+        self.live_ece = Gauge("director_live_ece_ratio", "ECE over the latest labelled predictions", MV, registry=r,
                               multiprocess_mode="mostrecent")
         self.gpu_memory = Gauge("director_gpu_memory_allocated_bytes", "torch CUDA memory allocated", registry=r,
                                 multiprocess_mode="livesum")
@@ -116,15 +149,15 @@ class Metrics:
             return Gauge(name, documentation, labels, registry=r, multiprocess_mode="livemostrecent")
 
         quantile = (*MV, "quantile")
-        self.reference_accuracy = reference("director_reference_accuracy", "validation accuracy in the manifest "
-                                            "(default sample count)")
-        self.reference_ece = reference("director_reference_ece", "validation ECE in the manifest (default sample "
-                                       "count)")
-        self.reference_ood_rate = reference("director_reference_ood_rate", "share of in-distribution validation "
+        self.reference_accuracy = reference("director_reference_accuracy_ratio", "validation accuracy in the "
+                                            "manifest (default sample count)")
+        self.reference_ece = reference("director_reference_ece_ratio", "validation ECE in the manifest (default "
+                                       "sample count)")
+        self.reference_ood_rate = reference("director_reference_ood_ratio", "share of in-distribution validation "
                                             "inputs the manifest's OOD rule flags (else 1 - ood.tpr)")
         self.reference_distributions = {
-            "confidence": reference("director_reference_confidence", "validation confidence at a quantile level",
-                                    quantile),
+            "confidence": reference("director_reference_confidence_ratio", "validation confidence at a quantile "
+                                    "level", quantile),
             "predictive_entropy": reference("director_reference_predictive_entropy_nats", "validation predictive "
                                             "entropy at a quantile level", quantile),
             "mutual_information": reference("director_reference_mutual_information_nats", "validation mutual "
@@ -132,6 +165,7 @@ class Metrics:
         }
         self._published: dict[tuple[str, str], set[SeriesKey]] = {}  # per-version gauges, to remove on unload
         self._info: set[tuple[str, str, str, str]] = set()
+        self._class_labels: dict[tuple[str, str], list[str]] = {}  # the manifest's labels of each ready version
 
     def observe_summary(self, model: str, version: str, summary: UncertaintySummary, ood: list[float],
                         flags: list[bool]) -> None:
@@ -139,6 +173,10 @@ class Metrics:
         self.predictions.labels(*labels).inc(len(flags))
         flagged = sum(flags)
         self.ood_predictions.labels(*labels).inc(flagged)  # inc(0) still creates the series
+        names = self._class_labels.get(labels, [])
+        for index, count in collections.Counter(summary.prediction.tolist()).items():
+            name = names[index] if 0 <= index < len(names) else UNKNOWN
+            self.class_predictions.labels(*labels, name).inc(count)
         for values, hist in ((summary.confidence.tolist(), self.confidence),
                              (summary.predictive_entropy.tolist(), self.entropy),
                              (summary.mutual_information.tolist(), self.mutual_information),
@@ -174,12 +212,16 @@ class Metrics:
             self.rejected.labels(model, version, reason)
         for counter in (self.predictions, self.ood_predictions, self.feedback):
             counter.labels(*labels)
+        self._class_labels[labels] = class_labels(manifest)
+        for name in self._class_labels[labels]:
+            self.class_predictions.labels(*labels, name)
         self.queue_depth.labels(*labels)
 
     def unpublish_version(self, model: str, version: str) -> None:
         """The version is no longer served: remove its reference and capacity series."""
         for key in self._published.pop((model, version), set()):
             self._remove(*key)
+        self._class_labels.pop((model, version), None)
 
     def published_versions(self) -> set[tuple[str, str]]:
         return set(self._published)
@@ -205,8 +247,35 @@ class Metrics:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         registry.register(_WithoutRemoved(prom_multiprocess.MultiProcessCollector(None, path=directory)))
+        registry.register(_WorkerProcesses(directory))
+        registry.register(PLATFORM_COLLECTOR)
         registry.register(GpuMemoryCollector())  # device-wide: the same whichever worker answers the scrape
         return generate_latest(registry)
+
+
+_WORKER_FILE = re.compile(r"_(\d+)\.db$")
+
+
+class _WorkerProcesses(Collector):
+    """``process_*`` of every live worker of a multiprocess server, labelled ``pid``: the workers are the pids in
+    the shared directory's file names whose process still exists (read from ``/proc``, as the single-process
+    collector reads its own)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory)
+
+    def collect(self) -> Iterator[Metric]:
+        pids = sorted({int(m.group(1)) for f in self.directory.glob("*.db") if (m := _WORKER_FILE.search(f.name))})
+        families: dict[str, Metric] = {}
+        for pid in pids:
+            if not Path(f"/proc/{pid}").exists():
+                continue
+            for metric in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+                family = families.setdefault(metric.name, Metric(metric.name, metric.documentation, metric.type,
+                                                                 metric.unit))
+                for sample in metric.samples:
+                    family.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+        yield from families.values()
 
 
 class GpuMemoryCollector(Collector):
@@ -272,6 +341,12 @@ def reference_values(manifest: Mapping[str, Any]) -> dict[str, float]:
         if math.isfinite(number):
             found[name] = number
     return found
+
+
+def class_labels(manifest: Mapping[str, Any]) -> list[str]:
+    """The manifest's ``labels`` (index = class) as label values; none when the list is missing or malformed."""
+    labels = manifest.get("labels")
+    return [str(label) for label in labels] if isinstance(labels, list) else []
 
 
 def _one_minus(value: Any) -> float | None:

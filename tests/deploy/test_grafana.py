@@ -27,6 +27,8 @@ REQUIRED_PANELS = [  # (the issue's wording, a title that shows it)
     ("batch size", "Batch size"),
     ("queue depth", "Queue depth and refusals"),
     ("GPU memory when present", "GPU memory allocated"),
+    ("per-class prediction counter", "Predictions per class"),
+    ("process collector", "Server processes: memory and CPU"),
 ]
 
 
@@ -103,10 +105,10 @@ def test_the_issue_panels_are_there() -> None:
     # "against thresholds / the reference": those panels plot the threshold or reference series too
     for title, series in [("Confidence drift: KS distance", "director:threshold:drift_ks"),
                           ("Confidence drift: PSI", "director:threshold:drift_psi"),
-                          ("Live accuracy vs reference", "director_reference_accuracy"),
-                          ("Live ECE vs reference", "director_reference_ece"),
-                          ("OOD rate per model", "director_reference_ood_rate"),
-                          ("Confidence quantiles vs reference", "director_reference_confidence"),
+                          ("Live accuracy vs reference", "director_reference_accuracy_ratio"),
+                          ("Live ECE vs reference", "director_reference_ece_ratio"),
+                          ("OOD rate per model", "director_reference_ood_ratio"),
+                          ("Confidence quantiles vs reference", "director_reference_confidence_ratio"),
                           ("Predictive entropy quantiles vs reference", "director_reference_predictive_entropy_nats"),
                           ("Mutual information quantiles vs reference", "director_reference_mutual_information_nats"),
                           ("Queue depth and refusals", "director_queue_capacity"),
@@ -129,3 +131,33 @@ def test_queries_name_only_metrics_that_exist() -> None:
                   if n.startswith(("director", "up", "ALERTS"))}
     assert names, "no metric names found"
     assert names <= known, sorted(names - known)
+
+
+def test_entropy_and_mutual_information_panels_are_in_nats() -> None:
+    """The server exports entropies and mutual information in nats (natural log); every panel that plots them
+    says so on its axis, and no other panel claims nats."""
+    nats = "suffix: nats"
+    plotted = 0
+    for panel in panels():
+        exprs = " ".join(target.get("expr", "") for target in panel.get("targets", []))
+        in_nats = "_nats" in exprs
+        if panel["type"] == "heatmap":
+            unit = panel["options"]["yAxis"]["unit"]
+        else:
+            unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        assert (unit == nats) == in_nats, (panel["title"], unit)
+        plotted += in_nats
+    assert plotted == 4  # two distributions (heatmaps) and two quantile panels
+
+
+def test_ratio_gauges_are_named_ratio_and_plotted_as_percentages() -> None:
+    """Gauges of a value in [0, 1] end in _ratio (Prometheus naming); the panels plotting them use percentunit."""
+    ratio_gauges = {family.name for family in Metrics().registry.collect()
+                    if family.type == "gauge" and family.name.endswith("_ratio")}
+    assert ratio_gauges == {"director_live_accuracy_ratio", "director_live_ece_ratio",
+                            "director_reference_accuracy_ratio", "director_reference_ece_ratio",
+                            "director_reference_ood_ratio", "director_reference_confidence_ratio"}
+    for panel in panels():
+        exprs = " ".join(target.get("expr", "") for target in panel.get("targets", []))
+        if any(name in exprs for name in ratio_gauges):
+            assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit", panel["title"]

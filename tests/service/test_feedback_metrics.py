@@ -33,9 +33,9 @@ def test_feedback_moves_live_accuracy_and_survives_a_restart(tiny_repository: Pa
         wrong = httpx.post(f"{server.url}/feedback", json={"id": out["id"], "index": 1, "label": wrong_index}).json()
         assert wrong["correct"] is False and wrong["live_accuracy"] == 0.5 and wrong["labelled"] == 2
         text = httpx.get(f"{server.url}/metrics").text
-        assert metric_value(text, "director_live_accuracy", model="tiny", version="1") == 0.5
+        assert metric_value(text, "director_live_accuracy_ratio", model="tiny", version="1") == 0.5
         assert metric_value(text, "director_feedback_total", model="tiny", version="1") == 2.0
-        ece = metric_value(text, "director_live_ece", model="tiny", version="1")
+        ece = metric_value(text, "director_live_ece_ratio", model="tiny", version="1")
         assert ece is not None and 0.0 <= ece <= 1.0
         missing = httpx.post(f"{server.url}/feedback", json={"id": "0" * 32, "index": 0, "label": 1})
         assert missing.status_code == 404
@@ -45,7 +45,7 @@ def test_feedback_moves_live_accuracy_and_survives_a_restart(tiny_repository: Pa
         assert bad_index.status_code == 422
     with serve(settings) as restarted:
         text = httpx.get(f"{restarted.url}/metrics").text
-        assert metric_value(text, "director_live_accuracy", model="tiny", version="1") == 0.5
+        assert metric_value(text, "director_live_accuracy_ratio", model="tiny", version="1") == 0.5
         again = httpx.post(f"{restarted.url}/feedback", json={"id": out["id"], "index": 1, "label":
                                                               second["label"]}).json()
         assert again["live_accuracy"] == 1.0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from service.metrics import Metrics
+from models.uncertainty import UncertaintySummary, summarize
+from service.metrics import Metrics, _WorkerProcesses
 from tests.service.conftest import metric_value
 
 
@@ -39,3 +41,51 @@ def test_gpu_memory_of_a_cpu_process_has_names_but_no_samples(monkeypatch: pytes
     assert "# TYPE director_gpu_memory_used_bytes gauge" in text
     assert metric_value(text, "director_gpu_memory_used_bytes") is None
     assert metric_value(text, "director_gpu_memory_total_bytes") is None
+
+
+def test_process_gc_and_platform_collectors_and_no_created_series() -> None:
+    text = Metrics().expose().decode()
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
+                 "python_gc_collections_total", "python_info"):
+        assert f"\n{name}" in text, name
+    assert "_created" not in text  # disable_created_metrics: one series per counter, not two
+
+
+def summary_of(predictions: list[int], classes: int) -> UncertaintySummary:
+    logits = torch.full((2, len(predictions), classes), -5.0)  # [S, B, C]
+    for row, index in enumerate(predictions):
+        logits[:, row, index] = 5.0
+    return summarize(logits)
+
+
+def test_per_class_counter_is_bounded_by_the_manifest_labels() -> None:
+    """Every label of a ready version's manifest exists at 0 from its load; predictions count under their label;
+    a class index the manifest does not name counts as `unknown`, so the label set stays bounded."""
+    metrics = Metrics()
+    metrics.publish_version("m", "1", {"labels": ["cat", "dog", "eel"]}, max_queue=4)
+    text = metrics.expose().decode()
+    for label in ("cat", "dog", "eel"):
+        assert metric_value(text, "director_class_predictions_total", model="m", version="1", label=label) == 0.0
+    metrics.observe_summary("m", "1", summary_of([1, 1, 2, 1], classes=3), [0.0] * 4, [False] * 4)
+    metrics.observe_summary("m", "1", summary_of([3], classes=4), [0.0], [False])  # not in the manifest
+    text = metrics.expose().decode()
+    counts = {label: metric_value(text, "director_class_predictions_total", model="m", version="1", label=label)
+              for label in ("cat", "dog", "eel", "unknown")}
+    assert counts == {"cat": 0.0, "dog": 3.0, "eel": 1.0, "unknown": 1.0}
+    assert metric_value(text, "director_predictions_total", model="m", version="1") == 5.0
+    labels = {line.split('label="')[1].split('"')[0] for line in text.splitlines()
+              if line.startswith("director_class_predictions_total{")}
+    assert labels == {"cat", "dog", "eel", "unknown"}
+
+
+def test_worker_processes_are_reported_per_live_pid(tmp_path: Path) -> None:
+    """Multiprocess mode: process_* of every worker whose pid names a file of the shared directory and still
+    runs, labelled pid; a dead worker's leftover files add nothing."""
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    for name in (f"counter_{os.getpid()}.db", f"gauge_livesum_{os.getpid()}.db", f"counter_{dead}.db"):
+        (tmp_path / name).write_bytes(b"")
+    families = {family.name: family for family in _WorkerProcesses(str(tmp_path)).collect()}
+    assert {"process_resident_memory_bytes", "process_cpu_seconds", "process_open_fds"} <= set(families)
+    for family in families.values():
+        assert {sample.labels["pid"] for sample in family.samples} == {str(os.getpid())}, family.name
+    assert families["process_resident_memory_bytes"].samples[0].value > 0

@@ -147,7 +147,7 @@ def test_two_workers_give_whole_totals_in_multiprocess_mode(tiny_artifact: Path,
         # capacity is summed like queue depth (each worker has its own queue of 5) once both workers loaded
         text = wait_for_metrics(url, lambda t: metric_value(t, "director_queue_capacity", **v1) == 10.0,
                                 "both workers' queue capacity")
-        reference = [line for line in text.splitlines() if line.startswith("director_reference_accuracy{")]
+        reference = [line for line in text.splitlines() if line.startswith("director_reference_accuracy_ratio{")]
         assert len(reference) == 1 and "pid=" not in reference[0], reference  # one series, whatever the workers
         assert metric_value(text, "director_model_info", **v1, state="ready") == 1.0
         assert metric_value(text, "director_model_info", **v1, state="loading") is None  # not left over
@@ -158,7 +158,7 @@ def test_two_workers_give_whole_totals_in_multiprocess_mode(tiny_artifact: Path,
         shutil.rmtree(repository / "tiny" / "1")
         text = wait_for_metrics(url, lambda t: metric_value(t, "director_model_info", **v1) is None,
                                 "version 1's removal in both workers")
-        for name in ("director_reference_accuracy", "director_reference_ood_rate", "director_queue_capacity"):
+        for name in ("director_reference_accuracy_ratio", "director_reference_ood_ratio", "director_queue_capacity"):
             assert metric_value(text, name, **v1) is None, name
             assert metric_value(text, name, **v2) is not None, name
         assert "NaN" not in text  # removed series are left out, not exported as NaN

@@ -174,8 +174,8 @@ def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path
     with serve(settings_for(repository, tmp_path, poll_interval_s=0.1, max_queue=7)) as server:
         text = httpx.get(f"{server.url}/metrics").text
         v1 = {"model": "tiny", "version": "1"}
-        assert metric_value(text, "director_reference_accuracy", **v1) == manifest["reference"]["accuracy"]
-        assert metric_value(text, "director_reference_ood_rate", **v1) == manifest["reference"]["ood_rate"]
+        assert metric_value(text, "director_reference_accuracy_ratio", **v1) == manifest["reference"]["accuracy"]
+        assert metric_value(text, "director_reference_ood_ratio", **v1) == manifest["reference"]["ood_rate"]
         assert metric_value(text, "director_reference_mutual_information_nats", **v1, quantile="0.5") is not None
         assert metric_value(text, "director_queue_capacity", **v1) == 7.0
         assert metric_value(text, "director_rejected_requests_total", **v1, reason="queue_full") == 0.0
@@ -187,16 +187,16 @@ def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path
         shutil.rmtree(repository / "tiny" / "1")
         wait_until(lambda: series(server.url, "director_queue_capacity", **v1) is None, "version 1's removal")
         text = httpx.get(f"{server.url}/metrics").text
-        assert metric_value(text, "director_reference_accuracy", **v1) is None
-        assert metric_value(text, "director_reference_confidence", **v1, quantile="0.1") is None
+        assert metric_value(text, "director_reference_accuracy_ratio", **v1) is None
+        assert metric_value(text, "director_reference_confidence_ratio", **v1, quantile="0.1") is None
         assert metric_value(text, "director_model_info", **v1) is None
-        assert metric_value(text, "director_reference_accuracy", model="tiny", version="2") is not None
+        assert metric_value(text, "director_reference_accuracy_ratio", model="tiny", version="2") is not None
 
         # version 2 replaced in place by a folder that cannot load: no longer served, so no reference either
         (repository / "tiny" / "2" / "manifest.json").write_text(json.dumps({**manifest, "format_version": "9.0"}))
         wait_until(lambda: series(server.url, "director_model_info", model="tiny", version="2",
                                   state="unavailable") == 1.0, "version 2's failed reload")
         text = httpx.get(f"{server.url}/metrics").text
-        assert metric_value(text, "director_reference_accuracy", model="tiny", version="2") is None
+        assert metric_value(text, "director_reference_accuracy_ratio", model="tiny", version="2") is None
         assert metric_value(text, "director_queue_capacity", model="tiny", version="2") is None
         assert metric_value(text, "director_model_info", model="tiny", version="2", state="ready") is None

@@ -246,6 +246,6 @@ def test_text_metrics_drift_and_feedback(text_server: Running) -> None:
     assert metric_value(text, "director_ood_predictions_total", **labels) is not None
     assert metric_value(text, "director_confidence_drift_ks", **labels) is not None
     assert metric_value(text, "director_confidence_drift_psi", **labels) is not None
-    assert metric_value(text, "director_live_accuracy", **labels) is not None
-    assert metric_value(text, "director_reference_accuracy", **labels) is not None
+    assert metric_value(text, "director_live_accuracy_ratio", **labels) is not None
+    assert metric_value(text, "director_reference_accuracy_ratio", **labels) is not None
     assert (metric_value(text, "director_prediction_confidence_count", **labels) or 0) >= 20

@@ -143,9 +143,9 @@ def test_published_series_follow_the_version() -> None:
     manifest = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())
     metrics.publish_version("m", "1", manifest, max_queue=64)
     text = metrics.expose().decode()
-    assert metric_value(text, "director_reference_accuracy", model="m", version="1") == \
+    assert metric_value(text, "director_reference_accuracy_ratio", model="m", version="1") == \
         manifest["reference"]["accuracy"]
-    assert metric_value(text, "director_reference_confidence", model="m", version="1", quantile="0.9") is not None
+    assert metric_value(text, "director_reference_confidence_ratio", model="m", version="1", quantile="0.9") is not None
     assert metric_value(text, "director_queue_capacity", model="m", version="1") == 64.0
     assert metric_value(text, "director_queue_depth", model="m", version="1") == 0.0
     for reason in REJECT_REASONS:  # every counter child exists before its first increment
@@ -155,11 +155,11 @@ def test_published_series_follow_the_version() -> None:
     # the same version reloaded with a manifest lacking the reference block: its reference series go
     metrics.publish_version("m", "1", {k: v for k, v in manifest.items() if k != "reference"}, max_queue=64)
     text = metrics.expose().decode()
-    assert metric_value(text, "director_reference_accuracy", model="m", version="1") is None
-    assert metric_value(text, "director_reference_ood_rate", model="m", version="1") == pytest.approx(0.05)  # tpr
+    assert metric_value(text, "director_reference_accuracy_ratio", model="m", version="1") is None
+    assert metric_value(text, "director_reference_ood_ratio", model="m", version="1") == pytest.approx(0.05)  # tpr
     metrics.unpublish_version("m", "1")
     text = metrics.expose().decode()
-    for name in ("director_reference_ood_rate", "director_queue_capacity"):
+    for name in ("director_reference_ood_ratio", "director_queue_capacity"):
         assert metric_value(text, name, model="m", version="1") is None, name
     assert metric_value(text, "director_predictions_total", model="m", version="1") == 0.0  # counters are history
     metrics.set_model_info({("m", "1", "director", "loading")})
