@@ -25,12 +25,11 @@ Which queue a request targets:
   OIP route, which carries the model in its path.
 
 Everything else passes through untouched: unknown models, versions that are loading or unavailable, a
-draining server (the routes answer those), and requests that would fail the API key check (they must get
-401, not a 503 that tells an unauthenticated client about the load)."""
+draining server (the routes answer those). A request without the API key never gets here: ``service.auth`` in
+front of this middleware answers it 401 (never a 503 that would tell an unauthenticated client about the load)."""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,15 +72,6 @@ def match(method: str, path: str) -> Target | None:
 def ticket_of(scope: Scope) -> Ticket | None:
     """The slot reserved for this request by ``Admission``, if any."""
     return scope.get(TICKET_KEY)
-
-
-def authorized(state: AppState, scope: Scope) -> bool:
-    key = state.settings.api_key
-    if key is None:
-        return True
-    header = next((value for name, value in scope.get("headers", []) if name == b"authorization"), b"")
-    scheme, _, given = header.partition(b" ")
-    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), key.get_secret_value().encode())
 
 
 def _worker(entry: ModelVersion | None) -> BatchWorker | None:
@@ -130,7 +120,7 @@ class Admission:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = match(scope["method"], scope["path"]) if scope["type"] == "http" else None
         state = self.get_state() if target is not None else None
-        if target is None or state is None or not authorized(state, scope):
+        if target is None or state is None:
             await self.app(scope, receive, send)
             return
         decision = decide(state, target)

@@ -14,6 +14,7 @@ from service import __doc__ as package_doc
 from service import __version__
 from service.admission import Admission
 from service.artifact import Artifact
+from service.auth import OPEN_PATHS, ApiKeyGuard, docs_paths
 from service.batching import BatchStats, BatchWorker
 from service.config import Settings
 from service.device import resolve_device
@@ -123,5 +124,10 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     # innermost first: admission refuses an overloaded model's requests before their body is read
     app.add_middleware(Admission, get_state=lambda: getattr(app.state, "director", None))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(HttpMetrics, metrics=metrics_)  # outermost: counts refusals by BodyLimit too
+    docs = docs_paths(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+    # before the body limit: a client without the key gets 401 whatever it announces, and nothing of its body is read
+    app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key,
+                       open_paths=OPEN_PATHS | (docs if settings.public_docs else frozenset()),
+                       templates=lambda: [*app.openapi()["paths"], *docs])
+    app.add_middleware(HttpMetrics, metrics=metrics_)  # outermost: counts refusals by the guard and BodyLimit too
     return app

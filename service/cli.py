@@ -1,4 +1,7 @@
-"""``python -m service``: a command line built from the ``Settings`` fields; flags override ``DIRECTOR_*``."""
+"""``python -m service``: a command line built from the ``Settings`` fields; flags override ``DIRECTOR_*``.
+
+Secrets (``SecretStr`` fields: the API key) get no flag: a command line is readable by every user of the machine
+(``ps``), so they come from the environment or a file (``--api-key-file``)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import os
 import types
 import typing
 from typing import Any, get_args, get_origin
+
+from pydantic import SecretStr
 
 from service.config import Settings
 
@@ -27,13 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m service", description="Serve DIRECTOR artifacts from a model repository. Every option is "
         f"also read from the environment as {ENV_PREFIX}<NAME>; a flag given here overrides it.",
-        argument_default=argparse.SUPPRESS)
+        argument_default=argparse.SUPPRESS, allow_abbrev=False)  # no prefix of --api-key-file is a flag
     for name, field in Settings.model_fields.items():
+        kind = _kind(field.annotation)
+        if kind is SecretStr:
+            continue  # environment or file only
         flag = "--" + name.replace("_", "-")
         env = ENV_PREFIX + name.upper()
         default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)})"
         help_text = f"{field.description or ''}{default} [env {env}]".replace("%", "%%")
-        kind = _kind(field.annotation)
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         elif get_origin(kind) is typing.Literal:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -45,7 +45,12 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(5000, ge=1, description="longest text input in characters (413 above; a text "
                                 "model's own input.max_characters applies when lower)")
     api_key: SecretStr | None = Field(None, description="if set, every route but health and metrics needs "
-                                                        "'Authorization: Bearer <key>' (empty = no key)")
+                                                        "'Authorization: Bearer <key>' (empty = no key); environment "
+                                                        "only, never a flag: a flag shows on the process list")
+    api_key_file: Path | None = Field(None, description="read the API key from this file instead (e.g. a mounted "
+                                      "secret; surrounding whitespace stripped; an empty file is an error)")
+    public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the API key (when a "
+                              "key is set they need it unless this is on)")
     poll_interval_s: float = Field(5.0, ge=0, description="model repository polling period (0 = off)")
     shutdown_grace_s: float = Field(0.0, ge=0, description="on SIGTERM, report not-ready this long before "
                                                            "closing the listener")
@@ -75,3 +80,20 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             return None
         return value
+
+    @model_validator(mode="after")
+    def _key_from_file(self) -> Settings:
+        """The key from ``api_key_file``. Unlike an empty variable, an empty or unreadable file stops the server: a
+        file was named, so a key was meant, and serving without one would open every route."""
+        if self.api_key_file is None:
+            return self
+        if self.api_key is not None:
+            raise ValueError("set DIRECTOR_API_KEY or DIRECTOR_API_KEY_FILE, not both")
+        try:
+            key = self.api_key_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the API key file {self.api_key_file}: {exc}") from exc
+        if not key:
+            raise ValueError(f"the API key file {self.api_key_file} is empty")
+        self.api_key = SecretStr(key)
+        return self

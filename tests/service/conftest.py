@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -238,6 +240,33 @@ def one_batch(server: Running, model: str, bodies: list[dict[str, Any]]) -> list
         return asyncio.run(fire())
     finally:
         release()
+
+
+def raw_request(url: str, path: str, content_length: int, sent: bytes, headers: dict[str, str]
+                ) -> tuple[int, dict[str, str], dict]:
+    """Headers announcing ``content_length`` body bytes, only ``sent`` of them sent, then read the response: an
+    answer that arrives while the body has not even been sent proves it came before the body was read."""
+    parts = urlsplit(url)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {content_length}\r\n{extra}\r\n").encode()
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(head + sent)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed before a response"
+            data += chunk
+        header_blob, _, rest = data.partition(b"\r\n\r\n")
+        lines = header_blob.decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(fields["content-length"])
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed mid-response"
+            rest += chunk
+    return status, fields, json.loads(rest[:length])
 
 
 def png_base64(array: np.ndarray) -> str:

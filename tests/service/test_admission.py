@@ -21,7 +21,7 @@ import numpy as np
 
 from service.admission import Target, match
 from service.batching import BatchWorker
-from tests.service.conftest import Running, copy_version, metric_value, random_pixels, serve, settings_for
+from tests.service.conftest import Running, copy_version, metric_value, random_pixels, raw_request, serve, settings_for
 
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -63,32 +63,6 @@ def fill(server: Running, pool: ThreadPoolExecutor, model: str) -> list[Future]:
     second = pool.submit(httpx.post, f"{server.url}/predict", **post)
     wait_for(lambda: worker.depth == 1, f"{model}: second request queued")
     return [first, second]
-
-
-def raw_request(url: str, path: str, content_length: int, sent: bytes, headers: dict[str, str]
-                ) -> tuple[int, dict[str, str], dict]:
-    """Headers announcing ``content_length`` body bytes, only ``sent`` of them sent, then read the response."""
-    parts = urlsplit(url)
-    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {content_length}\r\n{extra}\r\n").encode()
-    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
-        sock.sendall(head + sent)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed before a response"
-            data += chunk
-        header_blob, _, rest = data.partition(b"\r\n\r\n")
-        lines = header_blob.decode().split("\r\n")
-        status = int(lines[0].split()[1])
-        fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        length = int(fields["content-length"])
-        while len(rest) < length:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed mid-response"
-            rest += chunk
-    return status, fields, json.loads(rest[:length])
 
 
 def assert_refusal(status: int, headers: dict[str, str] | httpx.Headers, body: dict) -> None:

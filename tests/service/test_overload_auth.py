@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.service.conftest import metric_value, random_pixels, serve, settings_for
+from tests.service.conftest import metric_value, random_pixels, raw_request, serve, settings_for
 
 HEAVY = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
 
@@ -74,3 +74,48 @@ def test_an_empty_api_key_guards_nothing(tiny_repository: Path, tmp_path: Path) 
         for headers in ({}, {"Authorization": "Bearer anything"}, {"Authorization": "Basic eDp5"}):
             assert httpx.post(f"{server.url}/predict", json=body, headers=headers).status_code == 200, headers
             assert httpx.get(f"{server.url}/models", headers=headers).status_code == 200, headers
+
+
+BIG = 15_000_000  # an announced 15 MB body (over the 1 MB body limit these servers get)
+
+
+def test_without_the_key_the_body_is_never_read(tiny_repository: Path, tmp_path: Path) -> None:
+    """401 from the headers alone: it arrives while the announced 15 MB body has not been sent, so nothing of it was
+    read or parsed (before, the whole body was received and parsed as JSON first)."""
+    with serve(settings_for(tiny_repository, tmp_path, api_key="s3cret", max_body_bytes=1_000_000)) as server:
+        for path in ("/predict", "/v2/models/tiny/infer", "/feedback", "/predict/image", "/no-such-route"):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+                status, fields, body = raw_request(server.url, path, BIG, b'{"inputs": [', headers)
+                assert status == 401, (path, headers, body)  # 401 before the body limit's 413: nothing is revealed
+                assert fields["www-authenticate"] == "Bearer" and body["type"] == "unauthorized"
+                assert set(body) == {"error", "status", "type", "details"}
+        status, _, body = raw_request(server.url, "/predict", BIG, b"{", {"Authorization": "Bearer s3cret"})
+        assert status == 413  # with the key, the body limit applies as before
+        text = httpx.get(f"{server.url}/metrics").text
+        assert metric_value(text, "director_requests_total", endpoint="/predict", code="401") == 3.0
+        assert metric_value(text, "director_requests_total", endpoint="unmatched", code="401") == 3.0
+
+
+DOCS = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
+
+
+def test_docs_and_schema_need_the_key_unless_opened(tiny_repository: Path, tmp_path: Path) -> None:
+    with serve(settings_for(tiny_repository, tmp_path, api_key="s3cret")) as server:
+        for path in DOCS:
+            assert httpx.get(f"{server.url}{path}").status_code == 401, path
+            assert httpx.get(f"{server.url}{path}", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    with serve(settings_for(tiny_repository, tmp_path, api_key="s3cret", public_docs=True)) as server:
+        for path in DOCS:
+            assert httpx.get(f"{server.url}{path}").status_code == 200, path
+        assert "/predict" in httpx.get(f"{server.url}/openapi.json").json()["paths"]
+        assert httpx.get(f"{server.url}/models").status_code == 401  # only the documentation is opened
+
+
+def test_the_key_can_come_from_a_file(tiny_repository: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "api-key"
+    secret.write_text("from-a-file\n")  # as `echo key > file` writes it: the newline is not part of the key
+    with serve(settings_for(tiny_repository, tmp_path, api_key_file=secret)) as server:
+        assert server.app_state.settings.api_key is not None
+        assert httpx.get(f"{server.url}/models").status_code == 401
+        ok = httpx.get(f"{server.url}/models", headers={"Authorization": "Bearer from-a-file"})
+        assert ok.status_code == 200

@@ -4,12 +4,15 @@ metric series."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from service.artifact import ArtifactError, TextSpec, ood_rule, text_spec, validate_manifest
-from service.cli import settings_from_args
+from service.cli import build_parser, settings_from_args
 from service.config import Settings
 from service.inference import chunks_by_rows, chunks_by_tokens
 from service.metrics import REJECT_REASONS, Metrics, reference_values
@@ -111,9 +114,46 @@ def test_an_empty_api_key_means_no_key(monkeypatch: pytest.MonkeyPatch, empty: s
     monkeypatch.setenv("DIRECTOR_API_KEY", empty)
     assert Settings().api_key is None
     assert Settings(api_key=empty).api_key is None
-    monkeypatch.delenv("DIRECTOR_API_KEY")
-    assert settings_from_args(["--api-key", empty]).api_key is None
     assert Settings(api_key=" key ").api_key is not None  # a real key is kept as given
+
+
+def test_the_key_is_never_a_command_line_flag(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A flag would show the key to every user of the machine (``ps``): environment or file only."""
+    for name in ("DIRECTOR_API_KEY", "DIRECTOR_API_KEY_FILE"):  # settings_from_args exports flags: restored after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    with pytest.raises(SystemExit):
+        settings_from_args(["--api-key", "s3cret"])
+    assert "--api-key " not in build_parser().format_help() and "--api-key-file" in build_parser().format_help()
+    capsys.readouterr()
+    secret = tmp_path / "key"
+    secret.write_text("  s3cret\n")
+    settings = settings_from_args(["--api-key-file", str(secret)])
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == "s3cret"
+    assert os.environ["DIRECTOR_API_KEY_FILE"] == str(secret)  # what worker processes read, not the key itself
+    assert "DIRECTOR_API_KEY" not in os.environ
+
+
+def test_the_key_file_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    secret = tmp_path / "key"
+    secret.write_text("k3y")
+    monkeypatch.delenv("DIRECTOR_API_KEY", raising=False)
+    monkeypatch.setenv("DIRECTOR_API_KEY_FILE", str(secret))
+    settings = Settings()
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == "k3y"
+    assert "k3y" not in repr(settings)
+
+
+@pytest.mark.parametrize(("content", "key", "reason"), [
+    ("", None, "is empty"), (" \n", None, "is empty"), (None, None, "cannot read"), ("k", "other", "not both")])
+def test_a_bad_key_file_stops_the_server(tmp_path: Path, content: str | None, key: str | None, reason: str) -> None:
+    """A named file means a key was meant: empty, unreadable or doubled is an error, never an open server."""
+    secret = tmp_path / "key"
+    if content is not None:
+        secret.write_text(content)
+    with pytest.raises(ValidationError, match=reason):
+        Settings(api_key_file=secret, api_key=key)
 
 
 def test_reference_values_from_the_committed_manifest_and_fallbacks() -> None:
