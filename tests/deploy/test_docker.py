@@ -13,6 +13,7 @@ import yaml
 
 from service.app import create_app
 from service.config import Settings
+from service.metrics import Metrics
 from tests.deploy.conftest import (
     COMPOSE_FILE,
     DOCKERFILE,
@@ -333,19 +334,67 @@ def test_training_command_is_a_valid_pipeline_invocation() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- Kubernetes
+# KServe's component fields beside the pod spec of a predictor (its ComponentExtensionSpec)
+KSERVE_COMPONENT_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "autoScaling",
+                           "containerConcurrency", "timeout", "canaryTrafficPercent", "labels", "annotations",
+                           "deploymentStrategy", "logger", "batcher"}
+# KServe's variable naming the model storage of a custom predictor container (its storage initializer reads it)
+KSERVE_ENV = {"STORAGE_URI"}
+
+
 def k8s_documents() -> list[dict]:
     return [doc for path in sorted(K8S_DIR.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
+def k8s_kinds() -> dict[str, list[dict]]:
+    kinds: dict[str, list[dict]] = {}
+    for doc in k8s_documents():
+        kinds.setdefault(doc["kind"], []).append(doc)
+    return kinds
+
+
+def predictor_pod(isvc: dict) -> dict:
+    """The InferenceService predictor as the Pod KServe creates from it: its component fields dropped."""
+    spec = {key: value for key, value in isvc["spec"]["predictor"].items() if key not in KSERVE_COMPONENT_FIELDS}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "director-predictor"}, "spec": spec}
+
+
+def pod_specs() -> list[dict]:
+    kinds = k8s_kinds()
+    return [predictor_pod(kinds["InferenceService"][0])["spec"], kinds["Deployment"][0]["spec"]["template"]["spec"]]
+
+
+def test_kubernetes_manifests_validate_offline() -> None:
+    """Every object against the Kubernetes API schema, strictly (unknown fields rejected), with kubernetes-validate
+    (no cluster needed). KServe's InferenceService has no schema there: its predictor is validated as the Pod it
+    becomes, so each of its pod fields is checked, and only KServe's own component fields are set beside them."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    validated = []
+    for doc in k8s_documents():
+        if doc["kind"] == "InferenceService":
+            assert set(doc["spec"]["predictor"]) - set(predictor_pod(doc)["spec"]) <= KSERVE_COMPONENT_FIELDS
+            doc = predictor_pod(doc)
+        kubernetes_validate.validate(doc, version, strict=True)
+        validated.append(doc["kind"])
+    assert sorted(validated) == sorted(["Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+                                        "PersistentVolumeClaim", "Pod", "PodDisruptionBudget"])
+    broken = predictor_pod(k8s_kinds()["InferenceService"][0])
+    broken["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystm"] = True  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, version, strict=True)
+
+
 def test_kubernetes_manifests_probe_real_routes_of_the_image() -> None:
-    docs = {doc["kind"]: doc for doc in k8s_documents()}
-    assert set(docs) == {"InferenceService", "Deployment", "Service"}
-    isvc = docs["InferenceService"]
+    kinds = k8s_kinds()
+    assert set(kinds) == {"InferenceService", "Deployment", "Service", "PodDisruptionBudget",
+                          "HorizontalPodAutoscaler", "PersistentVolumeClaim"}
+    isvc = kinds["InferenceService"][0]
     assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
-    pods = [isvc["spec"]["predictor"], docs["Deployment"]["spec"]["template"]["spec"]]
     routes = set(create_app().openapi()["paths"])
     port = int(image_env()["DIRECTOR_PORT"])
-    for pod in pods:
+    for pod in pod_specs():
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] == int(dockerfile_stages()["service"].last("USER").split(":")[0])
         container = pod["containers"][0]
@@ -355,9 +404,77 @@ def test_kubernetes_manifests_probe_real_routes_of_the_image() -> None:
             assert container[probe]["httpGet"]["path"] in routes, probe
         assert "/ready" in container["readinessProbe"]["httpGet"]["path"]
         for item in container["env"]:
+            if item["name"] in KSERVE_ENV:
+                continue
             assert item["name"] in SETTINGS_ENV, item
             Settings(**{item["name"].removeprefix("DIRECTOR_").lower(): item["value"]})  # valid values
-    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    service, deployment = kinds["Service"][0], kinds["Deployment"][0]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_kubernetes_pods_are_hardened() -> None:
+    """Non-root with a read-only root filesystem and no capabilities; every path the server writes is a volume
+    (the feedback log, /tmp for the multiprocess metrics directory), and the model repository is mounted
+    read-only where the server reads it."""
+    env_of = {}
+    for pod in pod_specs():
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert pod["automountServiceAccountToken"] is False
+        container = pod["containers"][0]
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        env = {item["name"]: item["value"] for item in container["env"]}
+        env_of[container["name"]] = env
+        feedback_dir = str(Path(env.get("DIRECTOR_FEEDBACK_DB", image_env()["DIRECTOR_FEEDBACK_DB"])).parent)
+        for path in (feedback_dir, "/tmp"):
+            assert path in mounts and not mounts[path].get("readOnly"), path
+            assert "emptyDir" in volumes[mounts[path]["name"]], path
+    # plain Deployment: the claim on the image's repository path, read-only on both the mount and the claim
+    deployment = pod_specs()[1]
+    repository = image_env()["DIRECTOR_MODEL_REPOSITORY"]
+    (models,) = [m for m in deployment["containers"][0]["volumeMounts"] if m["mountPath"] == repository]
+    assert models["readOnly"] is True
+    claim = next(v for v in deployment["volumes"] if v["name"] == models["name"])["persistentVolumeClaim"]
+    (pvc,) = k8s_kinds()["PersistentVolumeClaim"]
+    assert claim["readOnly"] is True and claim["claimName"] == pvc["metadata"]["name"]
+    # KServe: the same claim through its storage initializer, which mounts it read-only on /mnt/models
+    kserve = env_of["kserve-container"]
+    assert kserve["STORAGE_URI"] == f"pvc://{claim['claimName']}"
+    assert kserve["DIRECTOR_MODEL_REPOSITORY"] == "/mnt/models"
+
+
+def test_kubernetes_disruption_budgets_scraping_and_queue_autoscaling() -> None:
+    kinds = k8s_kinds()
+    isvc, deployment = kinds["InferenceService"][0], kinds["Deployment"][0]
+    budgets = {doc["metadata"]["name"]: doc["spec"] for doc in kinds["PodDisruptionBudget"]}
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budgets["director"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert budgets["director-predictor"]["selector"]["matchLabels"] == {
+        "serving.kserve.io/inferenceservice": isvc["metadata"]["name"]}
+    assert all(spec["maxUnavailable"] == 1 for spec in budgets.values())
+    assert deployment["spec"]["replicas"] >= 2  # a budget of one unavailable needs two to keep serving
+    # KServe's own scraping annotation, on the server's metrics port and path
+    annotations = isvc["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/enable-prometheus-scraping"] == "true"
+    assert annotations["prometheus.io/port"] == image_env()["DIRECTOR_PORT"]
+    assert annotations["prometheus.io/path"] in create_app().openapi()["paths"]
+    # autoscaling on the request queue, a metric the server exports, never on CPU
+    exported = {family.name for family in Metrics().registry.collect()}
+    predictor = isvc["spec"]["predictor"]
+    assert "scaleMetric" not in predictor and annotations["serving.kserve.io/autoscalerClass"] == "keda"
+    assert annotations["serving.kserve.io/deploymentMode"] == "RawDeployment"  # KEDA needs it
+    (external,) = predictor["autoScaling"]["metrics"]
+    assert external["type"] == "External" and external["external"]["metric"]["backend"] == "prometheus"
+    assert "director_queue_depth" in external["external"]["metric"]["query"] and "director_queue_depth" in exported
+    (hpa,) = kinds["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": deployment["metadata"]["name"]}
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] in exported
+    assert hpa["spec"]["minReplicas"] == deployment["spec"]["replicas"]
 
 
 def test_docs_cover_the_operations_guide() -> None:
