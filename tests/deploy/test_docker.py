@@ -479,9 +479,17 @@ def test_kubernetes_disruption_budgets_scraping_and_queue_autoscaling() -> None:
 
 def test_docs_cover_the_operations_guide() -> None:
     text = (REPO_ROOT / "docs" / "operations.md").read_text()
-    for heading in ("## Deploy on a GPU host", "## Upgrade a model version", "## Read the dashboard",
-                    "## Alerts", "## Scale out"):
+    for heading in ("## Production checklist", "## Deploy on a GPU host", "## Upgrade a model version",
+                    "## Read the dashboard", "## Alerts", "### What each alert means and what to do", "## Scale out"):
         assert heading in text, heading
+    checklist = text.split("## Production checklist")[1].split("\n## ")[0]
+    for topic in ("TLS", "API key", "Secrets", "Back up the feedback database", "Scaling rules"):
+        assert topic in checklist, topic
+    # every alert of the rule files has its entry (meaning and what to do) with its severity
+    runbook = text.split("### What each alert means and what to do")[1].split("\n## ")[0]
+    groups = yaml.safe_load((RULES_DIR / "alerts.yml").read_text())["groups"]
+    for rule in (r for g in groups for r in g["rules"] if "alert" in r):
+        assert f"- **{rule['alert']}** ({rule['labels']['severity']})" in runbook, rule["alert"]
     for path in re.findall(r"\]\(((?:\.\./)+[^)#]+)\)", text):  # relative links resolve
         assert (REPO_ROOT / "docs" / path).resolve().exists(), path
     # every shell command quoted from the compose CLI names a real service or profile
