@@ -17,6 +17,7 @@ from service.artifact import Artifact
 from service.auth import OPEN_PATHS, ApiKeyGuard, docs_paths
 from service.batching import BatchStats, BatchWorker
 from service.config import Settings
+from service.decoding import DecodePool
 from service.device import resolve_device
 from service.errors import register_error_handlers
 from service.feedback import FLUSH_INTERVAL_S, FeedbackStore
@@ -57,7 +58,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
                                  on_change=lambda: holder["state"].sync_version_metrics())
     feedback_store = FeedbackStore(settings.feedback_db, settings.feedback_max_rows, settings.feedback_max_age_s,
                                    settings.feedback_window)
-    state = AppState(settings, device, metrics_, repository, feedback_store, lifecycle)
+    state = AppState(settings, device, metrics_, repository, feedback_store, lifecycle,
+                     DecodePool(settings.decode_threads))
     holder["state"] = state
     return state
 
@@ -108,6 +110,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
             await state.repository.close()  # queued requests finish first
+            await asyncio.to_thread(state.decoder.close)
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher

@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_image_pixels: int = Field(4_000_000, ge=1, description="largest width x height of an image (413 above)")
     max_inputs_per_request: int = Field(256, ge=1, description="inputs per request (413 above)")
+    max_request_pixels: int = Field(16_000_000, ge=1, description="decoded image pixels per request: width x height "
+                                    "summed over its encoded images (413 above; bounds one request's decoding time)")
+    decode_threads: int = Field(2, ge=1, description="threads that decode images, convert pixels and tokenize texts "
+                                "off the event loop")
     max_text_chars: int = Field(5000, ge=1, description="longest text input in characters (413 above; a text "
                                 "model's own input.max_characters applies when lower)")
     api_key: SecretStr | None = Field(None, description="if set, every route but health and metrics needs "

@@ -1,11 +1,11 @@
 """Inputs to pixel tensors in the manifest's layout: float32 ``[C, H, W]`` in [0, 1].
 
 Conversion (documented in docs/api.md and the OpenAPI schema):
-- encoded images (PNG or JPEG only): the header's width x height is checked against the pixel limit
-  *before* the image is decoded; transparency is composited onto black (the Fashion-MNIST convention is
-  a light object on a dark background); colour is converted with PIL to ``L`` (1 channel, ITU-R 601
-  luma) or ``RGB`` (3 channels); a different size is resized bilinearly to height x width (aspect ratio
-  not kept); values are divided by 255.
+- encoded images (PNG or JPEG only): the header's width x height is checked against the pixel limit, and the
+  request's images together against its budget of decoded pixels, *before* the image is decoded; transparency is
+  composited onto black (the Fashion-MNIST convention is a light object on a dark background); colour is converted
+  with PIL to ``L`` (1 channel, ITU-R 601 luma) or ``RGB`` (3 channels); a different size is resized bilinearly to
+  height x width (aspect ratio not kept); values are divided by 255.
 - pixel arrays: ``[H, W]`` (1-channel models) or ``[C, H, W]`` with exactly the manifest's size, values
   finite and in [0, 1]; no resizing (an array of the wrong shape is refused with 422).
 """
@@ -16,6 +16,7 @@ import base64
 import binascii
 import io
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,21 @@ from service.errors import ApiError, bad_input, invalid, too_large
 FORMATS = ["PNG", "JPEG"]
 
 
+@dataclass
+class PixelBudget:
+    """The decoded pixels one request's images may hold together (``DIRECTOR_MAX_REQUEST_PIXELS``): many images, each
+    under the per-image limit, must not add up to seconds of decoding."""
+
+    limit: int
+    spent: int = 0
+
+    def spend(self, width: int, height: int, loc: list[str | int]) -> None:
+        self.spent += width * height
+        if self.spent > self.limit:
+            raise too_large(f"{_where(loc)}: the request's images hold {self.spent} pixels up to here, over the "
+                            f"limit of {self.limit} decoded pixels per request")
+
+
 def decode_base64(data: str, loc: list[str | int]) -> bytes:
     try:
         return base64.b64decode(data, validate=True)
@@ -35,14 +51,16 @@ def decode_base64(data: str, loc: list[str | int]) -> bytes:
                        ) from exc
 
 
-def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, loc: list[str | int]
-                    ) -> torch.Tensor:
+def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, loc: list[str | int],
+                    budget: PixelBudget | None = None) -> torch.Tensor:
     channels, height, width = shape
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
         if image.width * image.height > max_pixels:
             raise too_large(f"{_where(loc)}: image is {image.width}x{image.height} = "
                             f"{image.width * image.height} pixels, the limit is {max_pixels}")
+        if budget is not None:
+            budget.spend(image.width, image.height, loc)
         image.load()
     except ApiError:
         raise

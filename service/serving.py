@@ -18,7 +18,7 @@ from service.artifact import ArtifactError, OodRule, ood_rule
 from service.batching import BatchResult, Draining, Inputs, QueueFull, Ticket
 from service.drift import DriftMonitor
 from service.errors import ApiError, invalid, not_found, overloaded, too_large
-from service.images import decode_base64, image_to_tensor, pixels_to_tensor
+from service.images import PixelBudget, decode_base64, image_to_tensor, pixels_to_tensor
 from service.metrics import DRAINING, QUEUE_FULL, TIMEOUT
 from service.protocol import ImageInput, Input, PixelsInput, TextInput
 from service.repository import ModelVersion, State
@@ -87,7 +87,8 @@ def text_limit(state: AppState, entry: ModelVersion) -> int:
 
 def prepare_inputs(state: AppState, entry: ModelVersion, inputs: list[Input]) -> Inputs:
     """JSON inputs as the model takes them: pixels ``[n, C, H, W]`` float32 in [0, 1] (image models) or tokenised
-    texts (text models); an input of the other modality is refused with 422."""
+    texts (text models); an input of the other modality is refused with 422. CPU-bound: run it in the decode pool
+    (``state.decoder.run``), not on the event loop."""
     artifact = entry.artifact
     assert artifact is not None
     check_count(state, len(inputs))
@@ -103,6 +104,7 @@ def prepare_inputs(state: AppState, entry: ModelVersion, inputs: list[Input]) ->
             texts.append(item.text)
         return tokenize(entry, texts)
     shape = artifact.input_shape
+    budget = PixelBudget(state.settings.max_request_pixels)
     tensors = []
     for i, item in enumerate(inputs):
         loc = ["body", "inputs", i]
@@ -113,7 +115,8 @@ def prepare_inputs(state: AppState, entry: ModelVersion, inputs: list[Input]) ->
             raise invalid(f"inputs.{i}: model {entry.name!r} takes images; text inputs need a text model", loc)
         if isinstance(item, ImageInput):
             data = decode_base64(item.image_base64, [*loc, "image_base64"])
-            tensors.append(image_to_tensor(data, shape, state.settings.max_image_pixels, [*loc, "image_base64"]))
+            tensors.append(image_to_tensor(data, shape, state.settings.max_image_pixels, [*loc, "image_base64"],
+                                           budget))
         elif isinstance(item, PixelsInput):
             tensors.append(pixels_to_tensor(item.pixels, shape, [*loc, "pixels"]))
     return torch.stack(tensors)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.config import Settings
+from service.decoding import DecodePool
 from service.device import Device
 from service.drift import DriftMonitor
 from service.feedback import FeedbackStore
@@ -27,6 +28,7 @@ class AppState:
     repository: ModelRepository
     feedback: FeedbackStore
     lifecycle: Lifecycle
+    decoder: DecodePool
     drift: dict[tuple[str, str], DriftMonitor] = field(default_factory=dict)
 
     def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:

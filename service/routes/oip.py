@@ -76,9 +76,25 @@ def _ready(state: AppState, name: str, version: str | None) -> JSONResponse:
     return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
 
+def _prepare_inputs(state: AppState, entry: ModelVersion, body: dict[str, Any], tail: bytes) -> Inputs:
+    """The request's tensor as the model takes it (tokenised texts, or pixels [N, C, H, W]). CPU-bound: runs in the
+    decode pool."""
+    assert entry.artifact is not None
+    if entry.artifact.text is not None:
+        texts, loc = oip.text_strings(body, tail)
+        serving.check_count(state, len(texts))
+        limit = serving.text_limit(state, entry)
+        for i, text in enumerate(texts):
+            check_text(text, limit, [*loc, "data", i])
+        return serving.tokenize(entry, texts)
+    pixels = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.modality)
+    serving.check_count(state, int(pixels.shape[0]))
+    return pixels
+
+
 async def _infer(request: Request, state: AppState, name: str, version: str | None) -> dict[str, Any]:
     raw = await request.body()
-    body, tail = oip.parse_body(raw, request.headers.get(oip.HEADER_LENGTH))
+    body, tail = await state.decoder.run(oip.parse_body, raw, request.headers.get(oip.HEADER_LENGTH))
     entry = serving.resolve(state, name, version)
     assert entry.artifact is not None
     parameters = oip.parameters_of(body, ["body", "parameters"])
@@ -86,17 +102,7 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     seed = oip.seed_parameter(parameters)
     request_id = oip.request_id(body)  # every check of the request comes before inference
     requested = oip.requested_outputs(body, entry.artifact.text is not None)
-    inputs: Inputs
-    if entry.artifact.text is not None:
-        texts, loc = oip.text_strings(body, tail)
-        serving.check_count(state, len(texts))
-        limit = serving.text_limit(state, entry)
-        for i, text in enumerate(texts):
-            check_text(text, limit, [*loc, "data", i])
-        inputs = serving.tokenize(entry, texts)
-    else:
-        inputs = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.modality)
-        serving.check_count(state, int(inputs.shape[0]))
+    inputs = await state.decoder.run(_prepare_inputs, state, entry, body, tail)
     outcome = await serving.run(state, entry, inputs, n_samples, seed, ticket_of(request.scope))
     response: dict[str, Any] = {
         "model_name": entry.name, "model_version": entry.version,

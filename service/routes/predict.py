@@ -11,7 +11,7 @@ from service import serving
 from service.admission import ticket_of
 from service.deps import State, require_api_key
 from service.errors import ERROR_RESPONSES, invalid, too_large
-from service.images import image_to_tensor
+from service.images import PixelBudget, image_to_tensor
 from service.protocol import OodInfo, Prediction, PredictRequest, PredictResponse, Timings
 from service.serving import Outcome
 from service.texts import EncodedText
@@ -60,7 +60,7 @@ async def predict(body: PredictRequest, state: State, request: Request) -> Predi
     started = time.perf_counter()
     entry = serving.resolve(state, body.model, body.version)
     n_samples = serving.check_samples(entry, body.n_samples)
-    inputs = serving.prepare_inputs(state, entry, body.inputs)
+    inputs = await state.decoder.run(serving.prepare_inputs, state, entry, body.inputs)
     outcome = await serving.run(state, entry, inputs, n_samples, body.seed, ticket_of(request.scope))
     return to_response(outcome, body.return_probabilities, started)
 
@@ -88,6 +88,7 @@ async def predict_image(
     data = await file.read(state.settings.max_body_bytes + 1)
     if len(data) > state.settings.max_body_bytes:
         raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
-    pixels = image_to_tensor(data, entry.artifact.input_shape, state.settings.max_image_pixels, ["body", "file"])
+    pixels = await state.decoder.run(image_to_tensor, data, entry.artifact.input_shape, state.settings.max_image_pixels,
+                                     ["body", "file"], PixelBudget(state.settings.max_request_pixels))
     outcome = await serving.run(state, entry, pixels.unsqueeze(0), count, seed, ticket_of(request.scope))
     return to_response(outcome, return_probabilities, started)
