@@ -17,6 +17,7 @@ from transformers.models.bert.modeling_bert import BertLayer
 
 from models.observed_variance import mixture_attention, post_layernorm_variance
 from models.text_backbones import TextClassifier, pool_tokens
+from models.text_layers import TextPrefix
 
 
 def _check_supported(encoder: BertModel) -> None:
@@ -87,6 +88,10 @@ class BertTransitionView(nn.Module):
         here; it is taken for the same call shape as the rest of the text path."""
         del attention_mask
         return self.embedding(input_ids)  # [B, L, D]
+
+    def prefix(self, num_transitions: int) -> TextPrefix:
+        """Transitions 1..num_transitions as one deterministic plain module (copied weights, scriptable)."""
+        return TextPrefix.from_bert(self.layers, num_transitions)
 
     def attention_sublayer(
         self, layer: BertLayer, x: torch.Tensor, key_padding_mask: torch.Tensor | None

@@ -1,7 +1,10 @@
-"""The DIRECTOR module: embed -> T sampled kernel steps -> readout, scriptable with torch.jit.script.
+"""The DIRECTOR module: embed -> deterministic prefix -> K sampled kernel steps -> readout, scriptable with
+torch.jit.script.
 
-The first transition's mean and variance are computed once per input and then expanded to that
-input's own sample count; steps 2..T run on all sample rows at once.
+Partial depth (DESIGN.md s.2): the first T - K transitions run as the real backbone layers once per input (the
+prefix; none when K = T) and the kernel diffuses the last K steps. The first diffused step's mean and variance are
+computed once per input and then expanded to that input's own sample count; the other steps run on all sample rows
+at once. The rollout numbers its steps 1..K; the kernel's step k imitates the backbone's transition T - K + k.
 """
 
 from __future__ import annotations
@@ -62,20 +65,29 @@ class StochasticRollout(nn.Module):
         return x
 
 
+class IdentityPrefix(nn.Module):
+    """No prefix: the kernel diffuses the whole stack (K = T)."""
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return x
+
+
 class ImageDirector(nn.Module):
     """Artifact-contract image model: ``forward(pixels, n_samples) -> [S, B, C]`` logits and
     ``sample_rows(pixels, repeats) -> [sum(repeats), C]``."""
 
-    def __init__(self, embedding: nn.Module, rollout: StochasticRollout, readout: nn.Module) -> None:
+    def __init__(self, embedding: nn.Module, rollout: StochasticRollout, readout: nn.Module,
+                 prefix: nn.Module | None = None) -> None:
         super().__init__()
         self.embedding = embedding
+        self.prefix = prefix if prefix is not None else IdentityPrefix()
         self.rollout = rollout
         self.readout = readout
 
     @torch.jit.export
     def sample_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
-        x0 = self.embedding(pixels)  # [B, N, D]
-        x_t = self.rollout(x0, repeats, None)  # [R, N, D]
+        x_start = self.prefix(self.embedding(pixels), None)  # [B, N, D] deterministic, once per input
+        x_t = self.rollout(x_start, repeats, None)  # [R, N, D]
         return self.readout(x_t)  # [R, C]
 
     def forward(self, pixels: torch.Tensor, n_samples: int) -> torch.Tensor:

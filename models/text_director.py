@@ -3,8 +3,10 @@
 transformers modules do not script reliably, so the parts of the encoder the artifact needs are re-implemented
 here with copied weights: ``TokenEmbedding`` (word + position + segment-0 embedding, LayerNorm; the word table
 optionally half precision or int8 with a per-row scale, dequantised on lookup) and ``TextReadout`` (the last
-feed-forward sublayer, pooling over real tokens, head). ``TextDirector`` chains them with ``StochasticRollout``
-under the artifact contract:
+feed-forward sublayer, pooling over real tokens, head); the encoder's sublayers are ``models.text_layers``.
+``TextDirector`` chains the embedding, the deterministic prefix (partial depth: the first T - K transitions as the
+real layers, once per input), ``StochasticRollout`` over the last K steps and the readout under the artifact
+contract:
 
 - ``forward(input_ids [B, L] int64, attention_mask [B, L] int64, n_samples) -> logits [S, B, C]``
 - ``sample_rows(input_ids, attention_mask, repeats [B] int64) -> logits [sum(repeats), C]``, rows grouped by input.
@@ -19,12 +21,12 @@ import copy
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from models.bert_view import BertReadout, BertTransitionView
 from models.director import StochasticRollout
 from models.kernel import TransitionKernel
+from models.text_layers import TextFeedForward, TextPrefix
 
 TABLE_DTYPES: tuple[str, ...] = ("float32", "float16", "int8")
 
@@ -95,31 +97,24 @@ class TokenEmbedding(nn.Module):
 
 
 class TextReadout(nn.Module):
-    """X_T [R, L, D] -> logits [R, C]: the last feed-forward sublayer (dense, GELU, dense, residual LayerNorm),
-    pooling over real tokens (``key_padding_mask`` [R, L] True for real tokens) or the [CLS] token, head."""
+    """X_T [R, L, D] -> logits [R, C]: the last feed-forward sublayer, pooling over real tokens (``key_padding_mask``
+    [R, L] True for real tokens) or the [CLS] token, head."""
 
-    def __init__(self, intermediate: nn.Linear, output: nn.Linear, norm: nn.LayerNorm, head: nn.Linear,
-                 pooling: str = "mean", gelu_approximate: str = "none") -> None:
+    def __init__(self, feed_forward: TextFeedForward, head: nn.Linear, pooling: str = "mean") -> None:
         super().__init__()
         if pooling not in ("mean", "cls"):
             raise ValueError(f"unknown pooling {pooling!r}")
-        self.intermediate = copy.deepcopy(intermediate)
-        self.output = copy.deepcopy(output)
-        self.norm = copy.deepcopy(norm)
+        self.feed_forward = feed_forward
         self.head = copy.deepcopy(head)
         self.cls_pooling = pooling == "cls"
-        self.gelu_approximate = gelu_approximate
 
     @classmethod
     def from_bert(cls, readout: BertReadout) -> TextReadout:
         """Copy a ``BertReadout`` (the frozen view's readout) into plain modules."""
-        layer = readout.last_layer
-        return cls(layer.intermediate.dense, layer.output.dense, layer.output.LayerNorm, readout.head,
-                   readout.pooling, gelu_approximation(layer.intermediate.intermediate_act_fn))
+        return cls(TextFeedForward.from_bert(readout.last_layer), readout.head, readout.pooling)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = F.gelu(self.intermediate(x), approximate=self.gelu_approximate)  # [R, L, F]
-        h = self.norm(self.output(hidden) + x)  # [R, L, D] = last_hidden_state
+        h = self.feed_forward(x)  # [R, L, D] = last_hidden_state
         if self.cls_pooling:
             pooled = h[:, 0]  # [R, D]
         elif key_padding_mask is None:
@@ -130,25 +125,15 @@ class TextReadout(nn.Module):
         return self.head(pooled)  # [R, C]
 
 
-def gelu_approximation(act: nn.Module) -> str:
-    """Which torch GELU (``approximate`` = "none" or "tanh") a BERT intermediate activation module computes,
-    told by its values (transformers' activation classes differ between versions); anything else is refused."""
-    probe = torch.linspace(-6.0, 6.0, 241)  # [241]
-    with torch.no_grad():
-        values = act(probe)
-    for approximate in ("none", "tanh"):
-        if torch.allclose(values, F.gelu(probe, approximate=approximate), atol=1e-6, rtol=0):
-            return approximate
-    raise ValueError(f"the text readout supports GELU activations only, got {type(act).__name__}")
-
-
 class TextDirector(nn.Module):
     """Artifact-contract text model: ``forward(input_ids, attention_mask, n_samples) -> [S, B, C]`` logits and
     ``sample_rows(input_ids, attention_mask, repeats) -> [sum(repeats), C]``."""
 
-    def __init__(self, embedding: TokenEmbedding, rollout: StochasticRollout, readout: TextReadout) -> None:
+    def __init__(self, embedding: TokenEmbedding, rollout: StochasticRollout, readout: TextReadout,
+                 prefix: TextPrefix | None = None) -> None:
         super().__init__()
         self.embedding = embedding
+        self.prefix = prefix if prefix is not None else TextPrefix([], [])
         self.rollout = rollout
         self.readout = readout
 
@@ -156,8 +141,8 @@ class TextDirector(nn.Module):
     def sample_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor
                     ) -> torch.Tensor:
         mask = attention_mask > 0  # [B, L] True for real tokens
-        x0 = self.embedding(input_ids)  # [B, L, D]
-        x_t = self.rollout(x0, repeats, mask)  # [R, L, D]
+        x_start = self.prefix(self.embedding(input_ids), mask)  # [B, L, D] deterministic, once per input
+        x_t = self.rollout(x_start, repeats, mask)  # [R, L, D]
         row_mask = torch.repeat_interleave(mask, repeats, dim=0)  # [R, L]
         return self.readout(x_t, row_mask)  # [R, C]
 
@@ -170,10 +155,12 @@ class TextDirector(nn.Module):
 
 def text_director_from_view(view: BertTransitionView, kernel: TransitionKernel, readout: TextReadout | None = None,
                             table_dtype: str = "float32", max_positions: int | None = None) -> TextDirector:
-    """DIRECTOR on the frozen view's own embedding and readout, copied into plain modules (a float32 table
-    reproduces the encoder's X_0 exactly)."""
+    """DIRECTOR on the frozen view's own embedding, prefix (the first T - K transitions, K = the kernel's steps) and
+    readout, copied into plain modules (a float32 table reproduces the encoder's X_0 exactly)."""
     embedding = TokenEmbedding.from_bert(view.embedding.embeddings, table_dtype, max_positions)
-    return TextDirector(embedding, StochasticRollout(kernel), readout or TextReadout.from_bert(view.readout_head))
+    prefix = view.prefix(view.num_steps - kernel.num_steps)
+    return TextDirector(embedding, StochasticRollout(kernel), readout or TextReadout.from_bert(view.readout_head),
+                        prefix)
 
 
 class FoldedConditioning(nn.Module):
@@ -188,7 +175,7 @@ def fold_for_artifact(director: TextDirector, table_dtype: str | None = None, ma
                       ) -> TextDirector:
     """A copy for export, in eval mode: the adaLN modulation folded into per-step buffers and its MLPs dropped; the
     word table re-stored as ``table_dtype`` (default: unchanged) and the position table cut to ``max_positions``."""
-    folded = copy.deepcopy(director).eval()
+    folded = copy.deepcopy(director).eval().requires_grad_(False)  # an inference artifact
     old = folded.embedding
     if (table_dtype is not None and table_dtype != old.table_dtype) or max_positions is not None:
         if old.quantized:

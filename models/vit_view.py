@@ -60,6 +60,27 @@ class VitReadout(nn.Module):
         return self.head(self.fc_norm(x))  # [B, C]
 
 
+class VitPrefix(nn.Module):
+    """The first ``num_transitions`` transitions run as the real backbone (partial depth, DESIGN.md s.2):
+    X_0 [B, N, D] -> X_{T-K} = a_{T-K} [B, N, D], deterministic. Transitions end with attention, so this is
+    layers 1..T-K-1 whole and then layer T-K's attention sublayer; zero transitions is the identity."""
+
+    def __init__(self, blocks: nn.ModuleList, num_transitions: int) -> None:
+        super().__init__()
+        if not 0 <= num_transitions <= len(blocks):
+            raise ValueError(f"a prefix has 0..{len(blocks)} transitions, got {num_transitions}")
+        self.num_transitions = num_transitions
+        self.full_blocks = nn.ModuleList(blocks[: max(num_transitions - 1, 0)])
+        self.last = nn.ModuleList(blocks[num_transitions - 1 : num_transitions] if num_transitions else [])
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        for block in self.full_blocks:
+            x = block(x)  # [B, N, D] attention + MLP sublayers
+        for block in self.last:  # at most one: its attention sublayer only
+            x = x + block.ls1(block.attn(block.norm1(x)))  # [B, N, D]
+        return x
+
+
 def _layer_scale_gain(layer_scale: nn.Module) -> torch.Tensor | float:
     """The elementwise gain of timm's LayerScale (1 when the block has none)."""
     return layer_scale.gamma if hasattr(layer_scale, "gamma") else 1.0
@@ -80,6 +101,10 @@ class VitTransitionView(nn.Module):
 
     def embed(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.embedding(pixels)  # [B, N, D]
+
+    def prefix(self, num_transitions: int) -> VitPrefix:
+        """Transitions 1..num_transitions as one deterministic module sharing the backbone's weights."""
+        return VitPrefix(self.blocks, num_transitions)
 
     def transition(
         self, t: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from training.config import PipelineConfig
-from training.distil import DIRECTOR_FILE, distil
+from training.distil import distil
 from training.fit_backbone import BACKBONE_FILE
+from training.loading import DIRECTOR_FILE
 from training.runtime import load_checkpoint
 
 

@@ -20,9 +20,9 @@ from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from training.artifact import git_commit, install_version, script_and_verify, staging_dir, write_manifest
 from training.config import PipelineConfig, config_dict
 from training.data import load_dataset
-from training.export import served_statistics
 from training.fit_backbone import BACKBONE_FILE, fit_backbone, load_backbone
 from training.runtime import set_threads
+from training.served_statistics import served_statistics
 
 BASELINES = ("deterministic", "mc_dropout", "ensemble")
 

@@ -51,6 +51,9 @@ class KernelConfig:
 
 @dataclass
 class DistilConfig:
+    # K, the transitions the kernel diffuses: the first T - K run as the real layers once per input (partial depth,
+    # DESIGN.md s.2); None = the whole stack (K = T)
+    depth: int | None = None
     epochs: int = 4
     batch_size: int = 128
     lr: float = 1e-3
@@ -73,6 +76,8 @@ class DistilConfig:
     tau_images: int = 2000
     stats_batches: int = 20
     finetune_readout: bool = False
+    ema_decay: float = 0.0  # EMA of the kernel's (and readout's) weights, validated and kept; 0 = none
+    keep_best: bool = True  # keep the epoch with the best validation NLL (False: the last epoch)
     val_samples: int = 8
     val_images: int = 2000
     max_steps: int | None = None
@@ -84,7 +89,9 @@ class ExportConfig:
     name: str = "fashion-vit"
     version: int = 1
     repository: str = "model_repository"
-    default_samples: int = 16
+    default_samples: int | None = 16  # None: the smallest S whose validation NLL is within noise of the reference's
+    default_samples_reference: int = 32
+    temperature_scaling: bool = True  # serve a temperature on the sampled logits when it wins on held-out validation
     max_samples: int = 64
     sample_counts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     threshold_images: int = 2000
@@ -213,6 +220,10 @@ def check_config(cfg: PipelineConfig) -> None:
     """Refuse settings that cannot work together, naming the key."""
     if cfg.distil.l2_target not in L2_TARGETS:
         raise ValueError(f"distil.l2_target must be one of {L2_TARGETS}, got {cfg.distil.l2_target!r}")
+    if cfg.distil.depth is not None and cfg.distil.depth < 1:
+        raise ValueError(f"distil.depth must be >= 1 (or null for the whole stack), got {cfg.distil.depth}")
+    if not 0.0 <= cfg.distil.ema_decay < 1.0:
+        raise ValueError(f"distil.ema_decay must be in [0, 1), got {cfg.distil.ema_decay}")
     if cfg.modality not in MODALITIES:
         raise ValueError(f"modality must be one of {MODALITIES}, got {cfg.modality!r}")
     if cfg.data.files is not None and cfg.data.dataset not in HUB_TEXT_DATASETS:

@@ -17,8 +17,8 @@ import torch
 from training.config import PipelineConfig
 from training.corruptions import CORRUPTIONS, corrupt, corruption_seed, corruption_subset
 from training.data import Split, digits_images, letter_images, photo_patch_images, uniform_noise_images
-from training.distil import AnySplit, load_data
-from training.export import IMAGE_OOD_SELECTION_SET
+from training.loading import AnySplit, load_data
+from training.served_statistics import IMAGE_OOD_SELECTION_SET
 from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenSplit, encode, load_run_tokenizer, text_ood_splits
 
 Inputs = tuple[torch.Tensor, ...]  # what a model takes besides n_samples: (pixels,) or (input_ids, attention_mask)

@@ -30,14 +30,15 @@ from training.baselines import ensemble_members, member_config
 from training.calibration import fit_temperature
 from training.config import PipelineConfig
 from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
-from training.distil import DIRECTOR_FILE, AnySplit, load_director, split_sampled_logits
 from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
-from training.export import fit_noise_scale, mean_logvar_score
 from training.fit_backbone import BACKBONE_FILE, load_backbone
+from training.loading import DIRECTOR_FILE, AnySplit, load_director, split_sampled_logits
 from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, classification_report, ece_bootstrap
 from training.ood import ood_report
+from training.rollout_diagnostics import mean_logvar_score
 from training.runtime import set_threads
+from training.served_statistics import fit_noise_scale
 
 
 @dataclass(frozen=True)

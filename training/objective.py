@@ -34,36 +34,41 @@ def masked_mean(values: torch.Tensor, token_mask: torch.Tensor | None) -> torch.
 
 
 class ObservedProcess:
-    """The frozen backbone read as q_t = N(X_t, tau * var_t + floor_t) (not a module: never trained)."""
+    """The frozen backbone's last K transitions read as q_k = N(X_{T-K+k}, tau * var + floor) (not a module: never
+    trained). Steps are numbered k = 1..K like the kernel's; ``first_step`` = T - K transitions run before them
+    (partial depth; 0 for the whole stack), so step k is the backbone's transition ``first_step + k``."""
 
-    def __init__(self, view: nn.Module, floors: torch.Tensor, tau: float, mode: str) -> None:
+    def __init__(self, view: nn.Module, floors: torch.Tensor, tau: float, mode: str, first_step: int = 0) -> None:
         if mode not in ("attention", "floor"):
             raise ValueError(f"observed_variance must be 'attention' or 'floor', got {mode!r}")
+        if floors.shape[0] != int(view.num_steps) - first_step:
+            raise ValueError(f"{floors.shape[0]} floors for {int(view.num_steps) - first_step} diffused steps")
         self.view = view
-        self.floors = floors  # [T]
+        self.floors = floors  # [K]
         self.tau = tau
         self.mode = mode
+        self.first_step = first_step
 
     @property
     def num_steps(self) -> int:
-        return int(self.view.num_steps)
+        return int(self.view.num_steps) - self.first_step
 
-    def observed_variance(self, t: int, raw_variance: torch.Tensor) -> torch.Tensor:
-        floor = self.floors[t - 1].to(raw_variance.device)
+    def observed_variance(self, k: int, raw_variance: torch.Tensor) -> torch.Tensor:
+        floor = self.floors[k - 1].to(raw_variance.device)
         if self.mode == "floor":
             return torch.full_like(raw_variance, float(floor))
         return self.tau * raw_variance + floor
 
     @torch.no_grad()
-    def transition(self, t: int, x: torch.Tensor, mask: torch.Tensor | None = None
+    def transition(self, k: int, x: torch.Tensor, mask: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, raw = self.view.transition(t, x, mask)
-        return mean, self.observed_variance(t, raw)
+        mean, raw = self.view.transition(self.first_step + k, x, mask)
+        return mean, self.observed_variance(k, raw)
 
     @torch.no_grad()
     def trajectory(self, x0: torch.Tensor, mask: torch.Tensor | None = None
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Deterministic observed states [X_0..X_T] and variances [var_1..var_T]."""
+        """Deterministic observed states [X_{T-K}..X_T] from ``x0`` = X_{T-K} and variances [var_1..var_K]."""
         states, variances = [x0], []
         for t in range(1, self.num_steps + 1):
             mean, var = self.transition(t, states[-1], mask)

@@ -162,18 +162,16 @@ def tokenize_dataset(tokenizer: Tokenizer, tcfg: TextConfig, raw: RawTextTask) -
                         labels=list(labels))
 
 
-def token_batches(split: TokenSplit, batch_size: int, shuffle: bool, generator: torch.Generator | None = None,
-                  rank: int = 0, world_size: int = 1, bucket: int = 1
-                  ) -> Iterator[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    """Yield ((ids, mask), labels) mini-batches trimmed to their longest text. With ``bucket`` > 1 the shuffled order
-    is cut into windows of ``bucket`` batches, each window sorted by length before it is cut into batches and the
-    batches shuffled, so a batch holds texts of similar length (less padding); ``world_size`` > 1 shards by rank."""
-    n = len(split)
+def bucketed_indices(lengths: torch.Tensor, batch_size: int, shuffle: bool, generator: torch.Generator | None = None,
+                     rank: int = 0, world_size: int = 1, bucket: int = 1) -> list[torch.Tensor]:
+    """One epoch's batches of row indices. With ``bucket`` > 1 the shuffled order is cut into windows of ``bucket``
+    batches, each window sorted by length before it is cut into batches and the batches shuffled, so a batch holds
+    texts of similar length (less padding); ``world_size`` > 1 shards by rank."""
+    n = int(lengths.shape[0])
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     order = order[rank::world_size]
     groups: list[torch.Tensor] = []
     window = batch_size * max(bucket, 1)
-    lengths = split.lengths
     for start in range(0, len(order), window):
         chunk = order[start : start + window]
         if bucket > 1:
@@ -181,7 +179,14 @@ def token_batches(split: TokenSplit, batch_size: int, shuffle: bool, generator: 
         groups.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
     if bucket > 1 and shuffle:
         groups = [groups[int(i)] for i in torch.randperm(len(groups), generator=generator)]
-    for index in groups:
+    return groups
+
+
+def token_batches(split: TokenSplit, batch_size: int, shuffle: bool, generator: torch.Generator | None = None,
+                  rank: int = 0, world_size: int = 1, bucket: int = 1
+                  ) -> Iterator[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Yield ((ids, mask), labels) mini-batches trimmed to their longest text, in ``bucketed_indices`` order."""
+    for index in bucketed_indices(split.lengths, batch_size, shuffle, generator, rank, world_size, bucket):
         yield split.rows(index), split.labels[index]
 
 

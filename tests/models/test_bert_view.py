@@ -220,3 +220,22 @@ def test_pretrained_minilm_view() -> None:
         assert float(var_p[real].mean()) > 0.0
         torch.testing.assert_close(x_p[:1, :short], x_a, atol=1e-5, rtol=0)
         torch.testing.assert_close(var_p[:1, :short], var_a, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_transitions", [0, 1, 2])
+def test_prefix_equals_the_first_transitions(num_transitions: int) -> None:
+    """Partial depth: the plain-module prefix reproduces X_P of the chained transitions on padded texts, scripted."""
+    view = BertTransitionView(_tiny_classifier(seed=4))
+    ids, mask = _padded_batch([5, 9, 2], vocab=100, seed=4)
+    real = mask.bool()
+    prefix = view.prefix(num_transitions)
+    with torch.no_grad():
+        x = view.embed(ids, mask)
+        expected = x
+        for t in range(1, num_transitions + 1):
+            expected, _ = view.transition(t, expected, real)
+        scripted = torch.jit.script(prefix)
+        for module in (prefix, scripted):
+            got = module(x, real)  # [B, L, D]
+            torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)  # padding rows are never read
+    assert prefix.num_transitions == num_transitions

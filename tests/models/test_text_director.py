@@ -17,10 +17,10 @@ from models.text_director import (
     TextReadout,
     TokenEmbedding,
     fold_for_artifact,
-    gelu_approximation,
     quantize_rows,
     text_director_from_view,
 )
+from models.text_layers import gelu_approximation
 from tests.models.test_bert_view import _padded_batch, _tiny_classifier
 from training.artifact import script_module
 
@@ -66,7 +66,7 @@ def test_plain_modules_equal_the_transformers_ones(pooling: str) -> None:
         torch.testing.assert_close(embedding(ids), x0, atol=1e-5, rtol=0)
         torch.testing.assert_close(readout(states[-1], real), expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(expected, model(ids, mask), atol=1e-5, rtol=0)  # and the whole classifier
-    assert readout.gelu_approximate == "none"  # BERT's exact GELU
+    assert readout.feed_forward.gelu_approximate == "none"  # BERT's exact GELU
 
 
 def test_per_row_int8_is_within_half_a_step() -> None:

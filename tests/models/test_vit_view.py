@@ -53,3 +53,22 @@ def test_transition_rejects_bad_step() -> None:
         view.transition(0, torch.zeros(1, 16, 16))
     with pytest.raises(ValueError):
         view.transition(3, torch.zeros(1, 16, 16))
+
+
+@pytest.mark.parametrize("num_transitions", [0, 1, 2, 3])
+def test_prefix_equals_the_first_transitions(num_transitions: int) -> None:
+    """Partial depth: the deterministic prefix reproduces X_P of the chained transitions, scripted too."""
+    torch.manual_seed(2)
+    model = build_vit(VitConfig(stem_channels=[8, 16], embed_dim=16, depth=3, num_heads=2)).eval()
+    view = VitTransitionView(model)
+    pixels = torch.rand(3, 1, 28, 28)
+    prefix = view.prefix(num_transitions)
+    with torch.no_grad():
+        x = view.embed(pixels)
+        expected = x
+        for t in range(1, num_transitions + 1):
+            expected, _ = view.transition(t, expected)
+        torch.testing.assert_close(prefix(x), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.jit.script(prefix)(x, None), expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="transitions"):
+        view.prefix(4)

