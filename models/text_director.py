@@ -25,6 +25,7 @@ from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from models.bert_view import BertReadout, BertTransitionView
 from models.director import StochasticRollout
+from models.half_storage import store_linears_in_half
 from models.kernel import TransitionKernel
 from models.text_layers import TextFeedForward, TextPrefix
 
@@ -171,19 +172,66 @@ class FoldedConditioning(nn.Module):
         raise RuntimeError("the step conditioning of this artifact is folded into rollout.step_modulation")
 
 
-def fold_for_artifact(director: TextDirector, table_dtype: str | None = None, max_positions: int | None = None
-                      ) -> TextDirector:
+def restore_embedding(embedding: TokenEmbedding, table_dtype: str | None, max_positions: int | None
+                      ) -> TokenEmbedding:
+    """``embedding`` with its word table re-stored as ``table_dtype`` (None: unchanged) and the position table cut to
+    ``max_positions`` (None: all of it)."""
+    if (table_dtype is None or table_dtype == embedding.table_dtype) and max_positions is None:
+        return embedding
+    if embedding.quantized:
+        raise ValueError("cannot re-store an int8 table")
+    position = embedding.position if max_positions is None else embedding.position[:max_positions]
+    return TokenEmbedding(embedding.word_table.float(), position, embedding.segment, embedding.norm,
+                          table_dtype or embedding.table_dtype)
+
+
+def fold_for_artifact(director: TextDirector, table_dtype: str | None = None, max_positions: int | None = None,
+                      layer_dtype: str = "float32") -> TextDirector:
     """A copy for export, in eval mode: the adaLN modulation folded into per-step buffers and its MLPs dropped; the
-    word table re-stored as ``table_dtype`` (default: unchanged) and the position table cut to ``max_positions``."""
+    word table re-stored as ``table_dtype`` (default: unchanged), the position table cut to ``max_positions`` and,
+    with ``layer_dtype`` float16, the prefix's and the readout's linear layers stored in half precision."""
     folded = copy.deepcopy(director).eval().requires_grad_(False)  # an inference artifact
-    old = folded.embedding
-    if (table_dtype is not None and table_dtype != old.table_dtype) or max_positions is not None:
-        if old.quantized:
-            raise ValueError("cannot re-store an int8 table")
-        position = old.position if max_positions is None else old.position[:max_positions]
-        folded.embedding = TokenEmbedding(old.word_table.float(), position, old.segment, old.norm,
-                                          table_dtype or old.table_dtype)
+    folded.embedding = restore_embedding(folded.embedding, table_dtype, max_positions)
+    if layer_dtype == "float16":
+        store_linears_in_half(folded.prefix)
+        store_linears_in_half(folded.readout.feed_forward)
+    elif layer_dtype != "float32":
+        raise ValueError(f"layer_dtype must be float32 or float16, got {layer_dtype!r}")
     folded.rollout.fold_conditioning()
     folded.rollout.kernel.t_embedder = FoldedConditioning()
     folded.rollout.kernel.adaLN_modulation = FoldedConditioning()
     return folded
+
+
+class TextBackbone(nn.Module):
+    """The plain fine-tuned encoder under the artifact contract (the deterministic baseline served beside DIRECTOR):
+    embedding, all T transitions as the prefix, readout; every sample row of an input is the same logit vector."""
+
+    def __init__(self, embedding: TokenEmbedding, prefix: TextPrefix, readout: TextReadout) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.prefix = prefix
+        self.readout = readout
+
+    @classmethod
+    def from_view(cls, view: BertTransitionView, table_dtype: str = "float32", max_positions: int | None = None,
+                  layer_dtype: str = "float32") -> TextBackbone:
+        embedding = TokenEmbedding.from_bert(view.embedding.embeddings, table_dtype, max_positions)
+        module = cls(embedding, view.prefix(view.num_steps), TextReadout.from_bert(view.readout_head)).eval()
+        if layer_dtype == "float16":
+            store_linears_in_half(module.prefix)
+            store_linears_in_half(module.readout.feed_forward)
+        return module.requires_grad_(False)
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask > 0  # [B, L]
+        return self.readout(self.prefix(self.embedding(input_ids), mask), mask)  # [B, C]
+
+    @torch.jit.export
+    def sample_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor
+                    ) -> torch.Tensor:
+        logits = self.logits(input_ids, attention_mask)  # [B, C]
+        return torch.repeat_interleave(logits, repeats, dim=0, output_size=int(repeats.sum()))  # [R, C]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_samples: int) -> torch.Tensor:
+        return self.logits(input_ids, attention_mask).unsqueeze(0).expand(n_samples, -1, -1)  # [S, B, C]

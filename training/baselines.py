@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,12 +18,15 @@ import torch
 from models.artifact_format import ARTIFACT, FORMAT_VERSION
 from models.backbones import ImageClassifier
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
+from models.bert_view import BertTransitionView
+from models.text_director import TextBackbone
 from training.artifact import git_commit, install_version, script_and_verify, staging_dir, write_manifest
-from training.config import PipelineConfig, config_dict
-from training.data import load_dataset
+from training.config import PipelineConfig
+from training.export_parts import ExportParts, image_export_parts, text_export_parts, verify_text_artifact
 from training.fit_backbone import BACKBONE_FILE, fit_backbone, load_backbone
 from training.runtime import set_threads
-from training.served_statistics import served_statistics
+from training.served_statistics import sample_split, served_statistics, served_temperature
+from training.text_inputs import TokenSplit
 
 BASELINES = ("deterministic", "mc_dropout", "ensemble")
 
@@ -57,6 +61,15 @@ class BaselineModel:
 
 def build_baseline(cfg: PipelineConfig, method: str, train_missing: bool = True) -> BaselineModel:
     backbone = load_backbone(cfg.run_dir)
+    if cfg.is_text:
+        if method != "deterministic":
+            raise ValueError(f"text baselines export as artifacts for method deterministic only, not {method!r}: "
+                             "transformers modules do not script, and only the plain backbone is rebuilt from plain "
+                             "modules (the evaluation still measures MC dropout and ensembles on texts)")
+        tcfg = cfg.text
+        module = TextBackbone.from_view(BertTransitionView(backbone), tcfg.table_dtype, tcfg.max_length,
+                                        tcfg.layer_dtype)
+        return BaselineModel(module, 1, 1)
     if method == "deterministic":
         return BaselineModel(DeterministicModel(backbone).eval(), 1, 1)
     if method == "mc_dropout":
@@ -68,46 +81,61 @@ def build_baseline(cfg: PipelineConfig, method: str, train_missing: bool = True)
     raise ValueError(f"unknown baseline {method!r}; choose from {BASELINES}")
 
 
+def script_baseline(baseline: BaselineModel, parts: ExportParts, path: Path) -> torch.jit.ScriptModule:
+    """Script the baseline to ``path``, load it back and check it against the eager module on validation inputs."""
+    probe = parts.data.val.head(8)
+    if isinstance(probe, TokenSplit):
+        ids, mask = probe.rows(torch.arange(len(probe)))
+        return verify_text_artifact(baseline.module, ids, mask, path, n_samples=baseline.default_samples)
+    return script_and_verify(baseline.module, baseline.module, probe.images, path, n_samples=baseline.default_samples)
+
+
 def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = None) -> Path:
     """Export a baseline as ``<repository>/<name>-<method>/<version>/``, with the same manifest sections as
-    DIRECTOR (``method`` says which), so the server serves and benchmarks it side by side."""
+    DIRECTOR (``method`` says which), so the server serves and benchmarks it side by side. Like DIRECTOR it is served
+    with a temperature when that wins on held-out validation (the backbone + temperature scaling a user would
+    otherwise deploy)."""
     set_threads(cfg.threads)
     ecfg = cfg.export
-    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
-                        cfg.data.train_limit, cfg.data.test_limit)
+    backbone = load_backbone(cfg.run_dir)
+    parts = text_export_parts(cfg, backbone) if cfg.is_text else image_export_parts(cfg, backbone)
+    data = parts.data
     baseline = build_baseline(cfg, method)
     name = f"{ecfg.name}-{method.replace('_', '-')}"
     out_dir = Path(repository or ecfg.repository) / name / str(ecfg.version)
     tmp_dir = staging_dir(out_dir)
-    served = script_and_verify(baseline.module, baseline.module, data.val.images[:8], tmp_dir / ARTIFACT,
-                               n_samples=baseline.default_samples)
+    served = script_baseline(baseline, parts, tmp_dir / ARTIFACT)
+    for file_name, source in parts.files.items():
+        shutil.copyfile(source, tmp_dir / file_name)
     counts = [s for s in ecfg.sample_counts if s <= baseline.max_samples] or [baseline.default_samples]
     if baseline.default_samples not in counts:
         counts.append(baseline.default_samples)
-    stats = served_statistics(served, data, ecfg, sorted(counts), baseline.default_samples, cfg.seed)
-    image_shape = [int(s) for s in data.val.images.shape[1:]]
+    temperature, temperature_fit = 1.0, {}
+    if ecfg.temperature_scaling:
+        val_logits = sample_split(served, data.val, baseline.default_samples, cfg.seed + 2)  # [S, N, C]
+        temperature, temperature_fit = served_temperature(val_logits, data.val.labels)
+    stats = served_statistics(served, data, ecfg, sorted(counts), baseline.default_samples, cfg.seed,
+                              parts.ood_validation, parts.selection_set, temperature)
     manifest = {
         "format_version": FORMAT_VERSION,
         "name": name,
         "version": str(ecfg.version),
         "method": method,
-        "modality": "image",
+        "modality": cfg.modality,
         "labels": list(data.labels),
-        "input": {"channels": image_shape[0], "height": image_shape[1], "width": image_shape[2],
-                  "dtype": "float32", "range": [0.0, 1.0], "layout": "NCHW",
-                  "convert": {"color": "L" if image_shape[0] == 1 else "RGB",
-                              "resize": "bilinear to height x width, aspect ratio not kept"}},
+        "input": parts.input_section,
         "sampling": {"steps": 0, "default_samples": baseline.default_samples, "max_samples": baseline.max_samples},
-        "temperature": 1.0,
+        "temperature": temperature,
         "ood": stats.ood,
         "reference": stats.reference,
-        "artifact": {"file": ARTIFACT, "format": "torchscript", "torch": torch.__version__,
+        "artifact": {"file": ARTIFACT, "format": "torchscript", "torch": torch.__version__, **parts.signatures,
                      "parameters": sum(p.numel() for p in baseline.module.parameters())},
-        "provenance": {"baseline_of": ecfg.name, "backbone": config_dict(cfg)["backbone"], "dataset": cfg.data.dataset,
+        "provenance": {"baseline_of": ecfg.name, "backbone": parts.backbone_description, "dataset": cfg.data.dataset,
                        "config": cfg.source, "seed": cfg.seed, "git_commit": git_commit(),
-                       "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")},
+                       "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                       "temperature_fit": temperature_fit},
     }
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
-    print(f"exported {method} baseline to {out_dir}")
+    print(f"exported {method} baseline to {out_dir} (temperature {temperature:.3f})")
     return out_dir

@@ -158,6 +158,7 @@ class TextConfig:
     pooling: str = "mean"  # mean | cls
     dropout: float = 0.1
     table_dtype: str = "int8"  # float32 | float16 | int8
+    layer_dtype: str = "float32"  # float32 | float16: how the artifact stores the prefix's and readout's linear layers
     bucket: int = 20
     data_cache: str | None = None
     tiny: TinyBertConfig = field(default_factory=TinyBertConfig)
@@ -241,6 +242,8 @@ def check_config(cfg: PipelineConfig) -> None:
             raise ValueError(f"text.pooling must be mean or cls, got {text.pooling!r}")
         if text.table_dtype not in ("float32", "float16", "int8"):
             raise ValueError(f"text.table_dtype must be float32, float16 or int8, got {text.table_dtype!r}")
+        if text.layer_dtype not in ("float32", "float16"):
+            raise ValueError(f"text.layer_dtype must be float32 or float16, got {text.layer_dtype!r}")
         if text.max_length < 2 or text.max_characters < 1:
             raise ValueError("text.max_length must be >= 2 and text.max_characters >= 1")
 

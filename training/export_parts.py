@@ -99,7 +99,7 @@ def verify_text_artifact(artifact_module: TextDirector, ids: torch.Tensor, mask:
 
 @torch.no_grad()
 def table_effect(director: TextDirector, artifact_module: TextDirector, split: TokenSplit) -> dict[str, float]:
-    """How much storing the word table in the artifact's dtype moves the logits, with the noise off."""
+    """How much storing the word table and the layers in the artifact's dtypes moves the logits, with the noise off."""
     exact, stored = copy.deepcopy(director).eval(), copy.deepcopy(artifact_module).eval()
     exact.rollout.noise_scale.fill_(0.0)
     stored.rollout.noise_scale.fill_(0.0)
@@ -119,7 +119,7 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
 
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         assert isinstance(director, TextDirector)
-        artifact_module = fold_for_artifact(director, tcfg.table_dtype, tcfg.max_length)
+        artifact_module = fold_for_artifact(director, tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
         probe = data.val.head(8)
         ids, mask = probe.rows(torch.arange(len(probe)))
         served = verify_text_artifact(artifact_module, ids, mask, path)
@@ -127,6 +127,7 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
         details["word_table"] = {
             "dtype": tcfg.table_dtype, "rows": int(table.shape[0]), "dim": int(table.shape[1]),
             "bytes": table.numel() * table.element_size() + artifact_module.embedding.word_scale.numel() * 4,
+            "layer_dtype": tcfg.layer_dtype,  # the prefix's and the readout's linear layers
             **table_effect(director, artifact_module, data.val.head(ecfg.threshold_images))}
         return artifact_module, served
 

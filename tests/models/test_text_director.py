@@ -4,6 +4,7 @@ the artifact contract, and padding invariance (exact without noise, in distribut
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from models.bert_view import BertTransitionView
 from models.kernel import TransitionKernel
 from models.text_backbones import from_pretrained_minilm, load_minilm_tokenizer
 from models.text_director import (
+    TextBackbone,
     TextDirector,
     TextReadout,
     TokenEmbedding,
@@ -22,7 +24,7 @@ from models.text_director import (
 )
 from models.text_layers import gelu_approximation
 from tests.models.test_bert_view import _padded_batch, _tiny_classifier
-from training.artifact import script_module
+from training.artifact import load_scripted, save_scripted, script_module
 
 VOCAB = 100
 
@@ -176,3 +178,29 @@ def test_only_gelu_readouts_are_accepted() -> None:
     assert gelu_approximation(nn.GELU()) == "none" and gelu_approximation(nn.GELU(approximate="tanh")) == "tanh"
     with pytest.raises(ValueError, match="GELU"):
         gelu_approximation(nn.ReLU())
+
+
+@pytest.mark.parametrize("layer_dtype", ["float32", "float16"])
+def test_text_backbone_artifact_equals_the_classifier(layer_dtype: str, tmp_path: Path) -> None:
+    """The deterministic baseline as plain modules: the classifier's logits (float16 layers: within 1e-2), identical
+    sample rows, scripted and reloaded; half-stored layers take about half the bytes."""
+    model = _tiny_classifier(seed=2, hidden_size=64, intermediate_size=128)
+    view = BertTransitionView(model)
+    ids, mask = _padded_batch([9, 4, 1, 7], vocab=VOCAB, seed=2)
+    module = TextBackbone.from_view(view, "float32", max_positions=64, layer_dtype=layer_dtype)
+    path = tmp_path / f"{layer_dtype}.ts"
+    save_scripted(script_module(module), path)
+    served = load_scripted(path)
+    with torch.no_grad():
+        expected = model(ids, mask)  # [B, C]
+        got = served(ids, mask, 3)  # [S, B, C]
+    tolerance = 1e-5 if layer_dtype == "float32" else 1e-2
+    for sample in got:
+        torch.testing.assert_close(sample, expected, atol=tolerance, rtol=0)
+    rows = served.sample_rows(ids, mask, torch.tensor([1, 0, 2, 1]))
+    assert rows.shape == (4, 3) and torch.equal(rows[1], rows[2])
+    if layer_dtype == "float16":
+        full = tmp_path / "float32.ts"
+        save_scripted(script_module(TextBackbone.from_view(view, "float32", max_positions=64)), full)
+        layers = sum(p.numel() for p in view.layers.parameters())
+        assert full.stat().st_size - path.stat().st_size > 1.5 * layers  # ~2 bytes saved per layer weight

@@ -229,3 +229,31 @@ def test_partial_depth_text_artifact_matches_eager_and_ignores_padding(exported:
         alone = served(*_rows(val, [short]), 1)[0, 0]  # [C]
         padded = served(ids, mask, 1)[0, 0]  # [C]
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+
+
+def test_text_deterministic_baseline_exports_compactly_and_loads_in_the_server(exported: tuple[Path, Path],
+                                                                                tmp_path: Path) -> None:
+    """``export-baseline --method deterministic`` on a text run: the fine-tuned encoder as plain modules (float16
+    layers, int8 table) with its tokenizer, passing the server's own validation; its logits are the backbone's."""
+    from service.artifact import load_artifact
+    from service.device import resolve_device
+    from training.cli import main
+    from training.fit_backbone import load_backbone
+
+    config, _ = exported
+    cfg = load_config(config)
+    args = ["--config", str(config), "--set", "text.layer_dtype=float16", "--repository", str(tmp_path)]
+    assert main(["export-baseline", *args, "--method", "deterministic"]) == 0
+    folder = tmp_path / "tiny-text-deterministic" / "1"
+    assert (folder / "tokenizer.json").is_file()
+    artifact = load_artifact(folder, resolve_device("cpu", False, 1))
+    manifest = artifact.manifest
+    assert manifest["method"] == "deterministic" and manifest["modality"] == "text"
+    assert manifest["input"]["max_length"] == cfg.text.max_length and manifest["temperature"] > 0
+    ids, mask = _rows(load_data(cfg).val, [0, 1, 2])
+    with torch.no_grad():
+        rows = artifact.module.sample_rows(ids, mask, torch.tensor([1, 1, 1]))  # [3, C]
+        expected = load_backbone(cfg.run_dir)(ids, mask)  # [3, C]
+    torch.testing.assert_close(rows, expected, atol=0.05, rtol=0)  # int8 table and float16 layers
+    with pytest.raises(ValueError, match="deterministic only"):
+        main(["export-baseline", *args, "--method", "mc_dropout"])
