@@ -76,6 +76,8 @@ class DistilConfig:
     tau_images: int = 2000
     stats_batches: int = 20
     finetune_readout: bool = False
+    # perturbed copies of the training inputs distilled against the teacher's outputs (needs l2_target teacher)
+    unlabeled_copies: int = 0
     ema_decay: float = 0.0  # EMA of the kernel's (and readout's) weights, validated and kept; 0 = none
     keep_best: bool = True  # keep the epoch with the best validation NLL (False: the last epoch)
     val_samples: int = 8
@@ -223,6 +225,8 @@ def check_config(cfg: PipelineConfig) -> None:
         raise ValueError(f"distil.l2_target must be one of {L2_TARGETS}, got {cfg.distil.l2_target!r}")
     if cfg.distil.depth is not None and cfg.distil.depth < 1:
         raise ValueError(f"distil.depth must be >= 1 (or null for the whole stack), got {cfg.distil.depth}")
+    if cfg.distil.unlabeled_copies > 0 and cfg.distil.l2_target != "teacher":
+        raise ValueError("distil.unlabeled_copies needs distil.l2_target: teacher (the copies have no labels)")
     if not 0.0 <= cfg.distil.ema_decay < 1.0:
         raise ValueError(f"distil.ema_decay must be in [0, 1), got {cfg.distil.ema_decay}")
     if cfg.modality not in MODALITIES:

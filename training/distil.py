@@ -7,8 +7,9 @@ The steps: prepare the teacher (step statistics, tau, the kernel sized to the ob
 states X_{T-K} once (partial depth: the first T - K transitions are the real layers and never change), then train
 epochs of the K diffused steps. An exponential moving average of the trainable weights (``distil.ema_decay``) is
 what gets validated, and the weights with the best validation NLL are what the run keeps (``distil.keep_best``).
-Text batches carry a key padding mask: padding is masked in the teacher's and the kernel's attention, the KL and the
-readout's pooling.
+With ``distil.unlabeled_copies`` the kernel also learns on perturbed copies of the training inputs against the
+teacher's own outputs (``training.unlabeled``). Text batches carry a key padding mask: padding is masked in the
+teacher's and the kernel's attention, the KL and the readout's pooling.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from models.kernel import TransitionKernel
 from training.config import PipelineConfig, config_dict
+from training.data import Dataset
 from training.loading import (
     DIRECTOR_FILE,
     AnySplit,
@@ -61,7 +63,8 @@ from training.teacher import (
     select_tau,
     start_states,
 )
-from training.text_inputs import TokenDataset, bucketed_indices
+from training.text_inputs import TokenDataset, bucketed_indices, load_run_tokenizer
+from training.unlabeled import perturbed_images, perturbed_texts
 
 CHECKPOINT_FILE = "director_ckpt.pt"
 
@@ -108,6 +111,15 @@ def prepare_teacher(cfg: PipelineConfig, view: View, prefix: torch.nn.Module, da
         print(f"depth {depth} of {view.num_steps}; observed variance: {dcfg.observed_variance}, tau={tau} "
               f"(S=1 val accuracy {tau_accuracies})")
     return Teacher(stats, depth, floors, tau, tau_accuracies)
+
+
+def unlabeled_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> AnySplit:
+    """``distil.unlabeled_copies`` perturbed copies of the training inputs (``training.unlabeled``)."""
+    copies, seed = cfg.distil.unlabeled_copies, cfg.seed + 101
+    if isinstance(data, TokenDataset):
+        return perturbed_texts(load_run_tokenizer(cfg.run_dir), data.train.texts, copies, cfg.text.max_characters,
+                               seed)
+    return perturbed_images(data.train.images, copies, seed)
 
 
 def epoch_batches(cfg: PipelineConfig, starts: StartStates, gen: torch.Generator, dist_info: DistInfo
@@ -180,7 +192,7 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
     trainable = [p for p in objective.parameters() if p.requires_grad]
     model: torch.nn.Module = objective if dist_info.world_size == 1 else DistributedDataParallel(objective)
     optimizer = torch.optim.AdamW(trainable, lr=dcfg.lr, weight_decay=dcfg.weight_decay)
-    steps_per_epoch = -(-len(data.train) // (dcfg.batch_size * dist_info.world_size))
+    steps_per_epoch = -(-len(data.train) * (1 + dcfg.unlabeled_copies) // (dcfg.batch_size * dist_info.world_size))
     total_steps = steps_per_epoch * dcfg.epochs
     if dcfg.max_steps is not None:
         total_steps = min(total_steps, dcfg.max_steps)
@@ -196,6 +208,8 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
         start_epoch, step, history, elapsed, best = (state["epoch"], state["step"], state["history"],
                                                      state["elapsed"], state["best"])
     starts = start_states(view, prefix, data.train, device)  # X_{T-K} of every training input, once
+    if dcfg.unlabeled_copies > 0:  # perturbed copies: the teacher's targets only
+        starts = starts.concat(start_states(view, prefix, unlabeled_inputs(cfg, data), device))
     elapsed += time.perf_counter() - t_start
 
     gen = torch.Generator().manual_seed(cfg.seed)

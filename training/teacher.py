@@ -158,6 +158,22 @@ class StartStates:
             return torch.full((self.states.shape[0],), self.states.shape[1])
         return self.mask.sum(dim=1)  # [N]
 
+    def __len__(self) -> int:
+        return int(self.states.shape[0])
+
+    def concat(self, other: StartStates) -> StartStates:
+        """Both sets of rows; texts padded to the wider of the two (padding is masked)."""
+        if self.mask is None or other.mask is None:
+            return StartStates(torch.cat([self.states, other.states]), None, torch.cat([self.labels, other.labels]))
+        width = max(self.states.shape[1], other.states.shape[1])
+
+        def widen(x: torch.Tensor) -> torch.Tensor:
+            pad = [0, 0] * (x.dim() - 2) + [0, width - x.shape[1]]
+            return torch.nn.functional.pad(x, pad)  # [N, width, ...]
+
+        return StartStates(torch.cat([widen(self.states), widen(other.states)]),
+                           torch.cat([widen(self.mask), widen(other.mask)]), torch.cat([self.labels, other.labels]))
+
     def rows(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """States [b, l, D] and mask [b, l] of rows ``index``, texts trimmed to the longest of them."""
         if self.mask is None:

@@ -39,23 +39,27 @@ def check_runs_isolated(script: str, folder: Path) -> None:
 
 
 def check_partial_depth(config: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """Distil depth K = 1 (with an EMA, a trained readout and the best-NLL epoch kept) on the exported run's
-    backbone and export it; the manifest records the depth and the kept epoch. Returns (run folder, artifact folder)."""
+    """Distil depth K = 1 (with an EMA, a trained readout, one perturbed unlabeled copy of the training inputs and
+    the best-NLL epoch kept) on the exported run's backbone and export it; the manifest records the depth and the
+    kept epoch. Returns (run folder, artifact folder)."""
     run = tmp_path / "run"
     shutil.copytree(Path(load_config(config).run_dir), run,
                     ignore=shutil.ignore_patterns("director*.pt", "export_report.json"))
     repo = tmp_path / "repo"
     args = ["--config", str(config), "--set", f"run_dir={run}", "--set", "distil.depth=1", "--set",
-            "distil.ema_decay=0.9", "--set", "distil.finetune_readout=true", "--set", f"export.repository={repo}",
+            "distil.ema_decay=0.9", "--set", "distil.finetune_readout=true", "--set", "distil.unlabeled_copies=1",
+            "--set", "distil.l2_target=teacher", "--set", f"export.repository={repo}",
             "--set", f"export.docs_dir={tmp_path / 'docs'}"]
     assert main(["distil", *args]) == 0
     payload = load_checkpoint(run / "director.pt")
     assert payload["depth"] == 1 and payload["kernel_args"]["num_steps"] == 1
     assert payload["readout"] is not None
+    cfg = load_config(config)
+    train = cfg.data.train_limit  # training inputs, each with one perturbed copy
+    assert payload["history"][0]["step"] == -(-2 * train // cfg.distil.batch_size)
     best = min(payload["history"], key=lambda record: record["val_nll"])
     assert payload["kept_epoch"] == best["epoch"]
     assert main(["export", *args]) == 0
-    cfg = load_config(config)
     folder = repo / cfg.export.name / str(cfg.export.version)
     manifest = json.loads((folder / "manifest.json").read_text())
     sampling = manifest["sampling"]

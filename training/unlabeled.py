@@ -1,0 +1,55 @@
+"""Inputs without labels for distillation (DESIGN.md section 2, "Recipe"): the teacher's trajectory exists for any
+input, so the kernel also learns on perturbed copies of the training inputs, where the teacher is less sure and the
+kernel's own error grows. Never the evaluation's sets or corruption types: images are blended pairs and
+translated/flipped (the backbone's own training augmentation); texts lose words, get cropped, or join halves of
+two training sentences (mixed, often contradictory sentiment).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from tokenizers import Tokenizer
+
+from training.data import Split, augment
+from training.text_inputs import TokenSplit, encode
+
+
+def perturbed_images(images: torch.Tensor, copies: int, seed: int) -> Split:
+    """``copies`` perturbed copies of ``images`` [N, C, H, W]: each a blend of two translated/flipped training images
+    (weight of the first in [0.5, 1]: from nearly clean to fully ambiguous). Labels are 0: only the teacher's
+    output is used."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(copies):
+        first = augment(images, gen)  # [N, C, H, W]
+        second = augment(images[torch.randperm(images.shape[0], generator=gen)], gen)  # [N, C, H, W]
+        weight = 0.5 + 0.5 * torch.rand(images.shape[0], 1, 1, 1, generator=gen)  # [N, 1, 1, 1]
+        out.append(weight * first + (1 - weight) * second)
+    blended = torch.cat(out)  # [copies * N, C, H, W]
+    return Split(blended, torch.zeros(blended.shape[0], dtype=torch.long))
+
+
+def perturb_text(text: str, other: str, rng: random.Random) -> str:
+    """One perturbation of ``text``, drawn at random: drop each word with p = 0.25 (at least one), keep a random half,
+    or join its first half with the second half of ``other``."""
+    words, others = text.split(), other.split()
+    kind = rng.randrange(3)
+    if kind == 0:
+        kept = [w for w in words if rng.random() >= 0.25]
+        if len(kept) == len(words) > 1:  # nothing dropped: drop one word, so every copy differs
+            kept.pop(rng.randrange(len(kept)))
+        return " ".join(kept or words[:1])
+    if kind == 1:
+        length = max(1, len(words) // 2)
+        start = rng.randrange(len(words) - length + 1) if words else 0
+        return " ".join(words[start : start + length])
+    return " ".join(words[: max(1, len(words) // 2)] + others[len(others) // 2 :])
+
+
+def perturbed_texts(tokenizer: Tokenizer, texts: list[str], copies: int, max_characters: int, seed: int) -> TokenSplit:
+    """``copies`` perturbed copies of ``texts``, tokenised (labels 0: only the teacher's output is used)."""
+    rng = random.Random(seed)
+    out = [perturb_text(text, texts[rng.randrange(len(texts))], rng) for _ in range(copies) for text in texts]
+    return encode(tokenizer, out, max_characters)
