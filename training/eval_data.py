@@ -4,8 +4,8 @@ OOD-validation set (score choice only) and the shifted sets, all as splits (``Sp
 
 Images (Fashion-MNIST): OOD uniform noise, upsampled sklearn digits and rendered letters; OOD validation sklearn
 photo patches; shift the corrupted test subsets (type x severity). Texts (movie reviews): OOD quotes of the Debian
-``fortunes`` package; OOD validation shuffled training sentences; shift the tweets, NYT editorial and Amazon review
-sentences of the same corpus (one level each: a domain, not a severity).
+``fortunes`` package and Python standard-library docstrings; OOD validation Debian software-licence sentences; shift
+the tweets, NYT editorial and Amazon review sentences of the same corpus (one level each: a domain, not a severity).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
     ev, seed = cfg.evaluate, cfg.seed
     if cfg.is_text:
         tokenizer = load_run_tokenizer(cfg.run_dir)
-        ood, ood_val = text_ood_splits(tokenizer, cfg.text, data.train.texts, ev.ood_images,
+        ood, ood_val = text_ood_splits(tokenizer, cfg.text, ev.ood_images,
                                        cfg.export.ood_validation_images, seed)
         return EvalInputs(data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
     shape = tuple(int(s) for s in data.test.images.shape[1:])

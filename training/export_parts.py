@@ -3,8 +3,8 @@ its OOD sets, its manifest ``input`` section and signatures.
 
 Image: OOD validation on sklearn photo patches, reported OOD sets uniform noise and upsampled digits. Text: the
 artifact also ships the run's ``tokenizer.json``; its word table is stored as ``text.table_dtype`` and the adaLN MLPs
-are dropped once folded; OOD validation on word-shuffled training sentences (in-domain words, no sentence structure),
-the reported OOD set is quotes from the Debian ``fortunes`` package.
+are dropped once folded; OOD validation on Debian software-licence sentences, the reported OOD sets are quotes from
+the Debian ``fortunes`` package and Python standard-library docstrings (``training.ood_texts``).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
             **table_effect(director, artifact_module, data.val.head(ecfg.threshold_images))}
         return artifact_module, served
 
-    reported_ood, ood_validation = text_ood_splits(tokenizer, tcfg, data.train.texts, cfg.evaluate.ood_images,
+    reported_ood, ood_validation = text_ood_splits(tokenizer, tcfg, cfg.evaluate.ood_images,
                                                    ecfg.ood_validation_images, cfg.seed)
     encoder_config = backbone.encoder.config
     return ExportParts(

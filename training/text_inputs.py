@@ -10,7 +10,6 @@ Batches are right-padded with the tokenizer's [PAD] id (BERT positions are absol
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,35 +211,25 @@ def text_sampled_logits(model: torch.nn.Module, split: TokenSplit, n_samples: in
     return text_outputs(lambda ids, mask: model(ids, mask, n_samples).float().cpu(), split, chunk, device, dim=1)
 
 
-def shuffled_words(texts: list[str], seed: int) -> list[str]:
-    """Every text with its words in a seeded random order: the text OOD *validation* set (in-domain vocabulary,
-    no sentence structure; none of the reported OOD sets)."""
-    rng = random.Random(seed)
-    out = []
-    for text in texts:
-        words = text.split()
-        rng.shuffle(words)
-        out.append(" ".join(words))
-    return out
-
-
 def sample_texts(texts: list[str], n: int, seed: int) -> list[str]:
     """``n`` texts drawn without replacement under ``seed`` (all of them when fewer)."""
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))[:n]
     return [texts[int(i)] for i in order]
 
 
-TEXT_OOD_SELECTION_SET = "training sentences with their words shuffled (OOD validation only)"
+TEXT_OOD_SELECTION_SET = "sentences of the Debian software licences (OOD validation only)"
 
 
-def text_ood_splits(tokenizer: Tokenizer, tcfg: TextConfig, train_texts: list[str], reported: int, validation: int,
-                    seed: int) -> tuple[dict[str, TokenSplit], TokenSplit]:
-    """The reported text OOD set (``reported`` quotes of the Debian ``fortunes`` package) and the OOD-validation
-    set that picks the score (``validation`` training sentences with their words shuffled), tokenised."""
+def text_ood_splits(tokenizer: Tokenizer, tcfg: TextConfig, reported: int, validation: int, seed: int
+                    ) -> tuple[dict[str, TokenSplit], TokenSplit]:
+    """The reported text OOD sets (``reported`` quotes of the Debian ``fortunes`` package and as many Python
+    standard-library docstring sentences) and the OOD-validation set that picks the score (``validation`` sentences
+    of the Debian software licences), tokenised."""
+    from training.ood_texts import load_docstring_sentences, load_license_sentences
     from training.text_data import load_fortunes
 
-    fortunes = sample_texts(load_fortunes(), reported, seed + 1)
-    shuffled = shuffled_words(sample_texts(train_texts, validation, seed), seed)
-    return ({"fortunes_quotes": encode(tokenizer, fortunes, tcfg.max_characters)},
-            encode(tokenizer, shuffled, tcfg.max_characters))
-
+    reported_sets = {"fortunes_quotes": sample_texts(load_fortunes(), reported, seed + 1),
+                     "python_docstrings": sample_texts(load_docstring_sentences(), reported, seed + 2)}
+    licences = sample_texts(load_license_sentences(), validation, seed)
+    return ({name: encode(tokenizer, texts, tcfg.max_characters) for name, texts in reported_sets.items()},
+            encode(tokenizer, licences, tcfg.max_characters))

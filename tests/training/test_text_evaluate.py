@@ -43,7 +43,7 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
     for key, row in results["test_and_ood"].items():
         assert row["test"]["n"] == 120, key
         assert 0.0 <= row["test"]["accuracy"] <= 1.0
-        assert set(row["ood"]) == {"fortunes_quotes"}
+        assert set(row["ood"]) == {"fortunes_quotes", "python_docstrings"}
         assert 0.0 <= row["ood"]["fortunes_quotes"][row["ood_score"]]["auroc"] <= 1.0
     rows = results["test_and_ood"]
     # dropout stays on in MC dropout, so its passes differ; the deterministic rows are identical
@@ -51,7 +51,7 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
     assert rows["deterministic"]["test"]["mean_mutual_information"] == 0.0
     assert rows["ensemble"]["test"]["mean_mutual_information"] > 0.0  # two differently seeded members
     assert "mean_logvar" in rows["director_s4"]["ood"]["fortunes_quotes"]
-    assert "words shuffled" in results["ood_validation_set"]
+    assert "licences" in results["ood_validation_set"]
 
 
 def test_shift_is_per_domain(evaluated: tuple[Path, dict[str, Any]]) -> None:

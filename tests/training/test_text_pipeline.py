@@ -19,7 +19,7 @@ from training.artifact import load_scripted
 from training.config import load_config
 from training.loading import load_data, load_director
 from training.runtime import load_checkpoint
-from training.text_inputs import TokenSplit, encode, load_run_tokenizer, shuffled_words, token_batches
+from training.text_inputs import TokenSplit, encode, load_run_tokenizer, token_batches
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert manifest["sampling"]["noise_scale"] in (0.5, 1.0)
     assert set(manifest["ood"]["thresholds"]) == {"1", "2", "4"}
     assert manifest["ood"]["thresholds"]["1"]["score"] != "mutual_information"
-    assert "shuffled" in manifest["ood"]["selection_set"]  # none of the reported OOD sets
+    assert "licences" in manifest["ood"]["selection_set"]  # none of the reported OOD sets
     ref = manifest["reference"]
     assert ref["n_samples"] == 4 and len(ref["confidence_quantiles"]) == 101 and ref["n_inputs"] == 120
     assert ref["confidence_quantiles"] == sorted(ref["confidence_quantiles"])
@@ -85,7 +85,7 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert {"backbone", "dataset", "config", "seed", "git_commit", "date", "test_metrics"} <= set(prov)
     assert prov["dataset"] == "movie_reviews" and prov["backbone"]["layers"] == 2
     tm = prov["test_metrics"]
-    assert set(tm["ood"]) == {"fortunes_quotes"} and tm["backbone"]["n"] == 120
+    assert set(tm["ood"]) == {"fortunes_quotes", "python_docstrings"} and tm["backbone"]["n"] == 120
     assert set(tm["ood"]["fortunes_quotes"]["auroc_vs_test"]) >= {"max_softmax", "energy", "mean_logvar"}
     assert len(prov["rollout"]["median_std_over_rms"]) == 2
     page = (Path(load_config(exported[0]).export.docs_dir) / "tiny-text.md").read_text()
@@ -185,8 +185,6 @@ def test_length_bucketed_batches_cover_the_split_once() -> None:
         assert ids.shape == mask.shape and ids.shape[1] == int(mask.sum(1).max())  # trimmed to the longest
         lengths = split.lengths[labels]
         assert int(lengths.max() - lengths.min()) <= 1  # one window of 5 batches, sorted by length
-    assert shuffled_words(["a b c d e f"], 0)[0] != "a b c d e f"
-    assert sorted(shuffled_words(["a b c d e f"], 0)[0].split()) == list("abcdef")
 
 
 def test_text_config_checks_and_the_minilm_recipe(tmp_path: Path) -> None:
