@@ -34,7 +34,7 @@ from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
 from training.fit_backbone import BACKBONE_FILE, load_backbone
 from training.loading import DIRECTOR_FILE, AnySplit, load_director, split_sampled_logits
 from training.logit_cache import LogitCache, fingerprint
-from training.metrics import BINNING, classification_report, ece_bootstrap
+from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.ood import ood_report
 from training.rollout_diagnostics import mean_logvar_score
 from training.runtime import set_threads
@@ -144,7 +144,8 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
 
 def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) -> dict[str, Any]:
     _, low, high = ece_bootstrap(probs, labels, n_boot=n_boot)
-    return {**classification_report(probs, labels), "ece_ci95": [low, high], "n": int(labels.shape[0])}
+    return {**classification_report(probs, labels), "ece_ci95": [low, high],
+            "accuracy_ci95": accuracy_interval(probs, labels, n_boot), "n": int(labels.shape[0])}
 
 
 def usable_scores(method: Method) -> list[str]:
@@ -308,6 +309,16 @@ def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
     return out
 
 
+def paired_differences(methods: list[Method], probs: dict[str, torch.Tensor], labels: torch.Tensor, n_boot: int,
+                       seed: int) -> dict[str, dict[str, Any]]:
+    """Every DIRECTOR method minus every baseline on the test split (accuracy, ECE, NLL) with paired bootstrap
+    intervals, keyed ``"<director key> - <baseline key>"``."""
+    directors = [m for m in methods if m.family == "director"]
+    baselines = [m for m in methods if m.family != "director"]
+    return {f"{d.key} - {b.key}": paired_bootstrap(probs[d.key], probs[b.key], labels, n_boot, seed)
+            for d in directors for b in baselines}
+
+
 Stage = Callable[[], Any]
 
 
@@ -350,16 +361,18 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
         # other work on the machine inflates the latencies: record how busy it was
         results.setdefault("load_average_1m", {})[name] = os.getloadavg()[0]
+    test = evaluation.inputs.test
+    probs = {m.key: summary_of(evaluation.logits(m.source, "test", test,
+                                                  draws_test if m.source in ("director", "mc_dropout") else None),
+                               m).probabilities for m in methods}
+    results["paired"] = paired_differences(methods, probs, test.labels, cfg.evaluate.bootstrap, cfg.seed)
     results["seconds"]["total"] = round(time.perf_counter() - start, 1)
     out_dir = Path(cfg.export.docs_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{cfg.evaluate.task}.json"
     json_path.write_text(json.dumps(json_safe(results), indent=2, allow_nan=False) + "\n")
-    test = evaluation.inputs.test
-    probs = {m.label: summary_of(evaluation.logits(m.source, "test", test,
-                                                    draws_test if m.source in ("director", "mc_dropout") else None),
-                                 m).probabilities for m in methods}
-    page = write_evaluation(results, probs, test.labels, out_dir,
+    labelled = {m.label: probs[m.key] for m in methods}
+    page = write_evaluation(results, labelled, test.labels, out_dir,
                             command or f"python -m training evaluate --config {cfg.source}")
     print(f"wrote {page} and {json_path} in {results['seconds']['total'] / 60:.1f} min")
     return page

@@ -27,13 +27,16 @@ def _mib(value: float) -> str:
 
 def main_table(results: dict[str, Any]) -> list[str]:
     costs = results.get("cost")
-    head = "| method | S | acc % | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC | misclass. AUROC |"
+    head = ("| method | S | acc % [95% CI] | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC "
+            "| misclass. AUROC |")
     if costs:
         head += " weights (x) | latency ms (x) | peak MiB (x) |"
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for key, r in results["test_and_ood"].items():
         t = r["test"]
-        row = (f"| {r['label']} | {r['n_samples']} | {pct(t['accuracy'])} | {t['nll']:.4f} | {t['brier']:.4f} "
+        acc = pct(t["accuracy"]) + (f" [{pct(t['accuracy_ci95'][0])}, {pct(t['accuracy_ci95'][1])}]"
+                                     if "accuracy_ci95" in t else "")
+        row = (f"| {r['label']} | {r['n_samples']} | {acc} | {t['nll']:.4f} | {t['brier']:.4f} "
                f"| {_ci(t)} | {pct(t['adaptive_ece'])} | {pct(t['mce'])} | {t['aurc']:.4f} "
                f"| {t['misclassification_auroc']:.4f} |")
         if costs:
@@ -42,6 +45,20 @@ def main_table(results: dict[str, Any]) -> list[str]:
                     f"({c['latency_ms_ratio']:.1f}) | {_mib(c['peak_memory_bytes'])} "
                     f"({c['peak_memory_bytes_ratio']:.1f}) |")
         lines.append(row)
+    return lines
+
+
+def paired_table(results: dict[str, Any]) -> list[str]:
+    """DIRECTOR minus each baseline on the same test inputs, with paired bootstrap intervals."""
+    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    lines = ["| DIRECTOR method - baseline | accuracy (points) | ECE (points) | NLL |", "| --- | --- | --- | --- |"]
+    for pair, d in results.get("paired", {}).items():
+        a, b = pair.split(" - ")
+        acc, ece, nll = d["accuracy"], d["ece"], d["nll"]
+        lines.append(f"| {labels[a]} - {labels[b]} | {100 * acc['difference']:+.2f} [{100 * acc['ci95'][0]:+.2f}, "
+                     f"{100 * acc['ci95'][1]:+.2f}] | {100 * ece['difference']:+.2f} [{100 * ece['ci95'][0]:+.2f}, "
+                     f"{100 * ece['ci95'][1]:+.2f}] | {nll['difference']:+.4f} [{nll['ci95'][0]:+.4f}, "
+                     f"{nll['ci95'][1]:+.4f}] |")
     return lines
 
 
@@ -220,6 +237,10 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}.", "",
         *main_table(results), "", f"![reliability]({reliability.name})", "",
         "### Where DIRECTOR (default S) stands", "", *findings(results), "",
+        *(["### DIRECTOR against each baseline, paired", "",
+            f"Differences on the same test inputs; 95% intervals from {st['bootstrap']} paired bootstrap resamples "
+            "(an interval that excludes 0 is a difference this test split can see).", "", *paired_table(results), ""]
+          if results.get("paired") else []),
         "## Out-of-distribution detection", "", *ood_tables(results), "",
     ]
     text_shift = "shift" in results and "by_domain" in next(iter(results["shift"].values()))

@@ -169,3 +169,18 @@ def test_ece_bootstrap_interval_brackets_the_estimate() -> None:
     value, low, high = ece_bootstrap(probs, labels, n_boot=50, seed=0)
     assert value == ece(probs, labels) and low <= high and low <= value + 0.05
     assert ece_bootstrap(probs, labels, n_boot=50, seed=0) == (value, low, high)
+
+
+def test_paired_bootstrap_sees_a_real_difference_and_not_a_null_one() -> None:
+    from training.metrics import accuracy_interval, paired_bootstrap
+
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 3, (600,), generator=gen)
+    right = torch.nn.functional.one_hot(labels, 3).float() * 0.7 + 0.1  # [N, 3] confident and right
+    noisy = torch.rand(600, 3, generator=gen).softmax(-1)  # [N, 3] uninformative
+    better = paired_bootstrap(right, noisy, labels, n_boot=200)
+    assert better["accuracy"]["ci95"][0] > 0 and better["nll"]["ci95"][1] < 0
+    same = paired_bootstrap(noisy, noisy, labels, n_boot=50)
+    assert same["accuracy"] == {"difference": 0.0, "ci95": [0.0, 0.0]}
+    low, high = accuracy_interval(noisy, labels, n_boot=200)
+    assert low < float((noisy.argmax(-1) == labels).float().mean()) < high

@@ -52,6 +52,11 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
     assert rows["ensemble"]["test"]["mean_mutual_information"] > 0.0  # two differently seeded members
     assert "mean_logvar" in rows["director_s4"]["ood"]["fortunes_quotes"]
     assert "licences" in results["ood_validation_set"]
+    pair = results["paired"]["director_s4 - temperature_scaling"]  # DIRECTOR minus a baseline, same inputs
+    for metric in ("accuracy", "ece", "nll"):
+        low, high = pair[metric]["ci95"]
+        assert low <= high
+    assert rows["director_s4"]["test"]["accuracy_ci95"][0] <= rows["director_s4"]["test"]["accuracy"]
 
 
 def test_shift_is_per_domain(evaluated: tuple[Path, dict[str, Any]]) -> None:
@@ -78,7 +83,8 @@ def test_page_names_the_text_sets(evaluated: tuple[Path, dict[str, Any]]) -> Non
     docs = config.parent / "docs"
     page = (docs / "tiny-reviews.md").read_text()
     assert "## Test split (120 texts)" in page
-    assert "fortunes_quotes" in page and "tweets (n=50)" in page
+    assert "fortunes_quotes" in page and "python_docstrings" in page and "tweets (n=50)" in page
+    assert "DIRECTOR against each baseline, paired" in page
     assert "each domain cut to 50 sentences" in page
     assert "## Ablations" in page and "Not run" in page  # not in this config's stages
     for png in ("tiny-reviews-reliability.png", "tiny-reviews-shift.png", "tiny-reviews-ece-latency.png"):
