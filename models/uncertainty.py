@@ -60,6 +60,23 @@ def split_rows(rows: torch.Tensor, repeats: torch.Tensor) -> list[torch.Tensor]:
     return [block.unsqueeze(1) for block in blocks]
 
 
+ECE_BINS = 15  # one binning for the evaluation, the manifest's reference and the server's live gauge
+
+
+def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """ECE of top-label ``confidence`` [N] against ``correct`` [N] (bool or 0/1): equal-width bins (a confidence on a
+    bin edge belongs to the lower bin, as in torchmetrics), sum over bins of |accuracy - mean confidence| x share."""
+    confidence = confidence.detach().double().reshape(-1).cpu()  # [N]
+    correct = correct.detach().double().reshape(-1).cpu()  # [N]
+    if confidence.numel() == 0:
+        return 0.0
+    edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)  # [bins + 1]
+    index = (torch.bucketize(confidence, edges, right=True) - 1).clamp(0, bins - 1)  # [N]
+    conf_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, confidence)  # [bins]
+    correct_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, correct)  # [bins]
+    return float((conf_sum - correct_sum).abs().sum() / confidence.numel())
+
+
 OOD_SCORES = ("max_softmax", "predictive_entropy", "mutual_information", "energy")
 
 

@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from models.uncertainty import expected_calibration_error
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS predictions (
     request_id TEXT NOT NULL,
@@ -35,7 +39,6 @@ CREATE TABLE IF NOT EXISTS predictions (
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
 """
-ECE_BINS = 10
 FLUSH_INTERVAL_S = 0.1
 INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
           "confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -154,7 +157,7 @@ class FeedbackStore:
                 "NULL ORDER BY feedback_at DESC LIMIT ?", (model, version, self.window)).fetchall()
         if not rows:
             return None
-        return LiveStats(accuracy=sum(c for _, c in rows) / len(rows), ece=expected_calibration_error(rows),
+        return LiveStats(accuracy=sum(c for _, c in rows) / len(rows), ece=live_ece(rows),
                          n=len(rows))
 
     def labelled_versions(self) -> list[tuple[str, str]]:
@@ -164,13 +167,8 @@ class FeedbackStore:
             return [(m, v) for m, v in rows.fetchall()]
 
 
-def expected_calibration_error(rows: list[tuple[float, int]], bins: int = ECE_BINS) -> float:
-    """ECE with equal-width confidence bins: sum over bins of |accuracy - mean confidence| x share."""
-    totals = [[0, 0.0, 0] for _ in range(bins)]  # count, confidence sum, correct sum
-    for confidence, correct in rows:
-        b = min(int(confidence * bins), bins - 1)
-        totals[b][0] += 1
-        totals[b][1] += confidence
-        totals[b][2] += correct
-    n = len(rows)
-    return sum(abs(c_sum / count - k / count) * count / n for count, c_sum, k in totals if count)
+def live_ece(rows: list[tuple[float, int]]) -> float:
+    """ECE of logged (confidence, correct) rows, with the evaluation's and the manifest's estimator and binning."""
+    confidence = torch.tensor([c for c, _ in rows], dtype=torch.float64)  # [N]
+    correct = torch.tensor([k for _, k in rows], dtype=torch.float64)  # [N]
+    return expected_calibration_error(confidence, correct)

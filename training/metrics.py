@@ -16,7 +16,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-ECE_BINS = 15
+from models.uncertainty import ECE_BINS, expected_calibration_error
 
 # Recorded next to the numbers, so a reader knows which binning produced them.
 BINNING: dict[str, str] = {
@@ -49,8 +49,10 @@ def brier(probs: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def ece(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = ECE_BINS) -> float:
-    """Expected calibration error, equal-width bins on the top-label confidence (l1)."""
-    return float(multiclass_calibration_error(probs, labels, num_classes=probs.shape[-1], n_bins=n_bins, norm="l1"))
+    """Expected calibration error, equal-width bins on the top-label confidence (l1): the one estimator the server's
+    live gauge uses too (``models.uncertainty.expected_calibration_error``)."""
+    confidence, correct = _top_label(probs, labels)
+    return expected_calibration_error(confidence, correct, n_bins)
 
 
 def mce(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = ECE_BINS) -> float:

@@ -55,3 +55,19 @@ def test_split_rows_and_scores() -> None:
     s = summarize(torch.randn(4, 5, 3))
     for name in OOD_SCORES:
         assert ood_score(s, name).shape == (5,)
+
+
+def test_the_one_ece_equals_torchmetrics_binning() -> None:
+    """The estimator shared by the evaluation, the manifest's reference and the live gauge is torchmetrics' l1 ECE
+    (15 equal-width bins), including confidences that sit exactly on bin edges."""
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    from models.uncertainty import ECE_BINS, expected_calibration_error
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(500, 4, generator=gen).pow(3).softmax(-1)  # [N, C]
+    probs[:20] = torch.tensor([0.6, 0.2, 0.1, 0.1])  # on an edge of 15 bins? 0.6 = 9/15
+    labels = torch.randint(0, 4, (500,), generator=gen)
+    confidence, predicted = probs.max(-1)
+    expected = float(multiclass_calibration_error(probs, labels, num_classes=4, n_bins=ECE_BINS, norm="l1"))
+    assert abs(expected_calibration_error(confidence, predicted == labels) - expected) < 1e-6

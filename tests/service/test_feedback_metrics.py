@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from service.drift import DriftMonitor
-from service.feedback import FeedbackStore, expected_calibration_error
+from service.feedback import FeedbackStore, live_ece
 from tests.service.conftest import Running, metric_value, random_pixels, serve, settings_for
 
 
@@ -95,8 +95,8 @@ def test_a_failed_flush_keeps_its_rows_for_the_next(tmp_path: Path) -> None:
 
 
 def test_ece_of_perfectly_calibrated_and_overconfident_rows() -> None:
-    assert expected_calibration_error([(0.75, 1), (0.75, 1), (0.75, 1), (0.75, 0)]) == pytest.approx(0.0)
-    assert expected_calibration_error([(0.95, 0), (0.95, 0)]) == pytest.approx(0.95)
+    assert live_ece([(0.75, 1), (0.75, 1), (0.75, 1), (0.75, 0)]) == pytest.approx(0.0)
+    assert live_ece([(0.95, 0), (0.95, 0)]) == pytest.approx(0.95)
 
 
 def test_drift_monitor_waits_for_its_window_and_separates_shifts() -> None:
