@@ -149,8 +149,8 @@ class FeedbackResponse(BaseModel):
     correct: bool = Field(..., description="the logged prediction equals the reported label")
     live_accuracy: float | None = Field(..., description="accuracy over the latest labelled predictions of the "
                                                          "version (DIRECTOR_FEEDBACK_WINDOW)")
-    live_ece: float | None = Field(..., description="expected calibration error (10 equal-width bins) over the "
-                                                    "same window")
+    live_ece: float | None = Field(..., description="expected calibration error (15 equal-width bins, as the "
+                                                    "manifest's reference) over the same window")
     labelled: int = Field(..., description="labelled predictions behind the live figures")
 
 
