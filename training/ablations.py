@@ -17,8 +17,7 @@ from typing import Any
 
 from training.config import PipelineConfig
 from training.distil import distil
-from training.fit_backbone import BACKBONE_FILE
-from training.loading import DIRECTOR_FILE
+from training.loading import BACKBONE_FILE, DIRECTOR_FILE
 from training.runtime import load_checkpoint
 
 

@@ -1,84 +1,23 @@
-"""Baselines on the pipeline's own backbone (deterministic, MC dropout, deep ensemble) and their artifacts.
-
-Ensemble members are ordinary backbone fits with another seed, cached as checkpoints under
-``<run_dir>/baselines/ensemble-seed<k>/`` (member 0 is the pipeline's backbone), so an interrupted
-evaluation resumes and a rerun trains nothing.
-"""
+"""Stage ``export-baseline``: a baseline (``training.baseline_models``) exported under the same artifact contract and
+manifest sections as DIRECTOR, so the server serves and benchmarks it side by side."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from models.artifact_format import ARTIFACT, FORMAT_VERSION
-from models.backbones import ImageClassifier
-from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
-from models.bert_view import BertTransitionView
-from models.text_director import TextBackbone
 from training.artifact import git_commit, install_version, script_and_verify, staging_dir, write_manifest
+from training.baseline_models import BaselineModel, build_baseline
 from training.config import PipelineConfig
 from training.export_parts import ExportParts, image_export_parts, text_export_parts, verify_text_artifact
-from training.fit_backbone import BACKBONE_FILE, fit_backbone, load_backbone
+from training.loading import load_backbone
 from training.runtime import set_threads
 from training.served_statistics import sample_split, served_statistics, served_temperature
 from training.text_inputs import TokenSplit
-
-BASELINES = ("deterministic", "mc_dropout", "ensemble")
-
-
-def member_config(cfg: PipelineConfig, seed: int) -> PipelineConfig:
-    """The config of ensemble member ``seed``: the same recipe, another seed and run folder."""
-    if seed == cfg.seed:
-        return cfg
-    return dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / "baselines" / f"ensemble-seed{seed}"))
-
-
-def ensemble_members(cfg: PipelineConfig, count: int, train_missing: bool = True) -> list[ImageClassifier]:
-    """``count`` independently seeded backbones (seeds cfg.seed, cfg.seed + 1, ...), fitting missing ones."""
-    members = []
-    for seed in range(cfg.seed, cfg.seed + count):
-        member_cfg = member_config(cfg, seed)
-        if not (Path(member_cfg.run_dir) / BACKBONE_FILE).exists():
-            if not train_missing:
-                raise FileNotFoundError(f"ensemble member seed {seed} is not trained ({member_cfg.run_dir})")
-            print(f"fitting ensemble member seed {seed} into {member_cfg.run_dir}")
-            fit_backbone(member_cfg)
-        members.append(load_backbone(member_cfg.run_dir))
-    return members
-
-
-@dataclass
-class BaselineModel:
-    module: torch.nn.Module  # artifact contract: forward(pixels, n_samples), sample_rows(pixels, repeats)
-    default_samples: int
-    max_samples: int
-
-
-def build_baseline(cfg: PipelineConfig, method: str, train_missing: bool = True) -> BaselineModel:
-    backbone = load_backbone(cfg.run_dir)
-    if cfg.is_text:
-        if method != "deterministic":
-            raise ValueError(f"text baselines export as artifacts for method deterministic only, not {method!r}: "
-                             "transformers modules do not script, and only the plain backbone is rebuilt from plain "
-                             "modules (the evaluation still measures MC dropout and ensembles on texts)")
-        tcfg = cfg.text
-        module = TextBackbone.from_view(BertTransitionView(backbone), tcfg.table_dtype, tcfg.max_length,
-                                        tcfg.layer_dtype)
-        return BaselineModel(module, 1, 1)
-    if method == "deterministic":
-        return BaselineModel(DeterministicModel(backbone).eval(), 1, 1)
-    if method == "mc_dropout":
-        samples = cfg.evaluate.samples
-        return BaselineModel(MCDropoutModel(backbone).eval(), samples, max(samples, cfg.export.max_samples))
-    if method == "ensemble":
-        members = ensemble_members(cfg, cfg.evaluate.ensemble_members, train_missing)
-        return BaselineModel(EnsembleModel(members).eval(), len(members), len(members))
-    raise ValueError(f"unknown baseline {method!r}; choose from {BASELINES}")
 
 
 def script_baseline(baseline: BaselineModel, parts: ExportParts, path: Path) -> torch.jit.ScriptModule:

@@ -26,13 +26,12 @@ from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel, 
 from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
 from training.ablations import ablation_config, ensure_distilled, seed_config
 from training.artifact import git_commit, json_safe
-from training.baselines import ensemble_members, member_config
+from training.baseline_models import ensemble_members, member_config
 from training.calibration import fit_temperature
 from training.config import PipelineConfig
 from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
 from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
-from training.fit_backbone import BACKBONE_FILE, load_backbone
-from training.loading import DIRECTOR_FILE, AnySplit, load_director, split_sampled_logits
+from training.loading import BACKBONE_FILE, DIRECTOR_FILE, AnySplit, load_backbone, load_director, split_sampled_logits
 from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.ood import ood_report

@@ -26,8 +26,7 @@ from training.artifact import git_commit, install_version, staging_dir, write_ma
 from training.calibration import fit_temperature
 from training.config import ExportConfig, PipelineConfig
 from training.export_parts import ExportParts, image_export_parts, text_export_parts
-from training.fit_backbone import load_backbone
-from training.loading import Director, load_director
+from training.loading import Director, load_backbone, load_director
 from training.metrics import classification_report, ece_bootstrap
 from training.ood import auroc
 from training.plots import reliability_diagram

@@ -19,10 +19,10 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from models.backbones import ImageClassifier, VitConfig, build_vit
-from models.text_backbones import TextClassifier
+from models.backbones import build_vit
 from training.config import PipelineConfig, config_dict
 from training.data import augment, batches, load_dataset
+from training.loading import BACKBONE_FILE
 from training.metrics import classification_report
 from training.predict import chunked
 from training.runtime import (
@@ -34,21 +34,7 @@ from training.runtime import (
     warmup_cosine,
 )
 
-BACKBONE_FILE = "backbone.pt"
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (model inputs, labels)
-
-
-def load_backbone(run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier | TextClassifier:
-    """The fitted backbone of a run, frozen in eval mode."""
-    payload = load_checkpoint(Path(run_dir) / BACKBONE_FILE)
-    if payload.get("modality") == "text":
-        from training.text_models import text_classifier_from_payload
-
-        model: nn.Module = text_classifier_from_payload(payload)
-    else:
-        model = build_vit(VitConfig(**payload["backbone_config"]))
-        model.load_state_dict(payload["state_dict"])
-    return model.to(device).eval().requires_grad_(False)
 
 
 def evaluate_backbone(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,

@@ -1,4 +1,4 @@
-"""What every stage after fit-backbone loads: the run's data, the frozen transition view of its backbone and the
+"""What the stages load: the run's fitted backbone, its data, the frozen transition view of the backbone and the
 distilled DIRECTOR module. Stages import these from here, never from each other."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from models.backbones import ImageClassifier, VitConfig, build_vit
 from models.bert_view import BertTransitionView
 from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
@@ -17,7 +19,6 @@ from models.text_director import TextDirector, TextReadout, text_director_from_v
 from models.vit_view import VitTransitionView
 from training.config import PipelineConfig
 from training.data import Dataset, Split, load_dataset
-from training.fit_backbone import load_backbone
 from training.predict import sampled_logits
 from training.runtime import load_checkpoint
 from training.text_inputs import (
@@ -29,10 +30,24 @@ from training.text_inputs import (
     tokenize_dataset,
 )
 
+BACKBONE_FILE = "backbone.pt"
 DIRECTOR_FILE = "director.pt"
 View = VitTransitionView | BertTransitionView
 Director = ImageDirector | TextDirector
 AnySplit = Split | TokenSplit
+
+
+def load_backbone(run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier | TextClassifier:
+    """The fitted backbone of a run, frozen in eval mode."""
+    payload = load_checkpoint(Path(run_dir) / BACKBONE_FILE)
+    if payload.get("modality") == "text":
+        from training.text_models import text_classifier_from_payload
+
+        model: nn.Module = text_classifier_from_payload(payload)
+    else:
+        model = build_vit(VitConfig(**payload["backbone_config"]))
+        model.load_state_dict(payload["state_dict"])
+    return model.to(device).eval().requires_grad_(False)
 
 
 def load_data(cfg: PipelineConfig) -> Dataset | TokenDataset:

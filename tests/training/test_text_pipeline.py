@@ -236,7 +236,7 @@ def test_text_deterministic_baseline_exports_compactly_and_loads_in_the_server(e
     from service.artifact import load_artifact
     from service.device import resolve_device
     from training.cli import main
-    from training.fit_backbone import load_backbone
+    from training.loading import load_backbone
 
     config, _ = exported
     cfg = load_config(config)

@@ -1,0 +1,48 @@
+"""The package arrows of docs/architecture.md, read from the source: models imports neither training nor service,
+training never imports service, service never imports timm, transformers or training, and the training stages
+import shared modules, never each other's entry points."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {
+    "models": {"training", "service"},
+    "training": {"service"},
+    "service": {"training", "timm", "transformers"},
+}
+STAGES = {"training.fit_backbone", "training.distil", "training.export", "training.evaluate", "training.baselines"}
+# modules whose job is to run stages: the CLI, the ablation variants (distillations) and the ensemble members (fits)
+ORCHESTRATORS = {"cli", "ablations", "baseline_models"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports (absolute names), wherever in the file the import sits."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_packages_import_only_along_the_arrows(package: str) -> None:
+    bad = {f"{path.relative_to(ROOT)}: {name}" for path in sorted((ROOT / package).rglob("*.py"))
+           for name in imported_modules(path) if name.split(".")[0] in FORBIDDEN[package]}
+    assert not bad, sorted(bad)
+
+
+def test_training_stages_do_not_import_each_other() -> None:
+    bad = []
+    for path in sorted((ROOT / "training").glob("*.py")):
+        module = f"training.{path.stem}"
+        others = (imported_modules(path) & STAGES) - {module}
+        if path.stem not in ORCHESTRATORS and others:
+            bad.append(f"{module}: {sorted(others)}")
+    assert not bad, bad
