@@ -114,10 +114,11 @@ def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts
         "backbone": {**test_block(probabilities["backbone"], labels), "parameters": backbone_parameters},
         "backbone_temperature_scaled": {**test_block((backbone_test / backbone_t).softmax(-1), labels),
                                         "temperature": backbone_t},
+        "director_s1": test_block(s1_summary.probabilities, labels),
+        # the served S last: at a default of S = 1 this entry is also director_s1
         f"director_s{default_s}": {**test_block(test_summary.probabilities, labels),
                                    "mean_mutual_information": float(test_summary.mutual_information.mean()),
                                    "flagged_rate": float((ood_score(test_summary, chosen) > threshold).float().mean())},
-        "director_s1": test_block(s1_summary.probabilities, labels),
         "ood": ood_metrics,
     }
     return TestFigures(metrics, probabilities, backbone_t)
