@@ -185,6 +185,7 @@ def export(cfg: PipelineConfig) -> Path:
             "seconds": {"fit_backbone": backbone_payload["seconds"], "distil": payload["seconds"], "export": None},
             "test_metrics": figures.metrics,
             "noise_scale_nll": sampling.noise_scale_nll,
+            "noise_scale_fit_samples": ecfg.default_samples or ecfg.default_samples_reference,
             "default_samples_nll": sampling.default_samples_nll,
             "temperature_fit": temperature_fit,
             "rollout": diagnostics,

@@ -23,6 +23,29 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
+def _sampling_choice(manifest: dict[str, Any]) -> list[str]:
+    """How the default sample count and the served temperature were chosen (both on validation)."""
+    prov, s = manifest["provenance"], manifest["sampling"]["default_samples"]
+    lines: list[str] = []
+    table = prov.get("default_samples_nll") or {}
+    if table:
+        reference = max(table, key=int)
+        lines += [f"Default sample count **S={s}**: the smallest S whose validation NLL is within two standard errors "
+                  f"of S={reference}'s (paired per-input differences):", "",
+                  "| S | validation NLL | minus the reference | standard error |", "| --- | --- | --- | --- |"]
+        lines += [f"| {k} | {v['nll']:.4f} | {v['minus_reference']:+.4f} | {v['stderr']:.4f} |"
+                  for k, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
+        lines.append("")
+    fit = prov.get("temperature_fit") or {}
+    if fit:
+        kept = manifest.get("temperature", 1.0)
+        lines += [f"Served temperature **{kept:.3f}**: fitted on the first half of validation "
+                  f"(T={fit['temperature_first_half']:.3f}), it moved the second half's NLL from {fit['nll_t1']:.4f} "
+                  f"to {fit['nll_fitted']:.4f}, so it is " + ("kept (refitted on all of validation)." if kept != 1.0
+                                                               else "not served."), ""]
+    return lines
+
+
 def render_results(manifest: dict[str, Any], command: str, reliability_png: str | None) -> str:
     prov = manifest["provenance"]
     tm = prov["test_metrics"]
@@ -60,9 +83,11 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
         "| --- | --- | --- | --- |",
         _row("backbone (deterministic)", backbone),
         _row(f"backbone + temperature scaling (T={ts['temperature']:.3f}, fit on validation)", ts),
-        _row("DIRECTOR, S=1", tm["director_s1"]),
-        _row(f"DIRECTOR, S={s}", director),
+        *([_row("DIRECTOR, S=1", tm["director_s1"])] if s != 1 else []),
+        _row(f"DIRECTOR, S={s}" + (f", served temperature {manifest['temperature']:.3f}"
+                                   if manifest.get("temperature", 1.0) != 1.0 else ""), director),
         "",
+        *_sampling_choice(manifest),
     ]
     if not text:  # the foundation issue's figures are stated for the Fashion-MNIST vision model
         lines += [
@@ -116,7 +141,8 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
         "1 point of the backbone). S=1 validation accuracy by tau: "
         + ", ".join(f"{k}: {_pct(v)}" for k, v in manifest["variance"]["tau_selection_accuracy"].items()) + ".",
         "",
-        f"Noise temperature (a scale on every step's std, fitted on validation NLL at S={s}): "
+        "Noise temperature (a scale on every step's std, fitted on validation NLL at "
+        f"S={prov.get('noise_scale_fit_samples', s)}): "
         f"**{manifest['sampling']['noise_scale']}**"
         + (" (validation NLL by scale: " + ", ".join(f"{k}: {v:.4f}" for k, v in prov["noise_scale_nll"].items())
            + ")." if prov["noise_scale_nll"] else " (not fitted)."),
