@@ -109,7 +109,7 @@ def test_results_page_and_plot_are_written(exported: tuple[Path, Path]) -> None:
     docs = Path(load_config(config).export.docs_dir)
     page = (docs / "tiny.md").read_text()
     assert "python -m training all --config" in page
-    assert "| DIRECTOR, S=4 |" in page and "median predicted std / RMS(X_t)" in page
+    assert "| DIRECTOR, S=4" in page and "median predicted std / RMS(X_t)" in page
     png = docs / "tiny-reliability.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
