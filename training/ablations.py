@@ -19,10 +19,11 @@ from training.config import PipelineConfig
 from training.distil import distil
 from training.loading import BACKBONE_FILE, DIRECTOR_FILE
 from training.runtime import load_checkpoint
+from training.text_inputs import TOKENIZER_FILE
 
 
 def variant_overrides(name: str) -> dict[str, Any]:
-    """The distil settings a named variant changes: both | floor | l1_only | l2_only | tau_<value>."""
+    """The distil settings a named variant changes: both | floor | l1_only | l2_only | tau_<value> | depth_<K>."""
     if name == "both":
         return {}
     if name == "floor":
@@ -33,7 +34,9 @@ def variant_overrides(name: str) -> dict[str, Any]:
         return {"lambda_1": 0.0, "lambda_2": 1.0}
     if name.startswith("tau_"):
         return {"tau": float(name.removeprefix("tau_"))}
-    raise ValueError(f"unknown ablation {name!r}: use both, floor, l1_only, l2_only or tau_<value>")
+    if name.startswith("depth_"):  # partial depth K (the sweep over K): tau is selected again for each K
+        return {"depth": int(name.removeprefix("depth_")), "tau": None}
+    raise ValueError(f"unknown ablation {name!r}: use both, floor, l1_only, l2_only, tau_<value> or depth_<K>")
 
 
 def main_tau(cfg: PipelineConfig) -> float:
@@ -66,6 +69,9 @@ def ensure_distilled(main: PipelineConfig, variant: PipelineConfig) -> Path:
             os.link(Path(main.run_dir) / BACKBONE_FILE, backbone)  # the same frozen backbone, no copy
         except OSError:
             shutil.copy2(Path(main.run_dir) / BACKBONE_FILE, backbone)
+    tokenizer = Path(main.run_dir) / TOKENIZER_FILE  # text runs tokenise with the run's own tokenizer
+    if tokenizer.exists() and not (run_dir / TOKENIZER_FILE).exists():
+        shutil.copy2(tokenizer, run_dir / TOKENIZER_FILE)
     print(f"distilling variant {run_dir.name}")
     distil(variant)
     return run_dir

@@ -292,6 +292,7 @@ def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
         entry["accuracy_s1"] = classification_report(summarize(logits[:1]).probabilities, test.labels)["accuracy"]
         entry["mean_mutual_information"] = float(summary.mutual_information.mean())
         entry["tau"] = payload["tau"]
+        entry["depth"] = payload.get("depth")
         entry["observed_variance"] = payload["observed_variance"]
         entry["epochs"] = len(payload["history"])
         for set_name, split in ood_sets.items():

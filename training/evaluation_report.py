@@ -142,12 +142,14 @@ def ablation_table(results: dict[str, Any]) -> list[str]:
     if not ab["ablation"] and not ab["seed"]:
         return ["Not run in this evaluation (`evaluate.ablations` and `evaluate.distil_seeds` were empty)."]
     sets = [k.removeprefix("mi_") for k in next(iter({**ab["ablation"], **ab["seed"]}.values())) if k.startswith("mi_")]
-    head = ("| variant | observed variance | tau | epochs | acc % (S=16) | acc % (S=1) | ECE % | NLL | mean MI test | "
-            + " | ".join(f"MI AUROC {s}" for s in sets) + " |")
-    lines = [head, "| " + " | ".join("---" for _ in range(9 + len(sets))) + " |"]
+    samples = results["settings"]["samples"]
+    head = (f"| variant | depth K | observed variance | tau | epochs | acc % (S={samples}) | acc % (S=1) | ECE % | NLL "
+            "| mean MI test | " + " | ".join(f"MI AUROC {s}" for s in sets) + " |")
+    lines = [head, "| " + " | ".join("---" for _ in range(10 + len(sets))) + " |"]
     for group in ("ablation", "seed"):
         for name, e in ab[group].items():
-            lines.append(f"| {name} | {e['observed_variance']} | {e['tau']} | {e['epochs']} | {pct(e['accuracy'])} | "
+            lines.append(f"| {name} | {e.get('depth') or '-'} | {e['observed_variance']} | {e['tau']} | {e['epochs']} "
+                         f"| {pct(e['accuracy'])} | "
                          f"{pct(e['accuracy_s1'])} | {pct(e['ece'])} | {e['nll']:.4f} | "
                          f"{e['mean_mutual_information']:.2e} | "
                          + " | ".join(f"{e[f'auroc_mi_{s}']:.3f}" for s in sets) + " |")
