@@ -39,8 +39,7 @@ from service.batching import BatchWorker, Ticket
 from service.errors import error_response
 from service.metrics import QUEUE_FULL
 from service.middleware import ENDPOINT_KEY
-from service.repository import ModelVersion
-from service.repository import State as ModelState
+from service.repository import ModelVersion, VersionState
 from service.state import AppState
 
 TICKET_KEY = "director.ticket"
@@ -75,7 +74,7 @@ def ticket_of(scope: Scope) -> Ticket | None:
 
 
 def _worker(entry: ModelVersion | None) -> BatchWorker | None:
-    if entry is None or entry.state is not ModelState.READY or entry.worker is None or entry.worker.closed:
+    if entry is None or entry.state is not VersionState.READY or entry.worker is None or entry.worker.closed:
         return None
     return entry.worker
 

@@ -20,10 +20,10 @@ async def get_state(request: Request) -> AppState:
     return request.app.state.director
 
 
-State = Annotated[AppState, Depends(get_state)]
+AppStateDep = Annotated[AppState, Depends(get_state)]
 
 
-async def require_api_key(request: Request, state: State,
+async def require_api_key(request: Request, state: AppStateDep,
                           _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     """The same check as ``service.auth.ApiKeyGuard``, which already answered before the body was read; kept so the
     OpenAPI schema declares the bearer scheme on every guarded route, and as a second line behind the middleware."""

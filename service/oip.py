@@ -240,7 +240,6 @@ def requested_outputs(body: dict[str, Any], text_model: bool) -> list[str] | Non
 def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str, Any]]:
     """The requested outputs (already checked by ``requested_outputs``) of a finished request."""
     s = outcome.summary
-    assert outcome.entry.artifact is not None
     labels = outcome.entry.artifact.labels
     n = int(s.confidence.shape[0])
     tensors: dict[str, tuple[str, list[int], list[Any]]] = {

@@ -23,7 +23,7 @@ from service.heap import freeze_long_lived, thaw
 log = logging.getLogger("service.repository")
 
 
-class State(StrEnum):
+class VersionState(StrEnum):
     LOADING = "loading"
     READY = "ready"
     UNAVAILABLE = "unavailable"
@@ -35,7 +35,7 @@ class ModelVersion:
     version: str
     folder: Path
     fingerprint: tuple[tuple[str, int, int], ...]
-    state: State = State.LOADING
+    state: VersionState = VersionState.LOADING
     reason: str | None = None
     artifact: Artifact | None = None
     worker: BatchWorker | None = None
@@ -45,6 +45,22 @@ class ModelVersion:
     @property
     def method(self) -> str:
         return str(self.manifest.get("method", "unknown"))
+
+    def ready(self) -> ReadyVersion | None:
+        """This version as one that can serve, or None while it is loading or unavailable."""
+        if self.state is not VersionState.READY or self.artifact is None or self.worker is None:
+            return None
+        return ReadyVersion(self.name, self.version, self.artifact, self.worker)
+
+
+@dataclass(frozen=True)
+class ReadyVersion:
+    """A version that can serve, as resolution returns it: its artifact and batching worker are always there."""
+
+    name: str
+    version: str
+    artifact: Artifact
+    worker: BatchWorker
 
 
 def version_key(version: str) -> tuple[int, int, str]:
@@ -81,7 +97,7 @@ class ModelRepository:
         return sorted(self.models.get(name, {}).values(), key=lambda v: version_key(v.version))
 
     def default_version(self, name: str) -> ModelVersion | None:
-        ready = [v for v in self.versions(name) if v.state is State.READY]
+        ready = [v for v in self.versions(name) if v.state is VersionState.READY]
         return ready[-1] if ready else None
 
     def get(self, name: str, version: str | None) -> ModelVersion | None:
@@ -148,15 +164,15 @@ class ModelRepository:
         try:
             entry.artifact = await asyncio.to_thread(load_artifact, folder, self.device)
         except ArtifactError as exc:
-            entry.state, entry.reason = State.UNAVAILABLE, str(exc)
+            entry.state, entry.reason = VersionState.UNAVAILABLE, str(exc)
             log.warning("model %s version %s unavailable: %s", name, version, exc)
         except Exception as exc:  # never let one folder stop the scan
-            entry.state, entry.reason = State.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
+            entry.state, entry.reason = VersionState.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
             log.exception("model %s version %s failed to load", name, version)
         else:
             entry.worker = self.make_worker(name, version, entry.artifact)
             entry.worker.start()
-            entry.state, entry.loaded_at = State.READY, time.time()
+            entry.state, entry.loaded_at = VersionState.READY, time.time()
             log.info("model %s version %s ready in %.2fs", name, version, time.perf_counter() - started)
         self.models.setdefault(name, {})[version] = entry
         if current is not None:

@@ -21,7 +21,7 @@ from service.errors import ApiError, invalid, not_found, overloaded, too_large
 from service.images import PixelBudget, decode_base64, image_to_tensor, pixels_to_tensor
 from service.metrics import DRAINING, QUEUE_FULL, TIMEOUT
 from service.protocol import ImageInput, Input, PixelsInput, TextInput
-from service.repository import ModelVersion, State
+from service.repository import ReadyVersion, VersionState
 from service.state import AppState
 from service.texts import EncodedText, check_text, encode
 
@@ -33,7 +33,7 @@ class Outcome:
     """One request's result, protocol-neutral."""
 
     id: str
-    entry: ModelVersion
+    entry: ReadyVersion
     n_samples: int
     rule: OodRule
     summary: UncertaintySummary  # fields [n]
@@ -43,7 +43,7 @@ class Outcome:
     texts: list[EncodedText] | None = None  # text models: what the model read of each input
 
 
-def resolve(state: AppState, model: str | None, version: str | None) -> ModelVersion:
+def resolve(state: AppState, model: str | None, version: str | None) -> ReadyVersion:
     name = model or state.settings.default_model
     repo = state.repository
     if not repo.is_known(name):
@@ -54,16 +54,18 @@ def resolve(state: AppState, model: str | None, version: str | None) -> ModelVer
         raise not_found(f"model {name!r} has no version {version!r}; known: {known}")
     if entry is None:
         raise overloaded(f"model {name!r} has no ready version yet", retry_after_s=5)
-    if entry.state is State.LOADING:
+    if entry.state is VersionState.LOADING:
         raise overloaded(f"model {name!r} version {entry.version} is still loading", retry_after_s=5)
-    if entry.state is State.UNAVAILABLE:
+    if entry.state is VersionState.UNAVAILABLE:
         raise ApiError(503, f"model {name!r} version {entry.version} is unavailable: {entry.reason}")
-    return entry
+    ready = entry.ready()
+    if ready is None:  # READY without its artifact or worker cannot happen: the repository sets all three at once
+        raise ApiError(503, f"model {name!r} version {entry.version} is not ready")
+    return ready
 
 
-def check_samples(entry: ModelVersion, n_samples: int | None) -> int:
+def check_samples(entry: ReadyVersion, n_samples: int | None) -> int:
     artifact = entry.artifact
-    assert artifact is not None
     count = artifact.default_samples if n_samples is None else n_samples
     if not 1 <= count <= artifact.max_samples:
         raise invalid(f"n_samples must be between 1 and {artifact.max_samples} for {entry.name} "
@@ -77,20 +79,19 @@ def check_count(state: AppState, count: int) -> None:
         raise too_large(f"{count} inputs in one request, the limit is {limit}")
 
 
-def text_limit(state: AppState, entry: ModelVersion) -> int:
+def text_limit(state: AppState, entry: ReadyVersion) -> int:
     """Longest text (characters) this server accepts for a text model: the manifest's ``input.max_characters`` or
     ``DIRECTOR_MAX_TEXT_CHARS``, whichever is lower."""
-    artifact = entry.artifact
-    assert artifact is not None and artifact.text is not None
-    return min(artifact.text.max_characters, state.settings.max_text_chars)
+    if entry.artifact.text is None:
+        raise invalid(f"model {entry.name!r} takes images, not text", ["body", "inputs"])
+    return min(entry.artifact.text.max_characters, state.settings.max_text_chars)
 
 
-def prepare_inputs(state: AppState, entry: ModelVersion, inputs: list[Input]) -> Inputs:
+def prepare_inputs(state: AppState, entry: ReadyVersion, inputs: list[Input]) -> Inputs:
     """JSON inputs as the model takes them: pixels ``[n, C, H, W]`` float32 in [0, 1] (image models) or tokenised
     texts (text models); an input of the other modality is refused with 422. CPU-bound: run it in the decode pool
     (``state.decoder.run``), not on the event loop."""
     artifact = entry.artifact
-    assert artifact is not None
     check_count(state, len(inputs))
     if artifact.text is not None:
         texts = []
@@ -100,9 +101,8 @@ def prepare_inputs(state: AppState, entry: ModelVersion, inputs: list[Input]) ->
                 kind = "image_base64" if isinstance(item, ImageInput) else "pixels"
                 raise invalid(f"inputs.{i}: model {entry.name!r} takes text ({{\"text\": ...}}); {kind} inputs need "
                               "an image model", loc)
-            check_text(item.text, text_limit(state, entry), [*loc, "text"])
             texts.append(item.text)
-        return tokenize(entry, texts)
+        return prepare_texts(state, entry, texts, [["body", "inputs", i, "text"] for i in range(len(texts))])
     shape = artifact.input_shape
     budget = PixelBudget(state.settings.max_request_pixels)
     tensors = []
@@ -122,14 +122,25 @@ def prepare_inputs(state: AppState, entry: ModelVersion, inputs: list[Input]) ->
     return torch.stack(tensors)
 
 
-def tokenize(entry: ModelVersion, texts: list[str]) -> list[EncodedText]:
+def prepare_texts(state: AppState, entry: ReadyVersion, texts: list[str], locs: list[list[str | int]]
+                  ) -> list[EncodedText]:
+    """Texts as a text model takes them, for every protocol: the count limit, each text's limits (``locs`` name
+    where each text was in the request), then the artifact's tokenizer."""
+    check_count(state, len(texts))
+    limit = text_limit(state, entry)
+    for text, loc in zip(texts, locs, strict=True):
+        check_text(text, limit, loc)
+    return tokenize(entry, texts)
+
+
+def tokenize(entry: ReadyVersion, texts: list[str]) -> list[EncodedText]:
     """Texts (already checked against the limits) through the artifact's truncating tokenizer."""
-    artifact = entry.artifact
-    assert artifact is not None and artifact.tokenizer is not None
-    return encode(artifact.tokenizer, texts)
+    if entry.artifact.tokenizer is None:
+        raise invalid(f"model {entry.name!r} takes images, not text", ["body", "inputs"])
+    return encode(entry.artifact.tokenizer, texts)
 
 
-async def run(state: AppState, entry: ModelVersion, inputs: Inputs, n_samples: int, seed: int | None,
+async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: int, seed: int | None,
               ticket: Ticket | None = None) -> Outcome:
     """Queue ``inputs`` (pixels, or tokenised texts) on the version's worker (on the slot ``ticket`` reserved at
     admission, if it is this worker's); map overload, drain and timeout to 503/503/504."""
@@ -139,7 +150,6 @@ async def run(state: AppState, entry: ModelVersion, inputs: Inputs, n_samples: i
         metrics.rejected.labels(*labels, DRAINING).inc()
         raise overloaded("server is draining", retry_after_s=5)
     worker = entry.worker
-    assert worker is not None and entry.artifact is not None
     try:
         rule = ood_rule(entry.artifact.manifest, n_samples)
     except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
@@ -176,7 +186,6 @@ def record(state: AppState, outcome: Outcome) -> None:
     entry, summary = outcome.entry, outcome.summary
     state.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood)
     artifact = entry.artifact
-    assert artifact is not None
     if outcome.n_samples == artifact.default_samples and "reference" in artifact.manifest:
         monitor = drift_monitor(state, entry)
         if monitor is not None:
@@ -193,11 +202,10 @@ def record(state: AppState, outcome: Outcome) -> None:
         log.exception("could not log prediction %s", outcome.id)
 
 
-def drift_monitor(state: AppState, entry: ModelVersion) -> DriftMonitor | None:
+def drift_monitor(state: AppState, entry: ReadyVersion) -> DriftMonitor | None:
     key = (entry.name, entry.version)
     monitor = state.drift.get(key)
     artifact = entry.artifact
-    assert artifact is not None
     if monitor is None or monitor.owner != id(artifact):  # a reloaded version starts a fresh window
         try:
             monitor = DriftMonitor(artifact.manifest["reference"], state.settings.drift_window,

@@ -10,7 +10,7 @@ from service.device import Device
 from service.drift import DriftMonitor
 from service.feedback import FeedbackStore
 from service.metrics import UNKNOWN, Metrics
-from service.repository import ModelRepository, State
+from service.repository import ModelRepository, VersionState
 
 
 @dataclass
@@ -46,12 +46,10 @@ class AppState:
         metrics = self.metrics
         versions = self.repository.all_versions()
         metrics.set_model_info({(v.name, v.version, v.method, v.state.value) for v in versions})
-        ready = {(v.name, v.version): v for v in versions
-                 if v.state is State.READY and v.artifact is not None and v.worker is not None}
+        ready = {(r.name, r.version): r for r in (v.ready() for v in versions) if r is not None}
         for name, version in metrics.published_versions() - set(ready):
             metrics.unpublish_version(name, version)
         for (name, version), entry in ready.items():
-            assert entry.artifact is not None and entry.worker is not None
             metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
 
     def readiness(self) -> tuple[bool, dict[str, dict[str, str]], list[str]]:
@@ -62,7 +60,7 @@ class AppState:
         for v in repo.all_versions():
             states[v.name][v.version] = v.state.value
         missing = [name for name in self.settings.required_models if repo.default_version(name) is None]
-        loading = any(v.state is State.LOADING for v in repo.all_versions())
-        any_ready = any(v.state is State.READY for v in repo.all_versions())
+        loading = any(v.state is VersionState.LOADING for v in repo.all_versions())
+        any_ready = any(v.state is VersionState.READY for v in repo.all_versions())
         ready = repo.scanned_once and not loading and any_ready and not missing and not self.lifecycle.draining
         return ready, states, missing

@@ -6,7 +6,7 @@ import asyncio
 
 from fastapi import APIRouter, Depends
 
-from service.deps import State, require_api_key
+from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, invalid, not_found
 from service.protocol import FeedbackRequest, FeedbackResponse
 
@@ -14,7 +14,7 @@ router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], r
 
 
 @router.post("/feedback", response_model=FeedbackResponse, summary="Report the true label of a prediction")
-async def feedback(body: FeedbackRequest, state: State) -> FeedbackResponse:
+async def feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
     store = state.feedback
     logged = await asyncio.to_thread(store.lookup, body.id, body.index)
     if logged is None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from service.deps import State
+from service.deps import AppStateDep
 from service.protocol import Health
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health/live", response_model=Health, summary="The process is up")
-async def live(state: State) -> Health:
+async def live(state: AppStateDep) -> Health:
     return Health(status="alive", draining=state.lifecycle.draining)
 
 
@@ -22,7 +22,7 @@ async def live(state: State) -> Health:
                         "version is ready, every model in DIRECTOR_REQUIRED_MODELS has a ready version, and the "
                         "server is not draining; 503 otherwise (a broken artifact that is not required does not "
                         "make the server unready).")
-async def ready(state: State) -> JSONResponse:
+async def ready(state: AppStateDep) -> JSONResponse:
     is_ready, models, missing = state.readiness()
     body = Health(status="ready" if is_ready else "not_ready", draining=state.lifecycle.draining, models=models,
                   missing_required=missing)

@@ -6,14 +6,14 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.deps import State
+from service.deps import AppStateDep
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
             responses={200: {"content": {"text/plain": {}}}})
-async def metrics(state: State) -> Response:
+async def metrics(state: AppStateDep) -> Response:
     device = state.device.memory_allocated()
     if device is not None:
         state.metrics.gpu_memory.set(device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from service import serving
-from service.deps import State, require_api_key
+from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, not_found
 from service.protocol import ModelDetail, ModelList, ModelSummary, VersionInfo
 from service.repository import ModelVersion
@@ -17,7 +17,8 @@ router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)], res
 def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
     sampling = entry.manifest.get("sampling", {}) if isinstance(entry.manifest.get("sampling"), dict) else {}
     section = entry.manifest.get("input")
-    text_limit = serving.text_limit(state, entry) if entry.artifact is not None and entry.artifact.text else None
+    ready = entry.ready()
+    text_limit = serving.text_limit(state, ready) if ready is not None and ready.artifact.text else None
     return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
                        method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
                        default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
@@ -38,14 +39,14 @@ def detail(state: AppState, name: str, entry: ModelVersion | None) -> ModelDetai
 
 
 @router.get("/models", response_model=ModelList, summary="All models and versions with their state")
-async def list_models(state: State) -> ModelList:
+async def list_models(state: AppStateDep) -> ModelList:
     return ModelList(default_model=state.settings.default_model,
                      models=[summary(state, name) for name in sorted(state.repository.models)])
 
 
 @router.get("/models/{name}", response_model=ModelDetail,
             summary="A model: versions, states, and the default version's manifest and reference calibration")
-async def get_model(name: str, state: State) -> ModelDetail:
+async def get_model(name: str, state: AppStateDep) -> ModelDetail:
     if not state.repository.is_known(name):
         raise not_found(f"unknown model {name!r}")
     versions = state.repository.versions(name)
@@ -54,7 +55,7 @@ async def get_model(name: str, state: State) -> ModelDetail:
 
 @router.get("/models/{name}/versions/{version}", response_model=ModelDetail,
             summary="One version of a model with its manifest")
-async def get_model_version(name: str, version: str, state: State) -> ModelDetail:
+async def get_model_version(name: str, version: str, state: AppStateDep) -> ModelDetail:
     if not state.repository.is_known(name, version):
         raise not_found(f"unknown model {name!r} version {version!r}")
     return detail(state, name, state.repository.get(name, version))

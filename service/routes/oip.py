@@ -10,12 +10,10 @@ from fastapi.responses import JSONResponse
 from service import __version__, oip, serving
 from service.admission import ticket_of
 from service.batching import Inputs
-from service.deps import State, require_api_key
+from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, not_found
-from service.repository import ModelVersion
-from service.repository import State as ModelState
+from service.repository import ModelVersion, ReadyVersion, VersionState
 from service.state import AppState
-from service.texts import check_text
 
 SERVER_NAME = "director-serving"
 health = APIRouter(prefix="/v2", tags=["open inference protocol"])
@@ -37,7 +35,7 @@ async def v2_live() -> dict[str, bool]:
 
 @health.get("/health/ready", summary="OIP readiness (same rule as /health/ready)",
             responses={503: {"description": "not ready"}})
-async def v2_ready(state: State) -> JSONResponse:
+async def v2_ready(state: AppStateDep) -> JSONResponse:
     ready = state.readiness()[0]
     return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
@@ -64,7 +62,7 @@ def _metadata(state: AppState, name: str, version: str | None) -> dict[str, Any]
         return {"name": name, "versions": [entry.version], "platform": "pytorch_torchscript", "inputs": [],
                 "outputs": [], "state": entry.state.value, "reason": entry.reason}
     versions = [entry.version] if version is not None else [
-        v.version for v in state.repository.versions(name) if v.state is ModelState.READY]
+        v.version for v in state.repository.versions(name) if v.state is VersionState.READY]
     return oip.metadata(name, versions, entry.artifact)
 
 
@@ -72,21 +70,16 @@ def _ready(state: AppState, name: str, version: str | None) -> JSONResponse:
     entry = _entry(state, name, version) if version is not None or state.repository.is_known(name) else None
     if entry is None:
         raise not_found(f"unknown model {name!r}")
-    ready = entry.state is ModelState.READY and not state.lifecycle.draining
+    ready = entry.state is VersionState.READY and not state.lifecycle.draining
     return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
 
-def _prepare_inputs(state: AppState, entry: ModelVersion, body: dict[str, Any], tail: bytes) -> Inputs:
+def _prepare_inputs(state: AppState, entry: ReadyVersion, body: dict[str, Any], tail: bytes) -> Inputs:
     """The request's tensor as the model takes it (tokenised texts, or pixels [N, C, H, W]). CPU-bound: runs in the
     decode pool."""
-    assert entry.artifact is not None
     if entry.artifact.text is not None:
         texts, loc = oip.text_strings(body, tail)
-        serving.check_count(state, len(texts))
-        limit = serving.text_limit(state, entry)
-        for i, text in enumerate(texts):
-            check_text(text, limit, [*loc, "data", i])
-        return serving.tokenize(entry, texts)
+        return serving.prepare_texts(state, entry, texts, [[*loc, "data", i] for i in range(len(texts))])
     pixels = oip.pixels_tensor(body, tail, entry.artifact.input_shape, entry.artifact.modality)
     serving.check_count(state, int(pixels.shape[0]))
     return pixels
@@ -96,7 +89,6 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     raw = await request.body()
     body, tail = await state.decoder.run(oip.parse_body, raw, request.headers.get(oip.HEADER_LENGTH))
     entry = serving.resolve(state, name, version)
-    assert entry.artifact is not None
     parameters = oip.parameters_of(body, ["body", "parameters"])
     n_samples = serving.check_samples(entry, oip.int_parameter(parameters, "n_samples"))
     seed = oip.seed_parameter(parameters)
@@ -116,34 +108,34 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
 
 
 @guarded.get("/models/{name}", summary="OIP model metadata (default version)")
-async def v2_model(name: str, state: State) -> dict[str, Any]:
+async def v2_model(name: str, state: AppStateDep) -> dict[str, Any]:
     return _metadata(state, name, None)
 
 
 @guarded.get("/models/{name}/versions/{version}", summary="OIP model metadata (one version)")
-async def v2_model_version(name: str, version: str, state: State) -> dict[str, Any]:
+async def v2_model_version(name: str, version: str, state: AppStateDep) -> dict[str, Any]:
     return _metadata(state, name, version)
 
 
 @guarded.get("/models/{name}/ready", summary="OIP model readiness", responses={503: {"description": "not ready"}})
-async def v2_model_ready(name: str, state: State) -> JSONResponse:
+async def v2_model_ready(name: str, state: AppStateDep) -> JSONResponse:
     return _ready(state, name, None)
 
 
 @guarded.get("/models/{name}/versions/{version}/ready", summary="OIP model version readiness",
              responses={503: {"description": "not ready"}})
-async def v2_model_version_ready(name: str, version: str, state: State) -> JSONResponse:
+async def v2_model_version_ready(name: str, version: str, state: AppStateDep) -> JSONResponse:
     return _ready(state, name, version)
 
 
 @guarded.post("/models/{name}/infer", summary="OIP inference (default version)", openapi_extra=INFER_BODY)
-async def v2_infer(name: str, request: Request, state: State) -> dict[str, Any]:
+async def v2_infer(name: str, request: Request, state: AppStateDep) -> dict[str, Any]:
     return await _infer(request, state, name, None)
 
 
 @guarded.post("/models/{name}/versions/{version}/infer", summary="OIP inference (one version)",
               openapi_extra=INFER_BODY)
-async def v2_infer_version(name: str, version: str, request: Request, state: State) -> dict[str, Any]:
+async def v2_infer_version(name: str, version: str, request: Request, state: AppStateDep) -> dict[str, Any]:
     return await _infer(request, state, name, version)
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 
 from service import serving
 from service.admission import ticket_of
-from service.deps import State, require_api_key
+from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, invalid, too_large
 from service.images import PixelBudget, image_to_tensor
 from service.protocol import OodInfo, Prediction, PredictRequest, PredictResponse, Timings
@@ -21,7 +21,6 @@ router = APIRouter(tags=["predict"], dependencies=[Depends(require_api_key)], re
 
 def to_response(outcome: Outcome, return_probabilities: bool, started: float) -> PredictResponse:
     entry, s = outcome.entry, outcome.summary
-    assert entry.artifact is not None
     labels = entry.artifact.labels
     probabilities = s.probabilities.tolist()
     texts: list[EncodedText | None] = [*outcome.texts] if outcome.texts is not None else [None] * len(outcome.ood)
@@ -56,7 +55,7 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
                          "to the manifest's `input.max_length` tokens, reported per input (`tokens`, `truncated`, "
                          "`dropped_tokens`); a text over the model's character limit is refused with 413. Requests "
                          "are batched dynamically with other requests unless `seed` is given.")
-async def predict(body: PredictRequest, state: State, request: Request) -> PredictResponse:
+async def predict(body: PredictRequest, state: AppStateDep, request: Request) -> PredictResponse:
     started = time.perf_counter()
     entry = serving.resolve(state, body.model, body.version)
     n_samples = serving.check_samples(entry, body.n_samples)
@@ -69,7 +68,7 @@ async def predict(body: PredictRequest, state: State, request: Request) -> Predi
              summary="Predict one uploaded image (multipart/form-data)",
              description="Same as /predict for a single PNG or JPEG file sent as the form field `file`.")
 async def predict_image(
-    state: State,
+    state: AppStateDep,
     request: Request,
     file: Annotated[UploadFile, File(description="PNG or JPEG image")],
     model: Annotated[str | None, Form(description="model name (default: the server's default model)")] = None,
@@ -81,7 +80,6 @@ async def predict_image(
     started = time.perf_counter()
     entry = serving.resolve(state, model, version)
     count = serving.check_samples(entry, n_samples)
-    assert entry.artifact is not None
     if entry.artifact.text is not None:
         raise invalid(f"model {entry.name!r} takes text (POST /predict with {{\"text\": ...}} inputs); image uploads "
                       "need an image model", ["body", "file"])
