@@ -68,9 +68,9 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert len(prov["rollout"]["median_std_over_rms"]) == 2
 
 
-def test_artifact_matches_eager_module_in_distribution(exported: tuple[Path, Path]) -> None:
-    config, folder = exported
-    eager, _ = load_director(load_config(config).run_dir)
+def check_served_equals_eager(run: Path, folder: Path) -> torch.Tensor:
+    """The exported file and the eager module of ``run`` give the same draws under one seed; returns them."""
+    eager, _ = load_director(run)
     served = load_scripted(folder / "director.ts")
     pixels = torch.rand(3, 1, 28, 28)
     torch.manual_seed(5)
@@ -80,8 +80,13 @@ def test_artifact_matches_eager_module_in_distribution(exported: tuple[Path, Pat
     assert got.shape == (6, 3, 10)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     torch.manual_seed(5)
-    rows = served.sample_rows(pixels, torch.tensor([1, 4, 2]))
-    assert rows.shape == (7, 10)
+    assert served.sample_rows(pixels, torch.tensor([1, 4, 2])).shape == (7, 10)
+    return got
+
+
+def test_artifact_matches_eager_module_in_distribution(exported: tuple[Path, Path]) -> None:
+    config, folder = exported
+    check_served_equals_eager(Path(load_config(config).run_dir), folder)
 
 
 def test_artifact_loads_with_torch_alone(exported: tuple[Path, Path]) -> None:
@@ -135,14 +140,5 @@ def test_partial_depth_distils_exports_and_matches_eager(exported: tuple[Path, P
     """Depth 1 of 2: the artifact runs the first transition as the real layer inside the TorchScript module and
     still equals the eager module under one seed; the samples differ only through the last step."""
     run, folder = check_partial_depth(exported[0], tmp_path)
-    eager, _ = load_director(run)
-    served = load_scripted(folder / "director.ts")
-    pixels = torch.rand(3, 1, 28, 28)
-    torch.manual_seed(7)
-    expected = eager(pixels, 4)
-    torch.manual_seed(7)
-    got = served(pixels, 4)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    assert not torch.allclose(got[0], got[1])  # samples differ
-    torch.manual_seed(7)
-    assert served.sample_rows(pixels, torch.tensor([2, 1, 3])).shape == (6, 10)
+    draws = check_served_equals_eager(run, folder)
+    assert not torch.allclose(draws[0], draws[1])  # samples differ
