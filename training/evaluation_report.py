@@ -272,7 +272,8 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
     lines += ["## Ablations", ""]
     if "ablations" in results:
         lines += [f"Variants train {st['ablation_epochs']} distillation epochs from the same frozen backbone (`both` "
-                  "is the reference at that budget); tau is the main run's except in the tau variants; `floor` uses "
+                  "is the reference at that budget); tau is the main run's except in the tau variants and the depth "
+                  "variants (selected again for each K); `floor` uses "
                   "only the per-step floor as observed variance. MI AUROC: mutual information as the OOD score, test "
                   "split vs the set. Seed rows use the full recipe. Every row is measured on the first "
                   f"{results['ablations'].get('test_inputs', first['n']):,} test {results.get('unit', 'images')} at "
