@@ -15,15 +15,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from training.config import PipelineConfig
+from training.config import DistilConfig, PipelineConfig
 from training.distil import distil
 from training.loading import BACKBONE_FILE, DIRECTOR_FILE
 from training.runtime import load_checkpoint
 from training.text_inputs import TOKENIZER_FILE
 
 
-def variant_overrides(name: str) -> dict[str, Any]:
-    """The distil settings a named variant changes: both | floor | l1_only | l2_only | tau_<value> | depth_<K>."""
+def variant_overrides(name: str, base: DistilConfig) -> dict[str, Any]:
+    """The distil settings a named variant changes: both | floor | l1_only | l2_only | readout | rollout |
+    tau_<value> | depth_<K> | mlp_<ratio>."""
     if name == "both":
         return {}
     if name == "floor":
@@ -32,11 +33,18 @@ def variant_overrides(name: str) -> dict[str, Any]:
         return {"lambda_1": 1.0, "lambda_2": 0.0}
     if name == "l2_only":
         return {"lambda_1": 0.0, "lambda_2": 1.0}
+    if name == "readout":  # the readout (final norm and head) trained with the kernel
+        return {"finetune_readout": True}
+    if name == "rollout":  # L1 on the states of a detached rollout instead of the teacher's trajectory
+        return {"l1_on_rollout": True}
     if name.startswith("tau_"):
         return {"tau": float(name.removeprefix("tau_"))}
     if name.startswith("depth_"):  # partial depth K (the sweep over K): tau is selected again for each K
         return {"depth": int(name.removeprefix("depth_")), "tau": None}
-    raise ValueError(f"unknown ablation {name!r}: use both, floor, l1_only, l2_only, tau_<value> or depth_<K>")
+    if name.startswith("mlp_"):  # the kernel's width: its MLP's hidden size over the model width
+        return {"kernel": dataclasses.replace(base.kernel, mlp_ratio=float(name.removeprefix("mlp_")))}
+    raise ValueError(f"unknown ablation {name!r}: use both, floor, l1_only, l2_only, readout, rollout, tau_<value>, "
+                     "depth_<K> or mlp_<ratio>")
 
 
 def main_tau(cfg: PipelineConfig) -> float:
@@ -45,7 +53,7 @@ def main_tau(cfg: PipelineConfig) -> float:
 
 def ablation_config(cfg: PipelineConfig, name: str) -> PipelineConfig:
     distil_cfg = dataclasses.replace(cfg.distil, epochs=cfg.evaluate.ablation_epochs, tau=main_tau(cfg))
-    distil_cfg = dataclasses.replace(distil_cfg, **variant_overrides(name))
+    distil_cfg = dataclasses.replace(distil_cfg, **variant_overrides(name, distil_cfg))
     return dataclasses.replace(cfg, distil=distil_cfg, run_dir=str(Path(cfg.run_dir) / "ablations" / name))
 
 
