@@ -21,30 +21,34 @@ from training.loading import BACKBONE_FILE, DIRECTOR_FILE
 from training.runtime import load_checkpoint
 from training.text_inputs import TOKENIZER_FILE
 
+# Variants that change fixed settings, each with what it measures.
+FIXED_VARIANTS: dict[str, dict[str, Any]] = {
+    "both": {},  # the main recipe at the ablation budget: the reference row
+    "floor": {"observed_variance": "floor"},  # the floor alone as the observed variance (the authors' choice)
+    "l1_only": {"lambda_1": 1.0, "lambda_2": 0.0},
+    "l2_only": {"lambda_1": 0.0, "lambda_2": 1.0},
+    "teacher": {"l2_target": "teacher"},  # L2 against the backbone's softmax instead of the labels
+    # plus one perturbed copy of every training input (unlabeled: needs the teacher's targets)
+    "unlabeled": {"l2_target": "teacher", "unlabeled_copies": 1},
+    "readout": {"finetune_readout": True},  # the readout (final norm and head) trained with the kernel
+    "rollout": {"l1_on_rollout": True},  # L1 on the states of a detached rollout instead of the teacher's trajectory
+}
+
 
 def variant_overrides(name: str, base: DistilConfig) -> dict[str, Any]:
-    """The distil settings a named variant changes: both | floor | l1_only | l2_only | readout | rollout |
-    tau_<value> | depth_<K> | mlp_<ratio>."""
-    if name == "both":
-        return {}
-    if name == "floor":
-        return {"observed_variance": "floor"}
-    if name == "l1_only":
-        return {"lambda_1": 1.0, "lambda_2": 0.0}
-    if name == "l2_only":
-        return {"lambda_1": 0.0, "lambda_2": 1.0}
-    if name == "readout":  # the readout (final norm and head) trained with the kernel
-        return {"finetune_readout": True}
-    if name == "rollout":  # L1 on the states of a detached rollout instead of the teacher's trajectory
-        return {"l1_on_rollout": True}
+    """The distil settings a named variant changes: one of ``FIXED_VARIANTS``, ``tau_<value>``, ``depth_<K>`` (the
+    sweep over partial depth; tau is selected again for each K) or ``mlp_<ratio>`` (the kernel's width: its MLP's
+    hidden size over the model width)."""
+    if name in FIXED_VARIANTS:
+        return FIXED_VARIANTS[name]
     if name.startswith("tau_"):
         return {"tau": float(name.removeprefix("tau_"))}
-    if name.startswith("depth_"):  # partial depth K (the sweep over K): tau is selected again for each K
+    if name.startswith("depth_"):
         return {"depth": int(name.removeprefix("depth_")), "tau": None}
-    if name.startswith("mlp_"):  # the kernel's width: its MLP's hidden size over the model width
+    if name.startswith("mlp_"):
         return {"kernel": dataclasses.replace(base.kernel, mlp_ratio=float(name.removeprefix("mlp_")))}
-    raise ValueError(f"unknown ablation {name!r}: use both, floor, l1_only, l2_only, readout, rollout, tau_<value>, "
-                     "depth_<K> or mlp_<ratio>")
+    raise ValueError(f"unknown ablation {name!r}: use {', '.join(FIXED_VARIANTS)}, tau_<value>, depth_<K> or "
+                     "mlp_<ratio>")
 
 
 def main_tau(cfg: PipelineConfig) -> float:
