@@ -105,7 +105,7 @@ class ExportConfig:
 
 @dataclass
 class EvaluateConfig:
-    """The evaluation table (issue 3): methods, shift, OOD sets, ablations. Trained baselines and ablation
+    """The evaluation table: methods, shift, OOD sets, ablations. Trained baselines and ablation
     kernels are cached under ``<run_dir>/baselines`` and ``<run_dir>/ablations``; logits under ``<run_dir>/eval``."""
 
     task: str = "fashion-mnist"

@@ -1,4 +1,4 @@
-"""Stage 4: the evaluation table (issue 3). Every method runs on the same backbone and data; sampled logits
+"""Stage 4: the evaluation table. Every method runs on the same backbone and data; sampled logits
 are cached (``training.logit_cache``), trained baselines and ablation kernels are cached checkpoints, so the
 command resumes where it stopped and a rerun only re-renders.
 

@@ -65,8 +65,8 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
         command,
         "```",
         "",
-        f"Config `{prov['config']}`, seed {prov['seed']}, dataset {prov['dataset']}. Stage times on this machine "
-        f"(2 CPU cores): fit-backbone {_minutes(secs['fit_backbone'])}, distil {_minutes(secs['distil'])}, "
+        f"Config `{prov['config']}`, seed {prov['seed']}, dataset {prov['dataset']}. "
+        f"Stage times: fit-backbone {_minutes(secs['fit_backbone'])}, distil {_minutes(secs['distil'])}, "
         f"export (with the evaluation below) {_minutes(secs['export'])}.",
         "",
         f"Backbone: {prov['backbone']['parameters']:,} parameters; DIRECTOR artifact: "

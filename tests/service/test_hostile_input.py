@@ -1,4 +1,4 @@
-"""Inputs that used to answer 500 or the wrong code (issue 13): each class over real HTTP, on /predict, /feedback and
+"""Inputs that used to answer 500 or the wrong code: each class over real HTTP, on /predict, /feedback and
 the OIP route, plus images over Pillow's bomb limit (413) and malformed requests.
 
 Every answer the app gives must be the one JSON error shape with a 4xx code, never a 500 or a traceback, and the
