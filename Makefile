@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/fashion_vit.yaml
-DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes
+DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes postgresql
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help setup deb text-deps test lint serve model text-model text-evaluate fit distil export evaluate clean
@@ -35,7 +35,7 @@ $(TEXT_STAMP): | $(STAMP)
 	touch $(TEXT_STAMP)
 
 # Debian packages the tests and the default pipeline read (Fashion-MNIST idx files, fortunes as OOD text,
-# Prometheus with promtool, Alertmanager with amtool).
+# Prometheus with promtool, Alertmanager with amtool, PostgreSQL for the shared feedback store's tests).
 deb:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
