@@ -40,6 +40,13 @@ from tests.deploy.conftest import (
 # setting passes through compose from .env
 FIXED_BY_IMAGE = {"DIRECTOR_HOST", "DIRECTOR_PORT", "DIRECTOR_MODEL_REPOSITORY", "DIRECTOR_FEEDBACK_DB"}
 SETTINGS_ENV = {"DIRECTOR_" + name.upper() for name in Settings.model_fields}
+# settings compose sets itself (the shared feedback store), beside libpq's password variable
+SET_BY_COMPOSE = {"DIRECTOR_FEEDBACK_URL", "PGPASSWORD"}
+
+
+def passed_through(service: dict) -> set[str]:
+    """The variables of a service's environment list given by bare name (from .env or the shell)."""
+    return {item for item in service["environment"] if "=" not in item}
 
 
 def check_jsonschema(path: Path) -> subprocess.CompletedProcess[str]:
@@ -164,8 +171,9 @@ def test_compose_schema_check_catches_a_mistake(tmp_path: Path) -> None:
 def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
     doc = compose()
     services = doc["services"]
-    assert set(services) == {"director", "director-cpu", "prometheus", "alertmanager", "grafana", "train"}
-    assert set(doc["volumes"]) == {"models", "feedback", "prometheus-data", "alertmanager-data", "grafana-data",
+    assert set(services) == {"director", "director-cpu", "postgres", "prometheus", "alertmanager", "grafana",
+                             "train"}
+    assert set(doc["volumes"]) == {"models", "postgres-data", "prometheus-data", "alertmanager-data", "grafana-data",
                                    "train-runs"}
     for name in ("director", "train"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
@@ -174,7 +182,8 @@ def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
         server = services[name]
         assert server["build"]["target"] == "service" and server["build"]["dockerfile"] == "docker/Dockerfile"
         assert server["restart"] == "unless-stopped" and set(server["healthcheck"]) >= {"test", "interval", "retries"}
-        assert "models:/models" in server["volumes"] and "feedback:/var/lib/director" in server["volumes"]
+        assert server["volumes"] == ["models:/models"]  # the feedback store is the postgres service
+        assert server["depends_on"] == {"postgres": {"condition": "service_healthy"}}
         assert interpolate_defaults(server["ports"][0]) == "127.0.0.1:8000:8000"
         assert server["cap_drop"] == ["ALL"] and server["security_opt"] == ["no-new-privileges:true"]
     assert services["train"]["profiles"] == ["train"] and services["train"]["build"]["target"] == "train"
@@ -194,14 +203,15 @@ def test_compose_services_volumes_gpu_healthcheck_restart() -> None:
 
 def test_compose_passes_every_other_server_setting_through() -> None:
     for name in ("director", "director-cpu"):
-        environment = compose()["services"][name]["environment"]
-        assert all("=" not in item for item in environment)  # bare names: unset ones keep the server's defaults
-        assert set(environment) == SETTINGS_ENV - FIXED_BY_IMAGE
+        server = compose()["services"][name]
+        # bare names: unset ones keep the server's defaults
+        assert passed_through(server) == SETTINGS_ENV - FIXED_BY_IMAGE - SET_BY_COMPOSE
+        assert {item.partition("=")[0] for item in server["environment"]} - passed_through(server) == SET_BY_COMPOSE
     assert FIXED_BY_IMAGE <= SETTINGS_ENV
 
 
 # the values an operator fills into .env (copied from .env.example) before the first start
-OPERATOR_ENV = {"GRAFANA_ADMIN_PASSWORD": "a-long-random-password",
+OPERATOR_ENV = {"GRAFANA_ADMIN_PASSWORD": "a-long-random-password", "POSTGRES_PASSWORD": "another-random-one",
                 "ALERTMANAGER_WEBHOOK_URL_FILE": "/etc/director/alert-webhook-url"}
 
 
@@ -242,6 +252,28 @@ def test_grafana_needs_a_password_and_no_anonymous_access() -> None:
                 compose_config(env, profiles)
     config = compose_config({**env_file(ENV_EXAMPLE), **OPERATOR_ENV})
     assert config["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "a-long-random-password"
+
+
+def test_servers_share_the_postgres_feedback_store() -> None:
+    """Every server replica logs into the postgres service (healthy before a server starts), which keeps its data
+    in a volume, publishes no port, and has no default password: compose refuses to start without one, and the
+    servers get the same one."""
+    env = {**env_file(ENV_EXAMPLE), **OPERATOR_ENV}
+    postgres = compose()["services"]["postgres"]
+    assert re.fullmatch(r"\$\{POSTGRES_PASSWORD:\?[^}]+\}", postgres["environment"]["POSTGRES_PASSWORD"])
+    assert "ports" not in postgres and "postgres-data:/var/lib/postgresql/data" in postgres["volumes"]
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"] and postgres["restart"] == "unless-stopped"
+    for profiles in (["gpu"], ["cpu"]):
+        with pytest.raises(InterpolationError, match="POSTGRES_PASSWORD"):
+            compose_config({k: v for k, v in env.items() if k != "POSTGRES_PASSWORD"}, profiles)
+        services = compose_config(env, profiles)["services"]
+        (server,) = [s for s in services.values() if s.get("build", {}).get("target") == "service"]
+        values = dict(item.partition("=")[::2] for item in server["environment"] if "=" in item)
+        assert values["PGPASSWORD"] == services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "another-random-one"
+        database = services["postgres"]["environment"]
+        url = Settings(feedback_url=values["DIRECTOR_FEEDBACK_URL"]).feedback_url
+        expected = f"postgresql://{database['POSTGRES_USER']}@postgres:5432/{database['POSTGRES_DB']}"
+        assert url is not None and url.get_secret_value() == expected
 
 
 def test_prometheus_lifecycle_and_admin_apis_are_off() -> None:
@@ -294,12 +326,12 @@ def test_env_example_documents_every_variable_with_its_real_default() -> None:
     documented = env_example()
     text = COMPOSE_FILE.read_text()
     interpolated = dict(re.findall(r"\$\{([A-Z][A-Z0-9_]*):-([^}]*)\}", text))
-    passed_through = set(compose()["services"]["director"]["environment"])
+    bare = passed_through(compose()["services"]["director"])
     required = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*):\?", text))
-    assert set(documented) == set(interpolated) | passed_through | required | {"COMPOSE_PROFILES"}
+    assert set(documented) == set(interpolated) | bare | required | {"COMPOSE_PROFILES"}
     for name, default in interpolated.items():  # the compose default, as documented
         assert documented[name] == default, name
-    for name in passed_through:  # the server's own default, as documented
+    for name in bare:  # the server's own default, as documented
         field = Settings.model_fields[name.removeprefix("DIRECTOR_").lower()]
         default = field.get_default(call_default_factory=True)
         if default is None or default == []:
@@ -407,15 +439,17 @@ def test_kubernetes_manifests_probe_real_routes_of_the_image() -> None:
             if item["name"] in KSERVE_ENV:
                 continue
             assert item["name"] in SETTINGS_ENV, item
-            Settings(**{item["name"].removeprefix("DIRECTOR_").lower(): item["value"]})  # valid values
+            if "value" in item:
+                Settings(**{item["name"].removeprefix("DIRECTOR_").lower(): item["value"]})  # valid values
     service, deployment = kinds["Service"][0], kinds["Deployment"][0]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
 def test_kubernetes_pods_are_hardened() -> None:
-    """Non-root with a read-only root filesystem and no capabilities; every path the server writes is a volume
-    (the feedback log, /tmp for the multiprocess metrics directory), and the model repository is mounted
-    read-only where the server reads it."""
+    """Non-root with a read-only root filesystem and no capabilities; the one path the server writes is a volume
+    (/tmp, for the multiprocess metrics directory): the feedback store is the shared PostgreSQL, whose URL (with its
+    password) comes from a Secret, never from the manifest; the model repository is mounted read-only where the
+    server reads it."""
     env_of = {}
     for pod in pod_specs():
         assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -426,12 +460,12 @@ def test_kubernetes_pods_are_hardened() -> None:
         assert security["capabilities"] == {"drop": ["ALL"]}
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
-        env = {item["name"]: item["value"] for item in container["env"]}
+        env = {item["name"]: item.get("value") for item in container["env"]}
         env_of[container["name"]] = env
-        feedback_dir = str(Path(env.get("DIRECTOR_FEEDBACK_DB", image_env()["DIRECTOR_FEEDBACK_DB"])).parent)
-        for path in (feedback_dir, "/tmp"):
-            assert path in mounts and not mounts[path].get("readOnly"), path
-            assert "emptyDir" in volumes[mounts[path]["name"]], path
+        (url,) = [item for item in container["env"] if item["name"] == "DIRECTOR_FEEDBACK_URL"]
+        assert set(url) == {"name", "valueFrom"} and set(url["valueFrom"]["secretKeyRef"]) == {"name", "key"}
+        assert "DIRECTOR_FEEDBACK_DB" not in env and not any("emptyDir" in v for k, v in volumes.items() if k != "tmp")
+        assert not mounts["/tmp"].get("readOnly") and "emptyDir" in volumes[mounts["/tmp"]["name"]]
     # plain Deployment: the claim on the image's repository path, read-only on both the mount and the claim
     deployment = pod_specs()[1]
     repository = image_env()["DIRECTOR_MODEL_REPOSITORY"]
