@@ -4,10 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/fashion_vit.yaml
-DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes
+DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes postgresql
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup deb text-deps test lint serve model text-model text-evaluate fit distil export evaluate clean
+.PHONY: help setup deb text-deps test lint lock serve model text-model text-evaluate fit distil export evaluate clean
 
 help:
 	@echo "make serve   serve the default model on port 8000"
@@ -17,6 +17,7 @@ help:
 	@echo "make evaluate  methods compared on $(CONFIG): docs/results/<task>.md (resumable)"
 	@echo "make text-evaluate  the same for $(TEXT_CONFIG): docs/results/movie-reviews.md (resumable)"
 	@echo "make lint    ruff"
+	@echo "make lock    pin the images' dependencies (docker/constraints-*.txt) with uv"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +36,7 @@ $(TEXT_STAMP): | $(STAMP)
 	touch $(TEXT_STAMP)
 
 # Debian packages the tests and the default pipeline read (Fashion-MNIST idx files, fortunes as OOD text,
-# Prometheus with promtool, Alertmanager with amtool).
+# Prometheus with promtool, Alertmanager with amtool, PostgreSQL for the shared feedback store's tests).
 deb:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -48,6 +49,18 @@ test: setup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# docker/constraints-{serve,train}.txt: every dependency of each image pinned (universal: any Python >= 3.11, any
+# platform), compiled by uv from pyproject.toml against the indexes pip is configured with; the images install
+# exactly these before their source is copied. Re-run after editing the dependencies in pyproject.toml.
+LOCK_INDEXES ?= $(foreach url,$(shell $(PY) -m pip config get global.extra-index-url 2>/dev/null),--extra-index-url $(url)) \
+	$(foreach url,$(shell $(PY) -m pip config get global.find-links 2>/dev/null),--find-links $(url))
+LOCK := $(VENV)/bin/uv pip compile pyproject.toml --universal --override docker/lock-overrides.txt \
+	--no-emit-package torch --index-strategy unsafe-best-match --no-emit-index-url --no-emit-find-links \
+	$(LOCK_INDEXES)
+lock: $(STAMP)
+	$(LOCK) --extra serve -o docker/constraints-serve.txt
+	$(LOCK) --extra train --extra hub -o docker/constraints-train.txt
 
 # Serves every model in model_repository/ (fashion-vit, the default, and movie-reviews-minilm) on 127.0.0.1:8000;
 # options: python -m service --help

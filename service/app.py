@@ -20,7 +20,7 @@ from service.config import Settings
 from service.decoding import DecodePool
 from service.device import resolve_device
 from service.errors import register_error_handlers
-from service.feedback import FLUSH_INTERVAL_S, FeedbackStore
+from service.feedback import FLUSH_INTERVAL_S, open_feedback_store
 from service.metrics import Metrics, mark_process_dead
 from service.middleware import BodyLimit, HttpMetrics
 from service.repository import ModelRepository
@@ -56,21 +56,10 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,
                                  on_change=lambda: holder["state"].sync_version_metrics())
-    feedback_store = FeedbackStore(settings.feedback_db, settings.feedback_max_rows, settings.feedback_max_age_s,
-                                   settings.feedback_window)
-    state = AppState(settings, device, metrics_, repository, feedback_store, lifecycle,
+    state = AppState(settings, device, metrics_, repository, open_feedback_store(settings), lifecycle,
                      DecodePool(settings.decode_threads))
     holder["state"] = state
     return state
-
-
-def restore_live_gauges(state: AppState) -> None:
-    """Live accuracy/ECE from the store, so they survive a restart."""
-    for model, version in state.feedback.labelled_versions():
-        stats = state.feedback.live_stats(model, version)
-        if stats is not None and state.repository.is_known(model, version):
-            state.metrics.live_accuracy.labels(model, version).set(stats.accuracy)
-            state.metrics.live_ece.labels(model, version).set(stats.ece)
 
 
 def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
@@ -85,18 +74,25 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
 
         async def load_then_poll() -> None:
             await state.repository.scan()
-            await asyncio.to_thread(restore_live_gauges, state)
+            await asyncio.to_thread(state.refresh_live_gauges)  # they survive a restart
             if settings.poll_interval_s > 0:
                 await state.repository.poll(settings.poll_interval_s)
 
         async def flush_feedback() -> None:
+            failing = False  # reported once per outage, not every interval
             while True:
                 await asyncio.sleep(FLUSH_INTERVAL_S)
                 if state.feedback.pending:
                     try:
                         await asyncio.to_thread(state.feedback.flush)
                     except Exception:  # the next flush retries what is still pending; predictions go on
-                        log.exception("could not write the prediction log")
+                        if not failing:
+                            log.exception("could not write the prediction log; retrying")
+                        failing = True
+                    else:
+                        if failing:
+                            log.info("the prediction log is written again")
+                        failing = False
 
         loader = asyncio.get_running_loop().create_task(load_then_poll(), name="repository")
         flusher = asyncio.get_running_loop().create_task(flush_feedback(), name="feedback-flush")

@@ -58,7 +58,11 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(5.0, ge=0, description="model repository polling period (0 = off)")
     shutdown_grace_s: float = Field(0.0, ge=0, description="on SIGTERM, report not-ready this long before "
                                                            "closing the listener")
-    feedback_db: Path = Field(Path("var/feedback.sqlite3"), description="SQLite file of logged predictions")
+    feedback_db: Path = Field(Path("var/feedback.sqlite3"), description="SQLite file of logged predictions (when "
+                              "no feedback_url is set)")
+    feedback_url: SecretStr | None = Field(None, description="postgresql://user@host:port/db: a PostgreSQL feedback "
+                                           "store shared by every replica instead of the SQLite file (empty = none; "
+                                           "environment only; the password is best given as PGPASSWORD)")
     feedback_max_rows: int = Field(100_000, ge=1, description="logged predictions kept (oldest dropped)")
     feedback_max_age_s: float = Field(7 * 24 * 3600.0, gt=0, description="logged predictions older than this "
                                                                          "are dropped")
@@ -74,15 +78,23 @@ class Settings(BaseSettings):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "feedback_url", mode="before")
     @classmethod
     def _empty_key_is_no_key(cls, value: object) -> object:
         """``DIRECTOR_API_KEY=`` (how compose passes a variable left empty in .env) means no key, not a key that
-        no bearer token can match. Blank is empty too: a bearer token is compared stripped, so it never matches."""
+        no bearer token can match. Blank is empty too: a bearer token is compared stripped, so it never matches. An
+        empty ``DIRECTOR_FEEDBACK_URL=`` likewise means the SQLite file."""
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
         if isinstance(value, str) and not value.strip():
             return None
+        return value
+
+    @field_validator("feedback_url")
+    @classmethod
+    def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
+            raise ValueError("the feedback URL must start with postgresql:// (or postgres://)")
         return value
 
     @model_validator(mode="after")

@@ -117,7 +117,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
                                             "of inputs too large"},
     422: {"model": ErrorBody, "description": "schema violation: bad n_samples, wrong shape, NaN/Inf, empty text, "
                                             "text to an image model, image or pixels to a text model"},
-    503: {"model": ErrorBody, "description": "queue full (refused before the body is read), model not ready or "
-                                            "server draining; see Retry-After"},
+    503: {"model": ErrorBody, "description": "queue full (refused before the body is read), model not ready, "
+                                            "server draining or feedback database unavailable; see Retry-After"},
     504: {"model": ErrorBody, "description": "request timed out in the queue or in inference"},
 }

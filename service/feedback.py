@@ -1,47 +1,35 @@
-"""Logged predictions and delayed ground truth in one bounded SQLite file (survives restarts).
+"""Logged predictions and delayed ground truth: the store interface, its write buffer and the choice of backend.
 
 Each predicted input is a row keyed by (request id, input index). ``POST /feedback`` sets its true label;
 live accuracy and ECE are computed over the latest ``window`` labelled rows of a model version. Rows older
-than ``max_age_s`` or beyond the newest ``max_rows`` are pruned.
+than ``max_age_s`` or beyond the newest ``max_rows`` are pruned. Two backends keep the same schema and bounds:
+an embedded SQLite file (``service.feedback_sqlite``, the default) and PostgreSQL
+(``service.feedback_postgres``, when replicas must share one store: ``DIRECTOR_FEEDBACK_URL``).
 
 Writes are behind a buffer: ``log`` (called on the event loop for every answered request) only appends to a
 list, and ``flush`` writes what has gathered in one transaction, every ``FLUSH_INTERVAL_S`` from the app (in a
 thread) and before any read, so a prediction is visible to ``/feedback`` as soon as its response is sent. A
-crash of the process loses at most the last interval's log, never a response."""
+crash of the process loses at most the last interval's log, never a response; a database that is away keeps the
+newest ``max_rows`` rows waiting for it, and never fails a prediction."""
 
 from __future__ import annotations
 
-import sqlite3
+import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from models.uncertainty import expected_calibration_error
+from service.config import Settings
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS predictions (
-    request_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    model TEXT NOT NULL,
-    version TEXT NOT NULL,
-    n_samples INTEGER NOT NULL,
-    class_index INTEGER NOT NULL,
-    label TEXT NOT NULL,
-    confidence REAL NOT NULL,
-    created REAL NOT NULL,
-    correct INTEGER,
-    feedback_at REAL,
-    PRIMARY KEY (request_id, idx)
-);
-CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
-CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
-"""
+log = logging.getLogger("service.feedback")
+
 FLUSH_INTERVAL_S = 0.1
-INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
-          "confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+Row = tuple[str, int, str, str, int, int, str, float, float]  # request_id, idx, model, version, n_samples,
+# class_index, label, confidence, created: the columns of an insert, in the schema's order
 
 
 @dataclass(frozen=True)
@@ -59,25 +47,20 @@ class LiveStats:
     n: int
 
 
-class FeedbackStore:
-    def __init__(self, path: Path, max_rows: int, max_age_s: float, window: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.max_rows, self.max_age_s, self.window = max_rows, max_age_s, window
-        self._lock = threading.Lock()  # the connection; taken before _pending_lock when both are held
-        self._pending_lock = threading.Lock()
-        self._pending: list[tuple] = []  # rows logged and not yet written, oldest first
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10.0, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        # in WAL mode NORMAL still survives a crash of the process (not of the machine) without an fsync per commit
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
-        self._inserts = 0
-        self.prune()
+class FeedbackUnavailable(Exception):
+    """The store cannot be reached (a shared database that is down or out of connections): worth a retry."""
 
-    def close(self) -> None:
-        self.flush()
-        with self._lock:
-            self._conn.close()
+
+class FeedbackStore(ABC):
+    """The write buffer shared by the backends; they implement storage in the ``_``-prefixed methods, each one
+    transaction."""
+
+    def __init__(self, max_rows: int, max_age_s: float, window: int) -> None:
+        self.max_rows, self.max_age_s, self.window = max_rows, max_age_s, window
+        self._flush_lock = threading.Lock()  # one flush at a time; taken before _pending_lock
+        self._pending_lock = threading.Lock()
+        self._pending: list[Row] = []  # rows logged and not yet written, oldest first
+        self._inserts = 0
 
     def log(self, request_id: str, model: str, version: str, n_samples: int,
             rows: list[tuple[int, str, float]]) -> None:
@@ -98,21 +81,19 @@ class FeedbackStore:
         return len(self._pending)
 
     def flush(self) -> int:
-        """Write the logged rows in one transaction; returns how many."""
-        with self._lock:
+        """Write the logged rows in one transaction; returns how many. On failure they stay queued, in order."""
+        with self._flush_lock:
             with self._pending_lock:
                 rows, self._pending = self._pending, []
             if not rows:
                 return 0
-            self._conn.execute("BEGIN")
             try:
-                self._conn.executemany(INSERT, rows)
+                self._insert(rows)
             except BaseException:
-                self._conn.execute("ROLLBACK")
                 with self._pending_lock:  # kept for the next flush, ahead of what came since
                     self._pending[:0] = rows
+                    del self._pending[:max(0, len(self._pending) - self.max_rows)]
                 raise
-            self._conn.execute("COMMIT")
             self._inserts += len(rows)
             due = self._inserts >= max(1, min(1000, self.max_rows // 10))
         if due:
@@ -120,51 +101,69 @@ class FeedbackStore:
         return len(rows)
 
     def prune(self) -> int:
-        """Drop rows past the age and row limits."""
+        """Drop rows past the age and row limits; returns how many."""
         self.flush()
-        with self._lock:
-            self._inserts = 0
-            cur = self._conn.execute("DELETE FROM predictions WHERE created < ?", (time.time() - self.max_age_s,))
-            removed = cur.rowcount
-            cur = self._conn.execute(
-                "DELETE FROM predictions WHERE rowid IN (SELECT rowid FROM predictions ORDER BY created DESC, "
-                "rowid DESC LIMIT -1 OFFSET ?)", (self.max_rows,))
-            return removed + cur.rowcount
+        self._inserts = 0
+        return self._prune(time.time() - self.max_age_s)
+
+    def close(self) -> None:
+        """Write what is pending (what cannot be written is reported and lost), then release the backend."""
+        try:
+            self.flush()
+        except Exception:
+            log.exception("closing the feedback store: %d logged predictions not written", self.pending)
+        self._close()
 
     def count(self) -> int:
         self.flush()
-        with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0])
+        return self._count()
 
     def lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
         self.flush()
-        with self._lock:
-            row = self._conn.execute("SELECT model, version, class_index, label FROM predictions "
-                                     "WHERE request_id = ? AND idx = ?", (request_id, index)).fetchone()
-        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+        return self._lookup(request_id, index)
 
     def record(self, request_id: str, index: int, correct: bool) -> None:
         self.flush()
-        with self._lock:
-            self._conn.execute("UPDATE predictions SET correct = ?, feedback_at = ? WHERE request_id = ? AND idx = ?",
-                               (int(correct), time.time(), request_id, index))
+        self._record(request_id, index, correct, time.time())
 
     def live_stats(self, model: str, version: str) -> LiveStats | None:
+        """Accuracy and ECE over the latest ``window`` labelled rows (newest label first, ties in key order, so
+        every replica reading one database computes the same numbers)."""
         self.flush()
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT confidence, correct FROM predictions WHERE model = ? AND version = ? AND correct IS NOT "
-                "NULL ORDER BY feedback_at DESC LIMIT ?", (model, version, self.window)).fetchall()
+        rows = self._labelled(model, version)
         if not rows:
             return None
-        return LiveStats(accuracy=sum(c for _, c in rows) / len(rows), ece=live_ece(rows),
-                         n=len(rows))
+        return LiveStats(accuracy=sum(c for _, c in rows) / len(rows), ece=live_ece(rows), n=len(rows))
 
     def labelled_versions(self) -> list[tuple[str, str]]:
         self.flush()
-        with self._lock:
-            rows = self._conn.execute("SELECT DISTINCT model, version FROM predictions WHERE correct IS NOT NULL")
-            return [(m, v) for m, v in rows.fetchall()]
+        return self._labelled_versions()
+
+    @abstractmethod
+    def _insert(self, rows: list[Row]) -> None:
+        """Insert (or replace) ``rows`` in one transaction."""
+
+    @abstractmethod
+    def _prune(self, cutoff: float) -> int: ...
+
+    @abstractmethod
+    def _count(self) -> int: ...
+
+    @abstractmethod
+    def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None: ...
+
+    @abstractmethod
+    def _record(self, request_id: str, index: int, correct: bool, at: float) -> None: ...
+
+    @abstractmethod
+    def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
+        """(confidence, correct) of the latest ``window`` labelled rows."""
+
+    @abstractmethod
+    def _labelled_versions(self) -> list[tuple[str, str]]: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
 
 
 def live_ece(rows: list[tuple[float, int]]) -> float:
@@ -172,3 +171,15 @@ def live_ece(rows: list[tuple[float, int]]) -> float:
     confidence = torch.tensor([c for c, _ in rows], dtype=torch.float64)  # [N]
     correct = torch.tensor([k for _, k in rows], dtype=torch.float64)  # [N]
     return expected_calibration_error(confidence, correct)
+
+
+def open_feedback_store(settings: Settings) -> FeedbackStore:
+    """PostgreSQL when ``feedback_url`` is set, else the SQLite file ``feedback_db``."""
+    bounds = (settings.feedback_max_rows, settings.feedback_max_age_s, settings.feedback_window)
+    if settings.feedback_url is not None:
+        from service.feedback_postgres import PostgresFeedbackStore  # psycopg only where it is used
+
+        return PostgresFeedbackStore(settings.feedback_url.get_secret_value(), *bounds)
+    from service.feedback_sqlite import SqliteFeedbackStore
+
+    return SqliteFeedbackStore(settings.feedback_db, *bounds)

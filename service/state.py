@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from service.config import Settings
 from service.decoding import DecodePool
 from service.device import Device
 from service.drift import DriftMonitor
-from service.feedback import FeedbackStore
+from service.feedback import FeedbackStore, FeedbackUnavailable
 from service.metrics import UNKNOWN, Metrics
 from service.repository import ModelRepository, VersionState
+
+log = logging.getLogger("service.state")
 
 
 @dataclass
@@ -51,6 +54,19 @@ class AppState:
             metrics.unpublish_version(name, version)
         for (name, version), entry in ready.items():
             metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
+
+    def refresh_live_gauges(self) -> None:
+        """Live accuracy and ECE of every known version, read from the feedback store: labels that reached another
+        replica sharing the store (or an earlier process) count too. Blocking; the gauges keep their values while
+        the store is unavailable."""
+        try:
+            for model, version in self.feedback.labelled_versions():
+                stats = self.feedback.live_stats(model, version)
+                if stats is not None and self.repository.is_known(model, version):
+                    self.metrics.live_accuracy.labels(model, version).set(stats.accuracy)
+                    self.metrics.live_ece.labels(model, version).set(stats.ece)
+        except FeedbackUnavailable as exc:
+            log.warning("live accuracy and ECE not refreshed: %s", exc)
 
     def readiness(self) -> tuple[bool, dict[str, dict[str, str]], list[str]]:
         """Ready: the first scan is done, nothing is loading, at least one version is ready, every required

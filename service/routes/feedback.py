@@ -7,7 +7,8 @@ import asyncio
 from fastapi import APIRouter, Depends
 
 from service.deps import AppStateDep, require_api_key
-from service.errors import ERROR_RESPONSES, invalid, not_found
+from service.errors import ERROR_RESPONSES, invalid, not_found, overloaded
+from service.feedback import FeedbackUnavailable
 from service.protocol import FeedbackRequest, FeedbackResponse
 
 router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
@@ -15,6 +16,13 @@ router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], r
 
 @router.post("/feedback", response_model=FeedbackResponse, summary="Report the true label of a prediction")
 async def feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
+    try:
+        return await record_feedback(body, state)
+    except FeedbackUnavailable as exc:  # a shared database that is down: the label can be sent again later
+        raise overloaded(str(exc), retry_after_s=5) from exc
+
+
+async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
     store = state.feedback
     logged = await asyncio.to_thread(store.lookup, body.id, body.index)
     if logged is None:

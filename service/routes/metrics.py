@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -14,6 +16,7 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(state: AppStateDep) -> Response:
+    await asyncio.to_thread(state.refresh_live_gauges)  # replicas sharing a feedback store report the same values
     device = state.device.memory_allocated()
     if device is not None:
         state.metrics.gpu_memory.set(device)

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from service import __version__, oip, serving
 from service.admission import ticket_of
 from service.batching import Inputs
 from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, not_found
+from service.oip_binary import binary_outputs, infer_response
 from service.repository import ModelVersion, ReadyVersion, VersionState
 from service.state import AppState
 
@@ -85,7 +86,7 @@ def _prepare_inputs(state: AppState, entry: ReadyVersion, body: dict[str, Any], 
     return pixels
 
 
-async def _infer(request: Request, state: AppState, name: str, version: str | None) -> dict[str, Any]:
+async def _infer(request: Request, state: AppState, name: str, version: str | None) -> Response:
     raw = await request.body()
     body, tail = await state.decoder.run(oip.parse_body, raw, request.headers.get(oip.HEADER_LENGTH))
     entry = serving.resolve(state, name, version)
@@ -94,6 +95,7 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     seed = oip.seed_parameter(parameters)
     request_id = oip.request_id(body)  # every check of the request comes before inference
     requested = oip.requested_outputs(body, entry.artifact.text is not None)
+    binary = binary_outputs(body, requested or oip.available_outputs(entry.artifact.text is not None))
     inputs = await state.decoder.run(_prepare_inputs, state, entry, body, tail)
     outcome = await serving.run(state, entry, inputs, n_samples, seed, ticket_of(request.scope))
     response: dict[str, Any] = {
@@ -104,7 +106,7 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     }
     if request_id is not None:
         response["id"] = request_id
-    return response
+    return infer_response(response, binary)
 
 
 @guarded.get("/models/{name}", summary="OIP model metadata (default version)")
@@ -129,13 +131,13 @@ async def v2_model_version_ready(name: str, version: str, state: AppStateDep) ->
 
 
 @guarded.post("/models/{name}/infer", summary="OIP inference (default version)", openapi_extra=INFER_BODY)
-async def v2_infer(name: str, request: Request, state: AppStateDep) -> dict[str, Any]:
+async def v2_infer(name: str, request: Request, state: AppStateDep) -> Response:
     return await _infer(request, state, name, None)
 
 
 @guarded.post("/models/{name}/versions/{version}/infer", summary="OIP inference (one version)",
               openapi_extra=INFER_BODY)
-async def v2_infer_version(name: str, version: str, request: Request, state: AppStateDep) -> dict[str, Any]:
+async def v2_infer_version(name: str, version: str, request: Request, state: AppStateDep) -> Response:
     return await _infer(request, state, name, version)
 
 

@@ -32,6 +32,7 @@ from service.app import create_app
 from service.config import Settings
 from service.server import DirectorServer, uvicorn_config
 from service.state import AppState, Lifecycle
+from tests.service.pg_cluster import PostgresCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_DIR = REPO_ROOT / "model_repository" / "fashion-vit" / "1"
@@ -192,6 +193,18 @@ def text_server(text_repository: Path, tmp_path_factory: pytest.TempPathFactory)
                             drift_min_window=20, max_batch_tokens=4096)
     with serve(settings) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A real PostgreSQL server for the session (a test that stops it starts it again); one database per test."""
+    cluster = PostgresCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        cluster.remove()
 
 
 def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,8 @@ import pytest
 
 from service.drift import DriftMonitor
 from service.feedback import FeedbackStore, live_ece
+from service.feedback_postgres import PostgresFeedbackStore
+from service.feedback_sqlite import SqliteFeedbackStore
 from tests.service.conftest import Running, metric_value, random_pixels, serve, settings_for
 
 
@@ -51,15 +54,29 @@ def test_feedback_moves_live_accuracy_and_survives_a_restart(tiny_repository: Pa
         assert again["live_accuracy"] == 1.0
 
 
-def test_feedback_store_is_bounded_in_rows_and_age(tmp_path: Path) -> None:
-    store = FeedbackStore(tmp_path / "f.sqlite3", max_rows=5, max_age_s=3600, window=100)
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., FeedbackStore]:
+    """Opens a store of each backend on one file or database, however often it is called."""
+    if request.param == "sqlite":
+        return lambda **bounds: SqliteFeedbackStore(tmp_path / "f.sqlite3", **bounds)
+    url = request.getfixturevalue("postgres_cluster").create_database(f"bounds_{tmp_path.name.lower()}")
+    return lambda **bounds: PostgresFeedbackStore(url, **bounds)
+
+
+def test_feedback_store_is_bounded_in_rows_and_age(open_store: Callable[..., FeedbackStore]) -> None:
+    store = open_store(max_rows=5, max_age_s=3600, window=3)
     for i in range(12):
         store.log(f"r{i}", "m", "1", 4, [(0, "a", 0.9)])
     store.prune()
     assert store.count() == 5
     assert store.lookup("r11", 0) is not None and store.lookup("r0", 0) is None
+    for i, correct in zip(range(7, 12), [True, True, False, False, True], strict=True):
+        store.record(f"r{i}", 0, correct)
+    stats = store.live_stats("m", "1")  # the window: the 3 latest labels
+    assert stats is not None and stats.n == 3 and stats.accuracy == pytest.approx(1 / 3)
+    assert store.labelled_versions() == [("m", "1")] and store.live_stats("m", "2") is None
     store.close()
-    aged = FeedbackStore(tmp_path / "f.sqlite3", max_rows=5, max_age_s=1e-9, window=100)
+    aged = open_store(max_rows=5, max_age_s=1e-9, window=100)
     assert aged.count() == 0  # everything is older than the age limit
     aged.close()
 
@@ -67,7 +84,7 @@ def test_feedback_store_is_bounded_in_rows_and_age(tmp_path: Path) -> None:
 def test_feedback_log_is_buffered_then_written_in_one_transaction_and_read_through(tmp_path: Path) -> None:
     """``log`` does no I/O (it runs on the event loop); a read sees what was logged; ``close`` writes the rest."""
     path = tmp_path / "f.sqlite3"
-    store = FeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
+    store = SqliteFeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
     store.log("a", "m", "1", 4, [(0, "x", 0.9), (1, "y", 0.6)])
     assert store.pending == 2
     with sqlite3.connect(path) as other:  # nothing written yet
@@ -77,13 +94,13 @@ def test_feedback_log_is_buffered_then_written_in_one_transaction_and_read_throu
     assert store.flush() == 1 and store.flush() == 0
     store.log("c", "m", "1", 4, [(1, "y", 0.7)])
     store.close()
-    reopened = FeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
+    reopened = SqliteFeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
     assert reopened.count() == 4 and reopened.lookup("c", 0) is not None
     reopened.close()
 
 
 def test_a_failed_flush_keeps_its_rows_for_the_next(tmp_path: Path) -> None:
-    store = FeedbackStore(tmp_path / "f.sqlite3", max_rows=100, max_age_s=3600, window=100)
+    store = SqliteFeedbackStore(tmp_path / "f.sqlite3", max_rows=100, max_age_s=3600, window=100)
     store.log("a", "m", "1", 4, [(0, "x", 0.9)])
     store.log("b", "m", "1", 4, [(0, "x", object())])  # type: ignore[list-item]  # not a number: the insert fails
     with pytest.raises(sqlite3.Error):

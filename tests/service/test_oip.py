@@ -63,6 +63,35 @@ def test_infer_returns_every_output(client: triton.InferenceServerClient, binary
     assert response["parameters"]["n_samples"] == 4
 
 
+def test_binary_outputs_when_asked_equal_the_json_ones(client: triton.InferenceServerClient,
+                                                      tiny_server: Running) -> None:
+    """Per output (``binary_data``) or by default for all (tritonclient asks with ``binary_data_output`` when it
+    names no outputs): the same seeded request gives the same tensors, whichever way each travels."""
+    def run(outputs: list[triton.InferRequestedOutput] | None) -> triton.InferResult:
+        return client.infer("tiny", [pixels_input(2, True, seed=5)], outputs=outputs,
+                            parameters={"n_samples": 4, "seed": 7})
+
+    as_json = run([triton.InferRequestedOutput(name, binary_data=False) for name in OUTPUTS])
+    mixed = run([triton.InferRequestedOutput(name, binary_data=name in {"probabilities", "is_ood", "label"})
+                 for name in OUTPUTS])
+    default = run(None)
+    for name in OUTPUTS:
+        expected = as_json.as_numpy(name)
+        for result in (mixed, default):
+            got = result.as_numpy(name)
+            assert got.shape == expected.shape and got.dtype.kind == expected.dtype.kind, name
+            if name == "label":
+                assert [str(v, "utf-8") if isinstance(v, bytes) else v for v in got] == list(expected), name
+            else:
+                np.testing.assert_array_equal(got, expected)
+        assert ("data" in mixed.get_output(name)) is (name not in {"probabilities", "is_ood", "label"}), name
+    assert mixed.get_output("probabilities")["parameters"]["binary_data_size"] == 2 * 10 * 4
+    bad = httpx.post(f"{tiny_server.url}/v2/models/tiny/infer", json={
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [0.0] * 784}],
+        "outputs": [{"name": "label", "parameters": {"binary_data": "yes"}}]})
+    assert bad.status_code == 422 and "binary_data" in bad.json()["error"]
+
+
 def test_seeded_infer_on_a_version_is_reproducible(client: triton.InferenceServerClient) -> None:
     def run() -> np.ndarray:
         return client.infer("tiny", [pixels_input(2, True, seed=3)], model_version="1",
