@@ -1,7 +1,8 @@
 """``python -m service``: a command line built from the ``Settings`` fields; flags override ``DIRECTOR_*``.
 
-Secrets (``SecretStr`` fields: the API key) get no flag: a command line is readable by every user of the machine
-(``ps``), so they come from the environment or a file (``--api-key-file``)."""
+Secrets (``SecretStr`` fields: the API key, the feedback database's URL) get no flag: a command line is readable by
+every user of the machine (``ps``), so they come from the environment or a file (``--api-key-file``); the help lists
+them with their variables."""
 
 from __future__ import annotations
 
@@ -28,15 +29,22 @@ def _kind(annotation: Any) -> Any:
     return annotation
 
 
+def _secrets_epilog() -> str:
+    secrets = [f"{ENV_PREFIX}{name.upper()}: {field.description or ''}"
+               for name, field in Settings.model_fields.items() if _kind(field.annotation) is SecretStr]
+    return "secrets, from the environment only: " + "; ".join(secrets).replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m service", description="Serve DIRECTOR artifacts from a model repository. Every option is "
         f"also read from the environment as {ENV_PREFIX}<NAME>; a flag given here overrides it.",
-        argument_default=argparse.SUPPRESS, allow_abbrev=False)  # no prefix of --api-key-file is a flag
+        epilog=_secrets_epilog(), argument_default=argparse.SUPPRESS,
+        allow_abbrev=False)  # no prefix of --api-key-file is a flag
     for name, field in Settings.model_fields.items():
         kind = _kind(field.annotation)
         if kind is SecretStr:
-            continue  # environment or file only
+            continue  # environment or file only: listed in the epilog
         flag = "--" + name.replace("_", "-")
         env = ENV_PREFIX + name.upper()
         default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)})"
