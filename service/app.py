@@ -22,7 +22,7 @@ from service.device import resolve_device
 from service.errors import register_error_handlers
 from service.feedback import FLUSH_INTERVAL_S, FeedbackStore
 from service.metrics import Metrics, mark_process_dead
-from service.middleware import BodyLimit, HttpMetrics
+from service.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
 from service.repository import ModelRepository
 from service.routes import feedback, health, metrics, models, oip, predict
 from service.state import AppState, Lifecycle
@@ -126,11 +126,12 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
         app.include_router(router)
     # innermost first: admission refuses an overloaded model's requests before their body is read
     app.add_middleware(Admission, get_state=lambda: getattr(app.state, "director", None))
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     docs = docs_paths(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
     # before the body limit: a client without the key gets 401 whatever it announces, and nothing of its body is read
     app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key,
                        open_paths=OPEN_PATHS | (docs if settings.public_docs else frozenset()),
                        templates=lambda: [*app.openapi()["paths"], *docs])
-    app.add_middleware(HttpMetrics, metrics=metrics_)  # outermost: counts refusals by the guard and BodyLimit too
+    app.add_middleware(HttpMetrics, metrics=metrics_)  #: counts refusals by the guard and BodyLimit too
+    app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # outermost: every response
     return app
