@@ -55,7 +55,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,
-                                 on_change=lambda: holder["state"].sync_version_metrics())
+                                 on_change=lambda: holder["state"].sync_version_metrics(),
+                                 trusted_digests=settings.trusted_digests)
     feedback_store = FeedbackStore(settings.feedback_db, settings.feedback_max_rows, settings.feedback_max_age_s,
                                    settings.feedback_window)
     state = AppState(settings, device, metrics_, repository, feedback_store, lifecycle,

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
                                       "secret; surrounding whitespace stripped; an empty file is an error)")
     public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the API key (when a "
                               "key is set they need it unless this is on)")
+    trusted_digests: Path | None = Field(None, description="file of allowed sha256 digests of director.ts files, one "
+                                         "per line (sha256sum format), kept outside the repository: any other "
+                                         "artifact is refused before it is loaded and reported in /models")
     poll_interval_s: float = Field(5.0, ge=0, description="model repository polling period (0 = off)")
     shutdown_grace_s: float = Field(0.0, ge=0, description="on SIGTERM, report not-ready this long before "
                                                            "closing the listener")
