@@ -1,26 +1,29 @@
 """Admission control before the body is read: an overloaded model refuses a prediction with 503 at once.
 
 Why: a request refused only at ``enqueue`` has already had its body received, parsed as JSON, validated and
-converted to pixels on the event loop. Under a flood that work is spent on every refused request and the
-loop saturates, so refusals queue behind each other (docs/benchmarks.md: refused p99 5.4 s). Here a
-prediction request reserves a slot on its model version's queue when it arrives (a ``Ticket``, consumed
-when the request is queued and released if it ends before); when no slot is free it gets the 503 +
-``Retry-After`` JSON error straight away, without its body being read (uvicorn discards the rest of the
-body and keeps the connection), so a refusal costs about as much as parsing its headers. Because admitted
-requests hold their slots while their bodies are read, queued plus admitted work never exceeds
-``max_queue`` per version, and an admitted request is never refused later for a full queue. A slot not
-turned into a queued request within ``request_timeout_s`` lapses (a client that announces a body and never
-sends it must not hold one for ever); such a late request is then queued only if there is room.
+converted to pixels. Under a flood that work is spent on every refused request and the loop saturates, so
+refusals queue behind each other (docs/benchmarks.md: refused p99 5.4 s). Here a prediction request whose
+model version has no free queue slot when it arrives gets the 503 + ``Retry-After`` JSON error straight away,
+without its body being read (uvicorn discards the rest of the body and keeps the connection), so a refusal
+costs about as much as parsing its headers.
+
+An admitted request reserves its slot (a ``Ticket``) only once its body has arrived in full, and keeps it while
+the body is parsed and decoded, until it is queued (or released if it ends before). Reserving at arrival would
+let clients that announce a body and never send it (or trickle it) hold every slot: 256 stalled uploads would
+make every other prediction 503 until they time out (``DIRECTOR_BODY_TIMEOUT_S`` answers those with 408). The
+price: a request admitted on its headers may still find the queue full once its body is in, and then gets the
+same 503 from the route. A slot not turned into a queued request within ``request_timeout_s`` lapses; such a
+late request is then queued only if there is room.
 
 Which queue a request targets:
 
 - ``POST /v2/models/{m}[/versions/{v}]/infer``: the path names it; that version's queue decides.
-- ``POST /predict`` and ``/predict/image``: the model is in the body, not read yet. The request reserves a
-  slot on the default model's default version (the target of every request that names no model). When that
-  queue is full it is refused only if every ready version's queue is full too, since it might name another
-  model; otherwise it goes on without a ticket and its own target's queue decides after the body is read
-  (the same 503, just not before the body). A ticket on a model the body does not name is released as soon
-  as the request is queued elsewhere. So a one-model server (the usual deployment) refuses every excess
+- ``POST /predict`` and ``/predict/image``: the model is in the body, not read yet. The request is admitted on
+  (and reserves its slot on) the default model's default version (the target of every request that names no
+  model). When that queue is full it is refused only if every ready version's queue is full too, since it might
+  name another model; otherwise it goes on without a ticket and its own target's queue decides after the body
+  is read (the same 503, just not before the body). A ticket on a model the body does not name is released as
+  soon as the request is queued elsewhere. So a one-model server (the usual deployment) refuses every excess
   prediction early; a client of a several-model server that wants that for a non-default model uses the
   OIP route, which carries the model in its path.
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batching import BatchWorker, Ticket
 from service.errors import error_response
@@ -85,23 +88,21 @@ class Refusal:
     max_queue: int
 
 
-def decide(state: AppState, target: Target) -> Ticket | Refusal | None:
-    """A ticket (admitted, slot held), a refusal, or None (no early decision: the route decides)."""
+def decide(state: AppState, target: Target) -> BatchWorker | Refusal | None:
+    """The worker whose queue admitted the request (a slot is reserved there once the body is in), a refusal, or
+    None (no early decision: the route decides)."""
     repo = state.repository
     if target.model is not None:  # OIP: the path names the version
         entry = repo.get(target.model, target.version) if repo.is_known(target.model) else None
         worker = _worker(entry)
         if entry is None or worker is None:
             return None
-        ticket = worker.reserve()
-        return ticket if ticket is not None else Refusal(entry, worker.max_queue)
+        return worker if worker.pending < worker.max_queue else Refusal(entry, worker.max_queue)
     default = repo.default_version(state.settings.default_model) if repo.is_known(state.settings.default_model) \
         else None
     worker = _worker(default)
-    if worker is not None:
-        ticket = worker.reserve()
-        if ticket is not None:
-            return ticket
+    if worker is not None and worker.pending < worker.max_queue:
+        return worker
     ready = [(entry, w) for entry in repo.all_versions() if (w := _worker(entry)) is not None]
     if not ready or any(w.pending < w.max_queue for _, w in ready):
         return None  # the body may name a model with room (or nothing is ready: the route explains)
@@ -129,14 +130,25 @@ class Admission:
             scope[ENDPOINT_KEY] = target.endpoint
             response = error_response(
                 503, f"model {entry.name!r} is overloaded: queue full ({decision.max_queue} requests queued or "
-                     "being received)", headers={"Retry-After": str(RETRY_AFTER_S)})
+                     "being prepared)", headers={"Retry-After": str(RETRY_AFTER_S)})
             await response(scope, receive, send)  # the body is never read; uvicorn discards it
             return
         if decision is None:
             await self.app(scope, receive, send)
             return
-        scope[TICKET_KEY] = decision
+        worker = decision
+
+        async def reserving_receive() -> Message:
+            msg = await receive()
+            if msg["type"] == "http.request" and not msg.get("more_body", False) and TICKET_KEY not in scope:
+                ticket = worker.reserve()  # None when the queue filled meanwhile: the route refuses at enqueue
+                if ticket is not None:
+                    scope[TICKET_KEY] = ticket
+            return msg
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, reserving_receive, send)
         finally:
-            decision.release()  # no-op once the request was queued
+            ticket = ticket_of(scope)
+            if ticket is not None:
+                ticket.release()  # no-op once the request was queued

@@ -22,7 +22,7 @@ from service.device import resolve_device
 from service.errors import register_error_handlers
 from service.feedback import FLUSH_INTERVAL_S, open_feedback_store
 from service.metrics import Metrics, mark_process_dead
-from service.middleware import BodyLimit, HttpMetrics
+from service.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
 from service.repository import ModelRepository
 from service.routes import feedback, health, metrics, models, oip, predict
 from service.state import AppState, Lifecycle
@@ -55,7 +55,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,
-                                 on_change=lambda: holder["state"].sync_version_metrics())
+                                 on_change=lambda: holder["state"].sync_version_metrics(),
+                                 trusted_digests=settings.trusted_digests)
     state = AppState(settings, device, metrics_, repository, open_feedback_store(settings), lifecycle,
                      DecodePool(settings.decode_threads))
     holder["state"] = state
@@ -122,11 +123,12 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
         app.include_router(router)
     # innermost first: admission refuses an overloaded model's requests before their body is read
     app.add_middleware(Admission, get_state=lambda: getattr(app.state, "director", None))
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     docs = docs_paths(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
     # before the body limit: a client without the key gets 401 whatever it announces, and nothing of its body is read
     app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key,
                        open_paths=OPEN_PATHS | (docs if settings.public_docs else frozenset()),
                        templates=lambda: [*app.openapi()["paths"], *docs])
-    app.add_middleware(HttpMetrics, metrics=metrics_)  # outermost: counts refusals by the guard and BodyLimit too
+    app.add_middleware(HttpMetrics, metrics=metrics_)  #: counts refusals by the guard and BodyLimit too
+    app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # outermost: every response
     return app

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
                                       "what queued during the previous forward; measured best in docs/benchmarks.md)")
     max_queue: int = Field(256, ge=1, description="queued requests per model version before 503")
     request_timeout_s: float = Field(30.0, gt=0, description="queue + inference time before 504")
+    body_timeout_s: float = Field(10.0, gt=0, description="seconds a request body may take to arrive in full, from "
+                                  "the end of its headers (408 and the connection closed after)")
+    header_timeout_s: float = Field(10.0, gt=0, description="seconds a connection may take to send a request's "
+                                    "headers, from its opening or its request's first byte (408 and closed after)")
+    max_connections: int = Field(1024, ge=1, description="open connections (or requests in progress) beyond which a "
+                                 "new request is answered 503 by uvicorn")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_image_pixels: int = Field(4_000_000, ge=1, description="largest width x height of an image (413 above)")
     max_inputs_per_request: int = Field(256, ge=1, description="inputs per request (413 above)")
@@ -55,6 +61,9 @@ class Settings(BaseSettings):
                                       "secret; surrounding whitespace stripped; an empty file is an error)")
     public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the API key (when a "
                               "key is set they need it unless this is on)")
+    trusted_digests: Path | None = Field(None, description="file of allowed sha256 digests of director.ts files, one "
+                                         "per line (sha256sum format), kept outside the repository: any other "
+                                         "artifact is refused before it is loaded and reported in /models")
     poll_interval_s: float = Field(5.0, ge=0, description="model repository polling period (0 = off)")
     shutdown_grace_s: float = Field(0.0, ge=0, description="on SIGTERM, report not-ready this long before "
                                                            "closing the listener")

@@ -15,11 +15,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("service.errors")
 
 KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-         413: "too_large", 422: "invalid_input", 500: "internal", 503: "unavailable", 504: "timeout"}
+         408: "request_timeout", 413: "too_large", 422: "invalid_input", 499: "client_closed", 500: "internal",
+         503: "unavailable", 504: "timeout"}
 
 
 class ErrorBody(BaseModel):
@@ -28,8 +30,8 @@ class ErrorBody(BaseModel):
     error: str = Field(..., description="what went wrong, for a person to read")
     status: int = Field(..., description="the HTTP status code, repeated")
     type: str = Field(..., description="kind of error, for a program to branch on: bad_request, unauthorized, "
-                                       "not_found, method_not_allowed, too_large, invalid_input, internal, "
-                                       "unavailable, timeout")
+                                       "not_found, method_not_allowed, request_timeout, too_large, invalid_input, "
+                                       "internal, unavailable, timeout")
     details: list[dict[str, Any]] | None = Field(None, description="one entry per problem, with its location (loc) "
                                                                    "and message (msg): every 422, some 400s")
 
@@ -102,6 +104,12 @@ def register_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, __: ClientDisconnect) -> JSONResponse:
+        # the client left (or its body timed out) while its body was read: nothing reaches it, but the metrics must
+        # not count it as a server error; 499 is nginx's "client closed request"
+        return error_response(499, "client closed the request before its body arrived")
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -113,6 +121,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
                                             "not UTF-8)"},
     401: {"model": ErrorBody, "description": "API key configured and missing or wrong"},
     404: {"model": ErrorBody, "description": "unknown model or version"},
+    408: {"model": ErrorBody, "description": "the request body did not arrive in full within DIRECTOR_BODY_TIMEOUT_S "
+                                            "(the connection is closed)"},
     413: {"model": ErrorBody, "description": "body, image pixels, text (over the model's character limit) or number "
                                             "of inputs too large"},
     422: {"model": ErrorBody, "description": "schema violation: bad n_samples, wrong shape, NaN/Inf, empty text, "

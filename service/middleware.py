@@ -1,9 +1,11 @@
-"""Pure ASGI middleware: the request body limit and per-request HTTP metrics (admission control is in
-``service.admission``)."""
+"""Pure ASGI middleware: the request body's bounds (size and arrival time), per-request HTTP metrics and
+``Connection: close`` while draining (admission control is in ``service.admission``)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,11 +17,17 @@ ENDPOINT_KEY = "director.endpoint"  # route template of a request answered befor
 
 
 class BodyLimit:
-    """413 for a body over ``max_bytes``: from Content-Length at once, or while a chunked body streams in."""
+    """413 for a body over ``max_bytes`` (from Content-Length at once, or while a chunked body streams in); 408 for a
+    body that has not arrived in full ``timeout_s`` after the request's headers.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    Why a deadline on the whole body and not per read: a client that trickles one byte every few seconds would pass
+    any per-read timeout and hold its connection (and what the request holds) for as long as it likes. The 408 asks
+    uvicorn to close the connection: whatever the client still sends is never read."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -30,21 +38,36 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await error_response(413, message)(scope, receive, send)
             return
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         seen = 0
-        started = refused = False
+        started = refused = complete = False
+
+        async def refuse(status: int, text: str, headers: dict[str, str] | None = None) -> Message:
+            nonlocal refused
+            # answer now (unless the app already answers); the app then sees a disconnected client and whatever it
+            # sends is dropped
+            if not started:
+                refused = True
+                await error_response(status, text, headers=headers)(scope, receive, send)
+            return {"type": "http.disconnect"}
 
         async def limited_receive() -> Message:
-            nonlocal seen, refused
+            nonlocal seen, complete
             if refused:
                 return {"type": "http.disconnect"}
-            msg = await receive()
+            if complete:  # the body is in: later reads only wait for a disconnect, with no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    msg = await receive()
+            except TimeoutError:
+                return await refuse(408, f"request body not received in full within {self.timeout_s:g} s",
+                                    {"Connection": "close"})
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
+                complete = not msg.get("more_body", False)
                 if seen > self.max_bytes and not started:
-                    # answer now; the app then sees a disconnected client and whatever it sends is dropped
-                    refused = True
-                    await error_response(413, message)(scope, receive, send)
-                    return {"type": "http.disconnect"}
+                    return await refuse(413, message)
             return msg
 
         async def guarded_send(msg: Message) -> None:
@@ -87,3 +110,26 @@ class HttpMetrics:
             endpoint = getattr(route, "path", None) or scope.get(ENDPOINT_KEY) or "unmatched"
             self.metrics.requests.labels(endpoint, str(status["code"])).inc()
             self.metrics.request_duration.labels(endpoint).observe(time.perf_counter() - start)
+
+
+class CloseWhileDraining:
+    """While the server drains, every response carries ``Connection: close``: uvicorn closes the connection after it,
+    so the client opens its next request elsewhere (the load balancer sees the replica not ready) instead of sending
+    it on a keep-alive connection that the listener's shutdown is about to close."""
+
+    def __init__(self, app: ASGIApp, is_draining: Callable[[], bool]) -> None:
+        self.app = app
+        self.is_draining = is_draining
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing_send(msg: Message) -> None:
+            if msg["type"] == "http.response.start" and self.is_draining():
+                headers = [(k, v) for k, v in msg.get("headers", []) if k.lower() != b"connection"]
+                msg = {**msg, "headers": [*headers, (b"connection", b"close")]}
+            await send(msg)
+
+        await self.app(scope, receive, closing_send)

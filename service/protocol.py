@@ -195,3 +195,5 @@ class Health(BaseModel):
     models: dict[str, dict[str, str]] = Field(default_factory=dict, description="model -> version -> state")
     missing_required: list[str] = Field(default_factory=list, description="DIRECTOR_REQUIRED_MODELS that are "
                                                                            "not ready")
+    saturated: list[str] = Field(default_factory=list, description="the default model or DIRECTOR_REQUIRED_MODELS "
+                                                                    "whose queue is full (predictions refused)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from service import trust
 from service.artifact import Artifact, ArtifactError, load_artifact, read_manifest
 from service.batching import BatchWorker
 from service.device import Device
@@ -81,8 +82,9 @@ WorkerFactory = Callable[[str, str, Artifact], BatchWorker]
 
 class ModelRepository:
     def __init__(self, root: Path, device: Device, make_worker: WorkerFactory, drain_timeout_s: float,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, trusted_digests: Path | None = None) -> None:
         self.root = root
+        self.trusted_digests = trusted_digests
         self.device = device
         self.make_worker = make_worker
         self.drain_timeout_s = drain_timeout_s
@@ -162,8 +164,8 @@ class ModelRepository:
             self._notify()
         started = time.perf_counter()
         try:
-            entry.artifact = await asyncio.to_thread(load_artifact, folder, self.device)
-        except ArtifactError as exc:
+            entry.artifact = await asyncio.to_thread(self._load_trusted, folder)
+        except (ArtifactError, trust.Untrusted) as exc:
             entry.state, entry.reason = VersionState.UNAVAILABLE, str(exc)
             log.warning("model %s version %s unavailable: %s", name, version, exc)
         except Exception as exc:  # never let one folder stop the scan
@@ -178,6 +180,10 @@ class ModelRepository:
         if current is not None:
             self._retire(current)
         self._notify()
+
+    def _load_trusted(self, folder: Path) -> Artifact:
+        trust.check(self.root, folder, self.trusted_digests)  # before torch.jit.load runs anything
+        return load_artifact(folder, self.device)
 
     def _notify(self) -> None:
         if self.on_change is not None:

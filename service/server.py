@@ -15,6 +15,7 @@ from types import FrameType
 import uvicorn
 
 from service.config import Settings
+from service.connections import DirectorConfig
 from service.state import Lifecycle
 
 log = logging.getLogger("service.server")
@@ -38,10 +39,11 @@ class DirectorServer(uvicorn.Server):
         timer.start()
 
 
-def uvicorn_config(app: object, settings: Settings, **extra: object) -> uvicorn.Config:
-    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                          timeout_graceful_shutdown=int(settings.request_timeout_s) + 5, access_log=False,
-                          **extra)
+def uvicorn_config(app: object, settings: Settings, **extra: object) -> DirectorConfig:
+    """uvicorn refuses the connection that brings the count to ``limit_concurrency``: + 1 serves ``max_connections``."""
+    return DirectorConfig(app, header_timeout_s=settings.header_timeout_s, host=settings.host, port=settings.port,
+                          log_level=settings.log_level, timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+                          limit_concurrency=settings.max_connections + 1, access_log=False, **extra)
 
 
 def serve(settings: Settings) -> None:

@@ -146,9 +146,6 @@ async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: i
     admission, if it is this worker's); map overload, drain and timeout to 503/503/504."""
     labels = (entry.name, entry.version)
     metrics = state.metrics
-    if state.lifecycle.draining:
-        metrics.rejected.labels(*labels, DRAINING).inc()
-        raise overloaded("server is draining", retry_after_s=5)
     worker = entry.worker
     try:
         rule = ood_rule(entry.artifact.manifest, n_samples)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from service.config import Settings
 from service.decoding import DecodePool
@@ -16,9 +17,18 @@ from service.repository import ModelRepository, VersionState
 log = logging.getLogger("service.state")
 
 
+class Readiness(NamedTuple):
+    ready: bool
+    models: dict[str, dict[str, str]]  # model -> version -> state
+    missing: list[str]  # required models without a ready version
+    saturated: list[str]  # the default or a required model whose queue is full
+
+
 @dataclass
 class Lifecycle:
-    """``draining`` turns /health/ready to 503 and refuses new predictions while queued work finishes."""
+    """``draining`` (set on SIGTERM) turns /health/ready to 503 and makes every response close its connection;
+    predictions are still served until the lifespan closes the model versions, after the listener closed and the
+    requests in progress were answered."""
 
     draining: bool = False
 
@@ -68,15 +78,23 @@ class AppState:
         except FeedbackUnavailable as exc:
             log.warning("live accuracy and ECE not refreshed: %s", exc)
 
-    def readiness(self) -> tuple[bool, dict[str, dict[str, str]], list[str]]:
+    def readiness(self) -> Readiness:
         """Ready: the first scan is done, nothing is loading, at least one version is ready, every required
-        model has a ready version, and the server is not draining."""
+        model has a ready version, the server is not draining, and neither the default model nor a required one
+        has a full queue (its predictions would be refused: a load balancer should send them elsewhere)."""
         repo = self.repository
         states = {v.name: {} for v in repo.all_versions()}
         for v in repo.all_versions():
             states[v.name][v.version] = v.state.value
         missing = [name for name in self.settings.required_models if repo.default_version(name) is None]
+        saturated = []
+        for name in dict.fromkeys([self.settings.default_model, *self.settings.required_models]):
+            entry = repo.default_version(name) if repo.is_known(name) else None
+            worker = entry.worker if entry is not None else None
+            if worker is not None and worker.pending >= worker.max_queue:
+                saturated.append(name)
         loading = any(v.state is VersionState.LOADING for v in repo.all_versions())
         any_ready = any(v.state is VersionState.READY for v in repo.all_versions())
-        ready = repo.scanned_once and not loading and any_ready and not missing and not self.lifecycle.draining
-        return ready, states, missing
+        ready = (repo.scanned_once and not loading and any_ready and not missing and not saturated
+                 and not self.lifecycle.draining)
+        return Readiness(ready, states, missing, saturated)

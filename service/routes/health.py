@@ -19,11 +19,11 @@ async def live(state: AppStateDep) -> Health:
 @router.get("/health/ready", response_model=Health, responses={503: {"model": Health, "description": "not ready"}},
             summary="Ready to serve",
             description="200 when the repository has been scanned, no version is still loading, at least one "
-                        "version is ready, every model in DIRECTOR_REQUIRED_MODELS has a ready version, and the "
-                        "server is not draining; 503 otherwise (a broken artifact that is not required does not "
-                        "make the server unready).")
+                        "version is ready, every model in DIRECTOR_REQUIRED_MODELS has a ready version, neither the "
+                        "default model nor a required one has a full queue, and the server is not draining; 503 "
+                        "otherwise (a broken artifact that is not required does not make the server unready).")
 async def ready(state: AppStateDep) -> JSONResponse:
-    is_ready, models, missing = state.readiness()
-    body = Health(status="ready" if is_ready else "not_ready", draining=state.lifecycle.draining, models=models,
-                  missing_required=missing)
-    return JSONResponse(body.model_dump(), status_code=200 if is_ready else 503)
+    readiness = state.readiness()
+    body = Health(status="ready" if readiness.ready else "not_ready", draining=state.lifecycle.draining,
+                  models=readiness.models, missing_required=readiness.missing, saturated=readiness.saturated)
+    return JSONResponse(body.model_dump(), status_code=200 if readiness.ready else 503)

@@ -37,7 +37,7 @@ async def v2_live() -> dict[str, bool]:
 @health.get("/health/ready", summary="OIP readiness (same rule as /health/ready)",
             responses={503: {"description": "not ready"}})
 async def v2_ready(state: AppStateDep) -> JSONResponse:
-    ready = state.readiness()[0]
+    ready = state.readiness().ready
     return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
 

@@ -265,20 +265,25 @@ def raw_request(url: str, path: str, content_length: int, sent: bytes, headers: 
             f"Content-Length: {content_length}\r\n{extra}\r\n").encode()
     with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
         sock.sendall(head + sent)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed before a response"
-            data += chunk
-        header_blob, _, rest = data.partition(b"\r\n\r\n")
-        lines = header_blob.decode().split("\r\n")
-        status = int(lines[0].split()[1])
-        fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        length = int(fields["content-length"])
-        while len(rest) < length:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed mid-response"
-            rest += chunk
+        return read_response(sock)
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], dict]:
+    """One HTTP/1.1 response with a Content-Length and a JSON body: status, lower-cased header fields, body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before a response"
+        data += chunk
+    header_blob, _, rest = data.partition(b"\r\n\r\n")
+    lines = header_blob.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(fields["content-length"])
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-response"
+        rest += chunk
     return status, fields, json.loads(rest[:length])
 
 
