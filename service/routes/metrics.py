@@ -14,7 +14,5 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(state: AppStateDep) -> Response:
-    device = state.device.memory_allocated()
-    if device is not None:
-        state.metrics.gpu_memory.set(device)
+    state.metrics.observe_device_memory(state.device.memory_stats())
     return Response(state.metrics.expose(), media_type=CONTENT_TYPE_LATEST)
