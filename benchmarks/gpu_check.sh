@@ -46,7 +46,7 @@ if [ -n "$WHEELS" ]; then
     || fail "installing the wheels of $WHEELS failed"
   export PYTHONPATH="$ROOT:$WORK/site"
 fi
-"$PY" -c "import fastapi, uvicorn, pydantic_settings, multipart, httpx, tokenizers, prometheus_client, PIL, pytest" \
+"$PY" -c "import fastapi, uvicorn, pydantic_settings, multipart, orjson, httpx, tokenizers, prometheus_client, PIL, pytest" \
   || fail "the serving stack is missing: pass --wheels DIR with the wheels of benchmarks/gpu_wheels.txt"
 [ -f "$DATA/t10k-images-idx3-ubyte.gz" ] || fail "Fashion-MNIST not found in $DATA (pass --data DIR)"
 export DIRECTOR_FASHION_ROOT="$DATA" PYTHONUNBUFFERED=1
