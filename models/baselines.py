@@ -27,7 +27,7 @@ class DeterministicModel(nn.Module):
     @torch.jit.export
     def sample_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
         logits = self.classifier(pixels)  # [B, C]
-        return torch.repeat_interleave(logits, repeats, dim=0)  # [R, C]
+        return torch.repeat_interleave(logits, repeats, dim=0, output_size=int(repeats.sum()))  # [R, C]
 
     def forward(self, pixels: torch.Tensor, n_samples: int) -> torch.Tensor:
         return self.classifier(pixels).unsqueeze(0).expand(n_samples, -1, -1)  # [S, B, C]
@@ -69,7 +69,7 @@ class MCDropoutModel(nn.Module):
 
     @torch.jit.export
     def sample_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
-        rows = torch.repeat_interleave(pixels, repeats, dim=0)  # [R, C, H, W]
+        rows = torch.repeat_interleave(pixels, repeats, dim=0, output_size=int(repeats.sum()))  # [R, C, H, W]
         return self.classifier(rows)  # [R, C]
 
     def forward(self, pixels: torch.Tensor, n_samples: int) -> torch.Tensor:
@@ -96,7 +96,8 @@ class EnsembleModel(nn.Module):
             outputs.append(member(pixels))
         stacked = torch.stack(outputs)  # [M, B, C]
         batch = pixels.shape[0]
-        inputs = torch.repeat_interleave(torch.arange(batch, device=pixels.device), repeats)  # [R]
+        inputs = torch.repeat_interleave(torch.arange(batch, device=pixels.device), repeats, dim=0,
+                                         output_size=int(repeats.sum()))  # [R]
         starts = torch.cumsum(repeats, 0) - repeats  # [B]
         position = torch.arange(inputs.shape[0], device=pixels.device) - starts[inputs]  # [R]
         return stacked[position % self.num_members, inputs]  # [R, C]

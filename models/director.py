@@ -52,12 +52,14 @@ class StochasticRollout(nn.Module):
         self, x0: torch.Tensor, repeats: torch.Tensor, key_padding_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x0 [B, N, D], repeats [B] -> X_T [sum(repeats), N, D], rows grouped by input in order."""
+        # the one read of ``repeats`` on the host: with ``output_size`` given, no repeat_interleave syncs again
+        rows = int(repeats.sum())
         mean, std = self.step(x0, 1, key_padding_mask)  # [B, N, D] once per input
-        mean = torch.repeat_interleave(mean, repeats, dim=0)  # [R, N, D]
-        std = torch.repeat_interleave(std, repeats, dim=0)  # [R, N, D]
+        mean = torch.repeat_interleave(mean, repeats, dim=0, output_size=rows)  # [R, N, D]
+        std = torch.repeat_interleave(std, repeats, dim=0, output_size=rows)  # [R, N, D]
         row_mask: torch.Tensor | None = None
         if key_padding_mask is not None:
-            row_mask = torch.repeat_interleave(key_padding_mask, repeats, dim=0)  # [R, N]
+            row_mask = torch.repeat_interleave(key_padding_mask, repeats, dim=0, output_size=rows)  # [R, N]
         x = mean + std * torch.randn_like(mean)  # [R, N, D]
         for t in range(2, self.num_steps + 1):
             mean, std = self.step(x, t, row_mask)

@@ -144,7 +144,7 @@ class TextDirector(nn.Module):
         mask = attention_mask > 0  # [B, L] True for real tokens
         x_start = self.prefix(self.embedding(input_ids), mask)  # [B, L, D] deterministic, once per input
         x_t = self.rollout(x_start, repeats, mask)  # [R, L, D]
-        row_mask = torch.repeat_interleave(mask, repeats, dim=0)  # [R, L]
+        row_mask = torch.repeat_interleave(mask, repeats, dim=0, output_size=x_t.shape[0])  # [R, L]
         return self.readout(x_t, row_mask)  # [R, C]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_samples: int) -> torch.Tensor:

@@ -31,7 +31,9 @@ log = logging.getLogger("service")
 
 
 def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> AppState:
-    device = resolve_device(settings.device, settings.bf16, settings.torch_threads)
+    device = resolve_device(settings.device, settings.bf16, settings.torch_threads, settings.max_batch_samples,
+                            settings.max_batch_tokens, settings.shape_buckets)
+    device.on_out_of_memory = metrics_.gpu_out_of_memory.inc
     holder: dict[str, AppState] = {}
 
     def make_worker(name: str, version: str, artifact: Artifact) -> BatchWorker:
@@ -45,13 +47,11 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
             metrics_.inference.labels(*labels).observe(stats.inference_s)
             for wait in stats.queue_waits:
                 metrics_.queue_wait.labels(*labels).observe(wait)
-            memory = device.memory_allocated()
-            if memory is not None:
-                metrics_.gpu_memory.set(memory)
+            metrics_.observe_device_memory(device.memory_stats())
 
-        return BatchWorker(artifact, device, settings.max_batch_samples, settings.max_batch_delay_ms,
+        return BatchWorker(artifact, device, device.shapes.max_rows, settings.max_batch_delay_ms,
                            settings.max_queue, on_batch, reservation_timeout_s=settings.request_timeout_s,
-                           max_batch_tokens=settings.max_batch_tokens)
+                           max_batch_tokens=device.shapes.max_tokens)
 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,

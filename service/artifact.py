@@ -1,6 +1,6 @@
 """One artifact folder (``<model>/<version>/``): manifest validation, sha256 check, TorchScript load (and, for
-text models, the tokenizer), warm-up, and the manifest lookups the server needs (OOD threshold for a sample
-count, the text input section)."""
+text models, the tokenizer), warm-up (every shape bucket where the device pads to them), and the manifest lookups
+the server needs (OOD threshold for a sample count, the text input section)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from models.artifact_format import ARTIFACT, FORMAT_VERSION, MANIFEST, major_version, verify_files
 from models.uncertainty import OOD_SCORES
 from service.device import Device
+from service.shapes import WARM_CALLS, warm_counts, warm_text_width
 from service.texts import encode, pad_batch, warm_up_texts
 
 REQUIRED_KEYS = ("format_version", "name", "version", "modality", "labels", "input", "sampling", "ood", "files")
@@ -256,3 +257,30 @@ def warm_up(artifact: Artifact, device: Device) -> None:
         raise ArtifactError(f"warm-up returned shape {tuple(rows.shape)}, expected {expected}")
     if not torch.isfinite(rows).all():
         raise ArtifactError("warm-up returned non-finite logits")
+    if device.shapes.buckets:
+        warm_up_buckets(artifact, device)
+
+
+def warm_up_buckets(artifact: Artifact, device: Device) -> None:
+    """``WARM_CALLS`` forwards at every shape a served forward can be padded to (``service.shapes.warm_counts``),
+    so the executor's profiling and fusion happen before the version is ready, not on live requests."""
+    target = device.torch_device
+    text = artifact.text
+    try:
+        with device.lock, torch.inference_mode(), device.autocast():
+            for inputs, rows in warm_counts(device.shapes, text is not None):
+                repeats = torch.full((inputs,), rows // inputs, dtype=torch.long, device=target)  # [inputs]
+                if text is not None:
+                    width = warm_text_width(device.shapes, rows, text.max_length)
+                    ids = torch.full((inputs, width), text.pad_id, dtype=torch.long, device=target)  # [inputs, L]
+                    mask = torch.ones(inputs, width, dtype=torch.long, device=target)  # [inputs, L]
+                    for _ in range(WARM_CALLS):
+                        artifact.module.sample_rows(ids, mask, repeats)
+                else:
+                    pixels = torch.zeros(inputs, *artifact.input_shape, device=target)  # [inputs, C, H, W]
+                    for _ in range(WARM_CALLS):
+                        artifact.module.sample_rows(pixels, repeats)
+            if device.is_cuda:
+                torch.cuda.synchronize(target)
+    except Exception as exc:
+        raise ArtifactError(f"warm-up of the shape buckets failed: {error_line(exc)}") from exc

@@ -28,13 +28,17 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch's default)")
     bf16: bool = Field(False, description="bf16 autocast for inference on CUDA (ignored on CPU)")
-    max_batch_samples: int = Field(128, ge=1, description="rows per forward: sum over inputs of n_samples (128 "
-                                   "measured best on a 2-core CPU, docs/benchmarks.md; raise it on a GPU)")
-    max_batch_tokens: int = Field(2048, ge=1, description="text models: padded tokens x samples per forward (the "
-                                  "batch's longest text rounded up to a multiple of 8, times its sampled rows); 2048 "
-                                  "= e.g. 4 requests of 16 samples at 32 padded tokens, the largest forward before the "
-                                  "MiniLM artifact's inputs/s fall on a 2-core CPU (docs/benchmarks-text.md); raise it "
-                                  "on a GPU")
+    max_batch_samples: int | None = Field(None, ge=1, description="rows per forward: sum over inputs of n_samples "
+                                          "(unset: 128 on CPU, measured best on a 2-core CPU in docs/benchmarks.md; "
+                                          "1024 on CUDA; docs/operations.md, per-device defaults)")
+    max_batch_tokens: int | None = Field(None, ge=1, description="text models: padded tokens x samples per forward "
+                                         "(the batch's longest text rounded up to a multiple of 8, times its sampled "
+                                         "rows; unset: 2048 on CPU, e.g. 4 requests of 16 samples at 32 padded "
+                                         "tokens, the largest forward before the MiniLM artifact's inputs/s fall on a "
+                                         "2-core CPU, docs/benchmarks-text.md; 16384 on CUDA)")
+    shape_buckets: bool | None = Field(None, description="pad each forward's input and row counts to powers of two "
+                                       "up to the budget and warm every such shape before a model is ready (unset: "
+                                       "on for CUDA, off for CPU, where padding only adds work)")
     max_batch_delay_ms: float = Field(0.0, ge=0, description="how long a batch waits for more requests (0: it takes "
                                       "what queued during the previous forward; measured best in docs/benchmarks.md)")
     max_queue: int = Field(256, ge=1, description="queued requests per model version before 503")

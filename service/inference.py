@@ -13,6 +13,7 @@ import torch
 from models.uncertainty import UncertaintySummary, split_rows, summarize
 from service.artifact import Artifact
 from service.device import Device
+from service.shapes import pad_pixels, pad_tokens
 from service.texts import pad_batch, padded_length
 
 
@@ -32,16 +33,19 @@ def chunks_by_rows(repeats: Sequence[int], max_rows: int) -> list[slice]:
 
 def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repeats: list[int], max_rows: int,
                  seed: int | None = None) -> torch.Tensor:
-    """Sampled logit rows ``[sum(repeats), C]`` (fp32, CPU), grouped by input in order."""
+    """Sampled logit rows ``[sum(repeats), C]`` (fp32, host), grouped by input in order. Each forward is padded to
+    the device's shape buckets (``service.shapes``) and its padding rows dropped; the rows stay on the device until
+    one copy back per batch."""
     outputs = []
-    with device.lock, torch.inference_mode(), device.autocast():
+    with device.lock, torch.inference_mode(), device.autocast(), device.guard_memory():
         if seed is not None:
             torch.manual_seed(seed)
         for part in chunks_by_rows(repeats, max_rows):
-            x = pixels[part].to(device.torch_device, non_blocking=True)  # [b, C, H, W]
-            r = torch.tensor(repeats[part], dtype=torch.long, device=device.torch_device)  # [b]
-            outputs.append(artifact.module.sample_rows(x, r).float().cpu())  # [sum(r), C]
-    return torch.cat(outputs)
+            padding = device.shapes.padding(repeats[part])
+            x = device.to_device(pad_pixels(pixels[part], padding))  # [inputs, C, H, W]
+            r = device.to_device(padding.repeats(repeats[part]))  # [inputs]
+            outputs.append(artifact.module.sample_rows(x, r)[:padding.real_rows])  # [sum(repeats[part]), C]
+        return device.to_host(torch.cat(outputs).float())  # [sum(repeats), C]
 
 
 def chunks_by_tokens(lengths: Sequence[int], repeats: Sequence[int], max_tokens: int, max_length: int
@@ -62,24 +66,23 @@ def chunks_by_tokens(lengths: Sequence[int], repeats: Sequence[int], max_tokens:
 
 def forward_token_rows(artifact: Artifact, device: Device, ids: list[list[int]], repeats: list[int],
                        max_tokens: int, seed: int | None = None) -> tuple[torch.Tensor, int]:
-    """Sampled logit rows ``[sum(repeats), C]`` (fp32, CPU) of tokenised texts, grouped by input in order, and the
-    padded tokens x samples the forwards ran on."""
+    """Sampled logit rows ``[sum(repeats), C]`` (fp32, host) of tokenised texts, grouped by input in order, and the
+    padded tokens x samples the forwards ran on (shape-bucket padding included)."""
     spec = artifact.text
     assert spec is not None
     outputs, tokens = [], 0
     lengths = [len(row) for row in ids]
-    with device.lock, torch.inference_mode(), device.autocast():
+    with device.lock, torch.inference_mode(), device.autocast(), device.guard_memory():
         if seed is not None:
             torch.manual_seed(seed)
         for part in chunks_by_tokens(lengths, repeats, max_tokens, spec.max_length):
-            input_ids, mask = pad_batch(ids[part], spec.pad_id, spec.max_length)  # [b, L] each
-            r = torch.tensor(repeats[part], dtype=torch.long)  # [b]
-            tokens += int(input_ids.shape[1]) * int(r.sum())
-            target = device.torch_device
-            outputs.append(artifact.module.sample_rows(input_ids.to(target, non_blocking=True),
-                                                       mask.to(target, non_blocking=True),
-                                                       r.to(target)).float().cpu())  # [sum(r), C]
-    return torch.cat(outputs), tokens
+            padding = device.shapes.padding(repeats[part], text=True)
+            input_ids, mask = pad_tokens(*pad_batch(ids[part], spec.pad_id, spec.max_length), padding, spec.pad_id)
+            tokens += int(input_ids.shape[1]) * padding.rows
+            rows = artifact.module.sample_rows(device.to_device(input_ids), device.to_device(mask),
+                                               device.to_device(padding.repeats(repeats[part])))  # [rows, C]
+            outputs.append(rows[:padding.real_rows])  # [sum(repeats[part]), C]
+        return device.to_host(torch.cat(outputs).float()), tokens
 
 
 def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float

@@ -31,6 +31,7 @@ report whichever worker answered."""
 from __future__ import annotations
 
 import collections
+import importlib.util
 import logging
 import math
 import os
@@ -141,7 +142,15 @@ class Metrics:
                               multiprocess_mode="mostrecent")
         self.gpu_memory = Gauge("director_gpu_memory_allocated_bytes", "torch CUDA memory allocated", registry=r,
                                 multiprocess_mode="livesum")
+        self.gpu_memory_reserved = Gauge("director_gpu_memory_reserved_bytes", "torch CUDA memory held by the "
+                                         "caching allocator (allocated plus cached for reuse)", registry=r,
+                                         multiprocess_mode="livesum")
+        self.gpu_memory_peak = Gauge("director_gpu_memory_peak_bytes", "highest torch CUDA memory allocated since the "
+                                     "process started", registry=r, multiprocess_mode="livemax")
+        self.gpu_out_of_memory = Counter("director_gpu_out_of_memory_total", "forwards that ran out of device memory "
+                                         "(each failed its batch with 503; the server goes on)", registry=r)
         r.register(GpuMemoryCollector())  # director_gpu_memory_{used,total}_bytes, read at each scrape
+        r.register(GpuUtilisationCollector())  # director_gpu_utilization_ratio, through NVML when installed
         self.model_info = Gauge("director_model_info", "1 per served model version, with its state", [
             *MV, "method", "state"], registry=r, multiprocess_mode="livemostrecent")
         # the manifest's validation reference of each ready version (what the alerts and dashboard compare with)
@@ -184,6 +193,14 @@ class Metrics:
             child = hist.labels(*labels)
             for value in values:
                 child.observe(value)
+
+    def observe_device_memory(self, stats: tuple[int, int, int] | None) -> None:
+        """(allocated, reserved, peak) bytes of the CUDA device (``Device.memory_stats``); nothing off CUDA."""
+        if stats is not None:
+            allocated, reserved, peak = stats
+            self.gpu_memory.set(allocated)
+            self.gpu_memory_reserved.set(reserved)
+            self.gpu_memory_peak.set(peak)
 
     # per-version series -------------------------------------------------------------------------------
     def publish_version(self, model: str, version: str, manifest: Mapping[str, Any], max_queue: int) -> None:
@@ -250,6 +267,7 @@ class Metrics:
         registry.register(_WorkerProcesses(directory))
         registry.register(PLATFORM_COLLECTOR)
         registry.register(GpuMemoryCollector())  # device-wide: the same whichever worker answers the scrape
+        registry.register(GpuUtilisationCollector())
         return generate_latest(registry)
 
 
@@ -295,6 +313,24 @@ class GpuMemoryCollector(Collector):
             total.add_metric([], float(total_bytes))
         yield used
         yield total
+
+
+class GpuUtilisationCollector(Collector):
+    """Share of the last sample period in which the serving GPU ran a kernel (``director_gpu_utilization_ratio``,
+    device-wide like the memory above), read through NVML (``nvidia-ml-py``) at scrape time. Without NVML, or in a
+    process that never initialised CUDA, the family has no sample."""
+
+    def __init__(self) -> None:
+        self.nvml = importlib.util.find_spec("pynvml") is not None
+
+    def collect(self) -> Iterator[Metric]:
+        ratio = GaugeMetricFamily("director_gpu_utilization_ratio", "share of time the serving GPU was busy (NVML)")
+        if self.nvml and torch.cuda.is_available() and torch.cuda.is_initialized():
+            try:
+                ratio.add_metric([], torch.cuda.utilization() / 100.0)
+            except Exception:  # NVML errors (driver reloaded, device lost) leave the sample out, never the scrape
+                log.debug("NVML utilisation unavailable", exc_info=True)
+        yield ratio
 
 
 class _WithoutRemoved(Collector):

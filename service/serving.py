@@ -16,6 +16,7 @@ import torch
 from models.uncertainty import UncertaintySummary, ood_score
 from service.artifact import ArtifactError, OodRule, ood_rule
 from service.batching import BatchResult, Draining, Inputs, QueueFull, Ticket
+from service.device import DeviceOutOfMemory
 from service.drift import DriftMonitor
 from service.errors import ApiError, invalid, not_found, overloaded, too_large
 from service.images import PixelBudget, decode_base64, image_to_tensor, pixels_to_tensor
@@ -161,6 +162,8 @@ async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: i
     except Draining as exc:
         metrics.rejected.labels(*labels, DRAINING).inc()
         raise overloaded(str(exc), retry_after_s=5) from exc
+    except DeviceOutOfMemory as exc:  # that batch failed; the next one starts from an emptied cache
+        raise overloaded(f"model {entry.name!r} ran out of device memory on this batch: {exc}") from exc
     except TimeoutError as exc:
         metrics.rejected.labels(*labels, TIMEOUT).inc()
         raise ApiError(504, f"no result within {state.settings.request_timeout_s:g}s") from exc

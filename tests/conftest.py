@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import yaml
 warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
 torch.set_num_threads(1)
 
-FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
+# the Debian package's folder; a GPU host without it points DIRECTOR_FASHION_ROOT at a copy (benchmarks/gpu_check.sh)
+FASHION_ROOT = Path(os.environ.get("DIRECTOR_FASHION_ROOT", "/usr/share/datasets/fashion-mnist"))
 
 
 def tiny_config_dict(tmp_path: Path) -> dict:

@@ -173,6 +173,7 @@ class PipelineConfig:
     modality: str = "image"  # image | text
     run_dir: str = "runs/fashion-vit"
     device: str = "auto"
+    bf16: bool = False  # bf16 autocast of the training forwards on CUDA (ignored on the CPU)
     threads: int | None = None
     data: DataConfig = field(default_factory=DataConfig)
     backbone: VitConfig = field(default_factory=VitConfig)

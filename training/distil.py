@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
@@ -45,6 +44,8 @@ from training.metrics import classification_report
 from training.objective import DistillationLoss, LossWeights, ObservedProcess
 from training.runtime import (
     DistInfo,
+    autocast,
+    data_parallel,
     init_distributed,
     load_checkpoint,
     save_checkpoint,
@@ -157,7 +158,7 @@ class DistilResult:
 
 def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
     """Train the kernel (resumable, one checkpoint per epoch); write ``director.pt`` with the kept weights."""
-    dist_info = init_distributed()
+    dist_info = init_distributed(cfg.device)
     run_dir = Path(cfg.run_dir)
     ckpt_path, final_path = run_dir / CHECKPOINT_FILE, run_dir / DIRECTOR_FILE
     set_threads(cfg.threads)
@@ -190,7 +191,7 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
                           dcfg.train_samples, dcfg.l2_target)
     objective = DistillationLoss(kernel, readout, process, weights).to(device)
     trainable = [p for p in objective.parameters() if p.requires_grad]
-    model: torch.nn.Module = objective if dist_info.world_size == 1 else DistributedDataParallel(objective)
+    model = data_parallel(objective, device, dist_info)
     optimizer = torch.optim.AdamW(trainable, lr=dcfg.lr, weight_decay=dcfg.weight_decay)
     steps_per_epoch = -(-len(data.train) * (1 + dcfg.unlabeled_copies) // (dcfg.batch_size * dist_info.world_size))
     total_steps = steps_per_epoch * dcfg.epochs
@@ -226,7 +227,9 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
         bar = tqdm(epoch_batches(cfg, starts, gen, dist_info), total=steps_per_epoch,
                    desc=f"distil epoch {epoch + 1}/{dcfg.epochs}", leave=False, disable=not dist_info.is_main)
         for x_start, mask, labels in bar:
-            loss, diag = model(x_start.to(device), labels.to(device), None if mask is None else mask.to(device))
+            with autocast(device, cfg.bf16):
+                loss, diag = model(x_start.to(device, non_blocking=True), labels.to(device, non_blocking=True),
+                                   None if mask is None else mask.to(device, non_blocking=True))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)

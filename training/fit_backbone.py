@@ -26,6 +26,7 @@ from training.loading import BACKBONE_FILE
 from training.metrics import classification_report
 from training.predict import chunked
 from training.runtime import (
+    autocast,
     load_checkpoint,
     save_checkpoint,
     seed_everything,
@@ -35,6 +36,7 @@ from training.runtime import (
 )
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (model inputs, labels)
+LOG_EVERY = 20  # steps between progress-bar updates, the only host reads of the loss inside an epoch
 
 
 def evaluate_backbone(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
@@ -143,10 +145,12 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
         t0 = time.perf_counter()
         bar = tqdm(task.train_batches(gen), total=steps_per_epoch,
                    desc=f"fit-backbone epoch {epoch + 1}/{cfg.fit.epochs}", leave=False)
-        running = 0.0
-        for inputs, labels in bar:
-            logits = model(*(x.to(device) for x in inputs))  # [B, C]
-            loss = F.cross_entropy(logits, labels.to(device), label_smoothing=cfg.fit.label_smoothing)
+        running = torch.zeros((), device=device)  # smoothed loss, kept on the device: read once per log interval
+        for epoch_steps, (inputs, labels) in enumerate(bar, start=1):
+            with autocast(device, cfg.bf16):
+                logits = model(*(x.to(device, non_blocking=True) for x in inputs))  # [B, C]
+            loss = F.cross_entropy(logits.float(), labels.to(device, non_blocking=True),
+                                   label_smoothing=cfg.fit.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.fit.grad_clip is not None:
@@ -154,15 +158,16 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
             optimizer.step()
             scheduler.step()
             step += 1
-            loss_value = float(loss.detach())
-            running = 0.98 * running + 0.02 * loss_value if running else loss_value
-            bar.set_postfix(loss=f"{running:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+            running = loss.detach() if epoch_steps == 1 else 0.98 * running + 0.02 * loss.detach()
+            if epoch_steps % LOG_EVERY == 1:
+                bar.set_postfix(loss=f"{float(running):.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
             if step >= total_steps:
                 break
         elapsed += time.perf_counter() - t0
+        train_loss = float(running)
         val = task.evaluate(model, "val")
-        history.append({"epoch": epoch + 1, "train_loss": running, **{f"val_{k}": v for k, v in val.items()}})
-        print(f"epoch {epoch + 1}: loss {running:.4f} val acc {val['accuracy']:.4f} ece {val['ece']:.4f} "
+        history.append({"epoch": epoch + 1, "train_loss": train_loss, **{f"val_{k}": v for k, v in val.items()}})
+        print(f"epoch {epoch + 1}: loss {train_loss:.4f} val acc {val['accuracy']:.4f} ece {val['ece']:.4f} "
               f"({elapsed / 60:.1f} min)")
         save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                     "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "step": step,

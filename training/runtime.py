@@ -3,6 +3,7 @@ the learning-rate schedule and checkpoint files."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -13,26 +14,41 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
 class DistInfo:
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1); gloo on CPU, nccl on GPU."""
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def uses_cuda(name: str) -> bool:
+    """Whether the configured device ``name`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) trains on CUDA."""
+    return name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): NCCL when this run trains on CUDA, each
+    rank bound to its own GPU (LOCAL_RANK) before the group forms; gloo otherwise, even on a host with CUDA."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistInfo()
+    cuda = uses_cuda(device)
+    if cuda:
+        torch.cuda.set_device(local_rank())
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size())
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank())
 
 
 def seed_everything(seed: int) -> None:
@@ -42,12 +58,28 @@ def seed_everything(seed: int) -> None:
 
 
 def select_device(name: str, dist_info: DistInfo | None = None) -> torch.device:
+    """``auto``: CUDA when available, else the CPU. ``auto`` and ``cuda`` on CUDA mean this rank's GPU
+    (LOCAL_RANK), so torchrun ranks never share one; ``cuda:N`` is taken as given."""
+    if name in ("auto", "cuda") and uses_cuda(name):
+        return torch.device(f"cuda:{dist_info.local_rank if dist_info is not None else local_rank()}")
     if name == "auto":
-        if torch.cuda.is_available():
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            return torch.device(f"cuda:{local}")
         return torch.device("cpu")
     return torch.device(name)
+
+
+def data_parallel(module: torch.nn.Module, device: torch.device, dist_info: DistInfo) -> torch.nn.Module:
+    """``module`` as DDP when there are several ranks (on CUDA with its GPU as ``device_ids``), else itself."""
+    if dist_info.world_size == 1:
+        return module
+    device_ids = [device.index if device.index is not None else 0] if device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=device_ids)
+
+
+def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager[object]:
+    """bf16 autocast of the forward on CUDA when ``bf16`` is set; nothing otherwise (the CPU stays fp32)."""
+    if bf16 and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def set_threads(threads: int | None) -> None:

@@ -17,7 +17,5 @@ router = APIRouter(tags=["metrics"])
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(state: AppStateDep) -> Response:
     await asyncio.to_thread(state.refresh_live_gauges)  # replicas sharing a feedback store report the same values
-    device = state.device.memory_allocated()
-    if device is not None:
-        state.metrics.gpu_memory.set(device)
+    state.metrics.observe_device_memory(state.device.memory_stats())
     return Response(state.metrics.expose(), media_type=CONTENT_TYPE_LATEST)

@@ -3,47 +3,65 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+import orjson
+from fastapi import APIRouter, Depends, File, Form, Request, Response, UploadFile
 
 from service import serving
 from service.admission import ticket_of
 from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, invalid, too_large
 from service.images import PixelBudget, image_to_tensor
-from service.protocol import OodInfo, Prediction, PredictRequest, PredictResponse, Timings
+from service.protocol import PredictRequest, PredictResponse
 from service.serving import Outcome
 from service.texts import EncodedText
 
 router = APIRouter(tags=["predict"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
 
-def to_response(outcome: Outcome, return_probabilities: bool, started: float) -> PredictResponse:
+class JsonBody(Response):
+    """A body built here as plain JSON types and written by orjson: FastAPI passes a returned ``Response`` through,
+    so the response model (kept on the route for the OpenAPI schema) is neither validated again nor re-encoded."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def to_response(outcome: Outcome, return_probabilities: bool, started: float) -> JsonBody:
+    """The ``PredictResponse`` of ``outcome`` as JSON, fields that are None left out (``response_model_exclude_none``
+    on the route says the same for the schema). Every value comes from the server's own summary, already typed."""
     entry, s = outcome.entry, outcome.summary
     labels = entry.artifact.labels
-    probabilities = s.probabilities.tolist()
+    probabilities = s.probabilities.tolist() if return_probabilities else None
     texts: list[EncodedText | None] = [*outcome.texts] if outcome.texts is not None else [None] * len(outcome.ood)
-    predictions = [
-        Prediction(index=i, label=labels[c], class_index=c, confidence=conf,
-                   probabilities=dict(zip(labels, probabilities[i], strict=True)) if return_probabilities else None,
-                   predictive_entropy=pe, expected_entropy=ee, mutual_information=mi, ood_score=score,
-                   is_ood=flag, tokens=text.tokens if text else None, truncated=text.truncated if text else None,
-                   dropped_tokens=text.dropped_tokens if text else None)
-        for i, (c, conf, pe, ee, mi, score, flag, text) in enumerate(zip(
+    predictions = []
+    for i, (c, conf, pe, ee, mi, score, flag, text) in enumerate(zip(
             s.prediction.tolist(), s.confidence.tolist(), s.predictive_entropy.tolist(), s.expected_entropy.tolist(),
-            s.mutual_information.tolist(), outcome.ood, outcome.is_ood, texts, strict=True))
-    ]
+            s.mutual_information.tolist(), outcome.ood, outcome.is_ood, texts, strict=True)):
+        prediction: dict[str, Any] = {"index": i, "label": labels[c], "class_index": c, "confidence": conf}
+        if probabilities is not None:
+            prediction["probabilities"] = dict(zip(labels, probabilities[i], strict=True))
+        prediction.update(predictive_entropy=pe, expected_entropy=ee, mutual_information=mi, ood_score=score,
+                          is_ood=flag)
+        if text is not None:
+            prediction.update(tokens=text.tokens, truncated=text.truncated, dropped_tokens=text.dropped_tokens)
+        predictions.append(prediction)
     rule, batch = outcome.rule, outcome.batch
-    return PredictResponse(
-        id=outcome.id, model=entry.name, model_version=entry.version, n_samples=outcome.n_samples,
-        ood=OodInfo(score=rule.score, threshold=rule.threshold, calibrated_n_samples=rule.calibrated_samples,
-                    note=rule.note),
-        predictions=predictions,
-        timings=Timings(queue_ms=round(batch.queue_s * 1000, 3), inference_ms=round(batch.inference_s * 1000, 3),
-                        total_ms=serving.elapsed_ms(started), batch_requests=batch.batch_requests,
-                        batch_rows=batch.batch_rows, batch_padded_length=batch.padded_length),
-    )
+    ood: dict[str, Any] = {"score": rule.score, "threshold": rule.threshold,
+                           "calibrated_n_samples": rule.calibrated_samples}
+    if rule.note is not None:
+        ood["note"] = rule.note
+    timings: dict[str, Any] = {"queue_ms": round(batch.queue_s * 1000, 3),
+                               "inference_ms": round(batch.inference_s * 1000, 3),
+                               "total_ms": serving.elapsed_ms(started), "batch_requests": batch.batch_requests,
+                               "batch_rows": batch.batch_rows}
+    if batch.padded_length is not None:
+        timings["batch_padded_length"] = batch.padded_length
+    return JsonBody({"id": outcome.id, "model": entry.name, "model_version": entry.version,
+                     "n_samples": outcome.n_samples, "ood": ood, "predictions": predictions, "timings": timings})
 
 
 @router.post("/predict", response_model=PredictResponse, response_model_exclude_none=True,
@@ -55,7 +73,7 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
                          "to the manifest's `input.max_length` tokens, reported per input (`tokens`, `truncated`, "
                          "`dropped_tokens`); a text over the model's character limit is refused with 413. Requests "
                          "are batched dynamically with other requests unless `seed` is given.")
-async def predict(body: PredictRequest, state: AppStateDep, request: Request) -> PredictResponse:
+async def predict(body: PredictRequest, state: AppStateDep, request: Request) -> Response:
     started = time.perf_counter()
     entry = serving.resolve(state, body.model, body.version)
     n_samples = serving.check_samples(entry, body.n_samples)
@@ -76,7 +94,7 @@ async def predict_image(
     n_samples: Annotated[int | None, Form(ge=1, description="stochastic samples")] = None,
     seed: Annotated[int | None, Form(ge=0, le=2**63 - 1, description="reproducible run")] = None,
     return_probabilities: Annotated[bool, Form(description="include the label -> probability map")] = True,
-) -> PredictResponse:
+) -> Response:
     started = time.perf_counter()
     entry = serving.resolve(state, model, version)
     count = serving.check_samples(entry, n_samples)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from service.app import create_app
+from service.cli import build_parser
 from service.config import Settings
 from service.metrics import Metrics
 from tests.deploy.conftest import (
@@ -352,7 +353,8 @@ def test_prometheus_lifecycle_and_admin_apis_are_off() -> None:
 
 
 def test_gpu_and_cpu_profiles_each_run_one_server() -> None:
-    """`gpu` is the default (.env.example's COMPOSE_PROFILES) and reserves the GPU; `cpu` runs the same image and
+    """`gpu` is the default (.env.example's COMPOSE_PROFILES), reserves the GPU and asks for CUDA with a flag (so a
+    host whose GPU does not work refuses to start rather than serve on the CPU); `cpu` runs the same image and
     settings without a reservation (DIRECTOR_DEVICE=auto then picks the CPU). Each profile runs exactly one
     server, reachable as `director` on the compose network (the name Prometheus discovers replicas by), beside
     the same monitoring services; the training job only under its own profile."""
@@ -375,9 +377,11 @@ def test_gpu_and_cpu_profiles_each_run_one_server() -> None:
     gpu, cpu = servers["gpu"], servers["cpu"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert "deploy" not in cpu and "DIRECTOR_DEVICE" in cpu["environment"]  # auto unless set
-    assert Settings.model_fields["device"].default == "auto"
-    same = {key: value for key, value in gpu.items() if key not in {"deploy", "profiles", "networks"}}
-    assert same == {key: value for key, value in cpu.items() if key not in {"deploy", "profiles", "networks"}}
+    assert Settings.model_fields["device"].default == "auto" and "command" not in cpu
+    assert build_parser().parse_args(gpu["command"]).device == "cuda"  # a flag overrides DIRECTOR_DEVICE
+    apart = {"deploy", "profiles", "networks", "command"}
+    same = {key: value for key, value in gpu.items() if key not in apart}
+    assert same == {key: value for key, value in cpu.items() if key not in apart}
     assert compose_config(env, ["train"])["services"].keys() >= {"train", "prometheus", "grafana"}
 
 

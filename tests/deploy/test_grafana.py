@@ -156,7 +156,8 @@ def test_ratio_gauges_are_named_ratio_and_plotted_as_percentages() -> None:
                     if family.type == "gauge" and family.name.endswith("_ratio")}
     assert ratio_gauges == {"director_live_accuracy_ratio", "director_live_ece_ratio",
                             "director_reference_accuracy_ratio", "director_reference_ece_ratio",
-                            "director_reference_ood_ratio", "director_reference_confidence_ratio"}
+                            "director_reference_ood_ratio", "director_reference_confidence_ratio",
+                            "director_gpu_utilization_ratio"}
     for panel in panels():
         exprs = " ".join(target.get("expr", "") for target in panel.get("targets", []))
         if any(name in exprs for name in ratio_gauges):

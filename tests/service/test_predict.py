@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from service.protocol import PredictResponse
 from tests.service.conftest import Running, metric_value, png_base64, random_pixels
 
 
@@ -34,6 +35,18 @@ def test_response_has_every_field_and_consistent_uncertainty(tiny_server: Runnin
         assert math.isclose(p["mutual_information"], max(0.0, p["predictive_entropy"] - p["expected_entropy"]),
                             abs_tol=1e-5)
         assert p["is_ood"] == (p["ood_score"] > out["ood"]["threshold"])
+
+
+def test_response_is_exactly_the_documented_schema(tiny_server: Running) -> None:
+    """The route writes its JSON itself (no second validation): read back through the response model it loses and
+    gains nothing, with and without probabilities, with and without an OOD note."""
+    rng = np.random.default_rng(5)
+    for extra in ({"n_samples": 4}, {"n_samples": 7, "return_probabilities": False}):
+        body = {"inputs": [{"pixels": p} for p in random_pixels(rng, 2)], **extra}
+        response = httpx.post(f"{tiny_server.url}/predict", json=body, timeout=30)
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+        out = response.json()
+        assert PredictResponse.model_validate(out).model_dump(exclude_none=True) == out
 
 
 def test_single_sample_has_zero_mutual_information(tiny_server: Running) -> None:
