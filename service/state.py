@@ -50,7 +50,7 @@ class AppState:
         for name, version in metrics.published_versions() - set(ready):
             metrics.unpublish_version(name, version)
         for (name, version), entry in ready.items():
-            metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
+            metrics.publish_version(name, version, entry.artifact.manifest.document(), entry.worker.max_queue)
 
     def readiness(self) -> tuple[bool, dict[str, dict[str, str]], list[str]]:
         """Ready: the first scan is done, nothing is loading, at least one version is ready, every required
