@@ -4,7 +4,6 @@ the server needs (OOD threshold for a sample count, the text input section)."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +12,20 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from models.artifact_format import ARTIFACT, FORMAT_VERSION, MANIFEST, major_version, verify_files
+from artifact.contract import (
+    ARTIFACT,
+    Manifest,
+    ManifestError,
+    Ood,
+    TextInput,
+    parse_manifest,
+    read_document,
+    verify_files,
+)
 from models.uncertainty import OOD_SCORES
 from service.device import Device
 from service.shapes import WARM_CALLS, warm_counts, warm_text_width
 from service.texts import encode, pad_batch, warm_up_texts
-
-REQUIRED_KEYS = ("format_version", "name", "version", "modality", "labels", "input", "sampling", "ood", "files")
-SUPPORTED_MODALITIES = ("image", "text")
-TRUNCATION_SIDES = ("left", "right")
 
 
 class ArtifactError(Exception):
@@ -38,110 +42,40 @@ class OodRule:
     note: str | None = None
 
 
-@dataclass(frozen=True)
-class TextSpec:
-    """A text model's ``input`` section, validated: texts are tokenised with ``tokenizer`` (a file listed, and so
-    sha256-checked, in ``files``), truncated to ``max_length`` tokens (special tokens included) on
-    ``truncation_side``, and right-padded with ``pad_id`` (BERT positions are absolute)."""
-
-    tokenizer: str
-    max_length: int
-    max_characters: int
-    pad_id: int
-    truncation_side: str = "right"
-
-
-def _positive_int(section: dict[str, Any], key: str, minimum: int = 1) -> int:
-    value = section.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ArtifactError(f"manifest input.{key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def text_spec(manifest: dict[str, Any]) -> TextSpec:
-    """The validated input section of a text manifest; ``ArtifactError`` says what is wrong."""
-    section = manifest.get("input")
-    if not isinstance(section, dict):
-        raise ArtifactError("manifest input must be an object")
-    tokenizer = section.get("tokenizer")
-    if not isinstance(tokenizer, str) or not tokenizer:
-        raise ArtifactError("manifest input.tokenizer must name the tokenizer file")
-    if tokenizer not in manifest.get("files", {}):
-        raise ArtifactError(f"manifest files do not list the tokenizer {tokenizer!r} (it must be sha256-checked)")
-    max_length = _positive_int(section, "max_length", 2)  # room for [CLS] and [SEP]
-    max_characters = _positive_int(section, "max_characters")
-    truncation = section.get("truncation") or {}
-    padding = section.get("padding") or {}
-    if not isinstance(truncation, dict) or not isinstance(padding, dict):
-        raise ArtifactError("manifest input.truncation and input.padding must be objects")
-    side = truncation.get("side", "right")
-    if side not in TRUNCATION_SIDES:
-        raise ArtifactError(f"manifest input.truncation.side must be left or right, got {side!r}")
-    if padding.get("side", "right") != "right":
-        raise ArtifactError(f"manifest input.padding.side is {padding.get('side')!r}: this server pads on the right "
-                            "only (positions are absolute)")
-    pad_id = padding.get("pad_id")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
-        raise ArtifactError(f"manifest input.padding.pad_id must be an integer >= 0, got {pad_id!r}")
-    return TextSpec(tokenizer, max_length, max_characters, pad_id, side)
-
-
 def read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise ArtifactError(f"{MANIFEST} is missing")
+    """The folder's manifest as written, shown by ``GET /models`` even when the version is unavailable."""
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{MANIFEST} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise ArtifactError(f"{MANIFEST} is not a JSON object")
+        return read_document(folder)
+    except ManifestError as exc:
+        raise ArtifactError(str(exc)) from exc
+
+
+def validate_manifest(document: dict[str, Any]) -> Manifest:
+    """The typed manifest, if it keeps the artifact contract and names only OOD scores this server computes."""
+    try:
+        manifest = parse_manifest(document)
+    except ManifestError as exc:
+        raise ArtifactError(str(exc)) from exc
+    for count, entry in manifest.ood.thresholds.items():
+        if entry.score not in OOD_SCORES:
+            raise ArtifactError(f"bad ood.thresholds entry {count!r}: score {entry.score!r} is not one of "
+                                f"{', '.join(OOD_SCORES)}")
     return manifest
 
 
-def validate_manifest(manifest: dict[str, Any]) -> None:
-    missing = [key for key in REQUIRED_KEYS if key not in manifest]
-    if missing:
-        raise ArtifactError(f"manifest lacks {', '.join(missing)}")
-    try:
-        major = major_version(manifest)
-    except ValueError as exc:
-        raise ArtifactError(f"unreadable format_version {manifest['format_version']!r}") from exc
-    if major != major_version({"format_version": FORMAT_VERSION}):
-        raise ArtifactError(f"unsupported format_version {manifest['format_version']} "
-                            f"(this server reads {FORMAT_VERSION.split('.')[0]}.x)")
-    if manifest["modality"] not in SUPPORTED_MODALITIES:
-        raise ArtifactError(f"modality {manifest['modality']!r} is not served by this build "
-                            f"(supported: {', '.join(SUPPORTED_MODALITIES)})")
-    if not isinstance(manifest["files"], dict) or ARTIFACT not in manifest["files"]:
-        raise ArtifactError(f"manifest files do not list {ARTIFACT}")
-    if manifest["modality"] == "text":
-        text_spec(manifest)
-    thresholds = manifest["ood"].get("thresholds") or {}
-    if not thresholds:
-        raise ArtifactError("manifest ood.thresholds is empty")
-    for count, entry in thresholds.items():
-        if not str(count).isdigit() or entry.get("score") not in OOD_SCORES or "threshold" not in entry:
-            raise ArtifactError(f"bad ood.thresholds entry {count!r}: {entry!r}")
-    sampling = manifest["sampling"]
-    if not 1 <= int(sampling.get("default_samples", 0)) <= int(sampling.get("max_samples", 0)):
-        raise ArtifactError("sampling needs 1 <= default_samples <= max_samples")
-
-
-def ood_rule(manifest: dict[str, Any], n_samples: int) -> OodRule:
+def ood_rule(ood: Ood, n_samples: int) -> OodRule:
     """The manifest's threshold for ``n_samples``; otherwise the nearest calibrated sample count whose score
     is defined at ``n_samples`` (mutual information needs S >= 2), said so in ``note``."""
-    table = manifest["ood"]["thresholds"]
-    entry = table.get(str(n_samples))
+    entry = ood.thresholds.get(n_samples)
     if entry is not None:
-        return OodRule(entry["score"], float(entry["threshold"]), n_samples)
-    usable = [(int(k), v) for k, v in table.items() if n_samples >= 2 or v["score"] != "mutual_information"]
+        return OodRule(entry.score, entry.threshold, n_samples)
+    usable = [(k, v) for k, v in ood.thresholds.items() if n_samples >= 2 or v.score != "mutual_information"]
     if not usable:
         raise ArtifactError(f"no OOD threshold usable at n_samples={n_samples}")
     count, entry = min(usable, key=lambda kv: (abs(kv[0] - n_samples), kv[0]))
     note = (f"no threshold calibrated at n_samples={n_samples}; used the one calibrated at n_samples={count}, "
             "the nearest supported count")
-    return OodRule(entry["score"], float(entry["threshold"]), count, note)
+    return OodRule(entry.score, entry.threshold, count, note)
 
 
 @dataclass
@@ -149,42 +83,47 @@ class Artifact:
     """A loaded, verified and warmed-up artifact."""
 
     folder: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     module: torch.jit.ScriptModule
-    text: TextSpec | None = None  # text models only
     tokenizer: Tokenizer | None = None  # text models only: truncation set from ``text``, no padding
 
     @property
+    def text(self) -> TextInput | None:
+        """Text models: the manifest's input section."""
+        return self.manifest.input if isinstance(self.manifest.input, TextInput) else None
+
+    @property
     def modality(self) -> str:
-        return str(self.manifest["modality"])
+        return self.manifest.modality
 
     @property
     def labels(self) -> list[str]:
-        return list(self.manifest["labels"])
+        return self.manifest.labels
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
         """Image models: (channels, height, width)."""
-        spec = self.manifest["input"]
-        return int(spec["channels"]), int(spec["height"]), int(spec["width"])
+        spec = self.manifest.input
+        if isinstance(spec, TextInput):
+            raise TypeError("a text model has no input shape")
+        return spec.channels, spec.height, spec.width
 
     @property
     def default_samples(self) -> int:
-        return int(self.manifest["sampling"]["default_samples"])
+        return self.manifest.sampling.default_samples
 
     @property
     def max_samples(self) -> int:
-        return int(self.manifest["sampling"]["max_samples"])
+        return self.manifest.sampling.max_samples
 
     @property
     def temperature(self) -> float:
-        return float(self.manifest.get("temperature", 1.0))
+        return self.manifest.temperature
 
 
 def load_artifact(folder: Path, device: Device) -> Artifact:
     """Validate, verify and load ``folder``; raise ``ArtifactError`` with a readable reason otherwise."""
-    manifest = read_manifest(folder)
-    validate_manifest(manifest)
+    manifest = validate_manifest(read_manifest(folder))
     bad = verify_files(folder, manifest)
     if bad:
         raise ArtifactError(f"sha256 mismatch or missing file: {', '.join(bad)}")
@@ -198,14 +137,13 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
     except Exception as exc:  # a corrupt file raises many different errors
         raise ArtifactError(f"torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
     artifact = Artifact(folder, manifest, module)
-    if manifest["modality"] == "text":
-        artifact.text = text_spec(manifest)
+    if artifact.text is not None:
         artifact.tokenizer = load_tokenizer(folder, artifact.text)
     warm_up(artifact, device)
     return artifact
 
 
-def load_tokenizer(folder: Path, spec: TextSpec) -> Tokenizer:
+def load_tokenizer(folder: Path, spec: TextInput) -> Tokenizer:
     """The artifact's ``tokenizers`` tokenizer, truncating as the manifest says (whatever the file says) and never
     padding (batches are padded by the server)."""
     try:

@@ -17,12 +17,12 @@ from service.shapes import pad_pixels, pad_tokens
 from service.texts import pad_batch, padded_length
 
 
-def chunks_by_rows(repeats: Sequence[int], max_rows: int) -> list[slice]:
-    """Consecutive input ranges whose summed sample counts stay within ``max_rows`` (an input larger than
-    ``max_rows`` gets a forward of its own): memory is bounded by rows, not by requests."""
+def chunks_by_rows(repeats: Sequence[int], max_batch_samples: int) -> list[slice]:
+    """Consecutive input ranges whose summed sample counts stay within ``max_batch_samples`` (an input larger than
+    ``max_batch_samples`` gets a forward of its own): memory is bounded by rows, not by requests."""
     out, start, rows = [], 0, 0
     for i, count in enumerate(repeats):
-        if i > start and rows + count > max_rows:
+        if i > start and rows + count > max_batch_samples:
             out.append(slice(start, i))
             start, rows = i, 0
         rows += count
@@ -31,8 +31,8 @@ def chunks_by_rows(repeats: Sequence[int], max_rows: int) -> list[slice]:
     return out
 
 
-def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repeats: list[int], max_rows: int,
-                 seed: int | None = None) -> torch.Tensor:
+def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repeats: list[int],
+                 max_batch_samples: int, seed: int | None = None) -> torch.Tensor:
     """Sampled logit rows ``[sum(repeats), C]`` (fp32, host), grouped by input in order. Each forward is padded to
     the device's shape buckets (``service.shapes``) and its padding rows dropped; the rows stay on the device until
     one copy back per batch."""
@@ -40,7 +40,7 @@ def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repea
     with device.lock, torch.inference_mode(), device.autocast(), device.guard_memory():
         if seed is not None:
             torch.manual_seed(seed)
-        for part in chunks_by_rows(repeats, max_rows):
+        for part in chunks_by_rows(repeats, max_batch_samples):
             padding = device.shapes.padding(repeats[part])
             x = device.to_device(pad_pixels(pixels[part], padding))  # [inputs, C, H, W]
             r = device.to_device(padding.repeats(repeats[part]))  # [inputs]
@@ -48,14 +48,14 @@ def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repea
         return device.to_host(torch.cat(outputs).float())  # [sum(repeats), C]
 
 
-def chunks_by_tokens(lengths: Sequence[int], repeats: Sequence[int], max_tokens: int, max_length: int
+def chunks_by_tokens(lengths: Sequence[int], repeats: Sequence[int], max_batch_tokens: int, max_length: int
                      ) -> list[slice]:
-    """Consecutive input ranges whose padded width x summed sample counts stays within ``max_tokens`` (an input over
-    it gets a forward of its own)."""
+    """Consecutive input ranges whose padded width x summed sample counts stays within ``max_batch_tokens`` (an input
+    over it gets a forward of its own)."""
     out, start, longest, rows = [], 0, 0, 0
     for i, (length, count) in enumerate(zip(lengths, repeats, strict=True)):
         wider = max(longest, length)
-        if i > start and padded_length(wider, max_length) * (rows + count) > max_tokens:
+        if i > start and padded_length(wider, max_length) * (rows + count) > max_batch_tokens:
             out.append(slice(start, i))
             start, wider, rows = i, length, 0
         longest, rows = wider, rows + count
@@ -65,7 +65,7 @@ def chunks_by_tokens(lengths: Sequence[int], repeats: Sequence[int], max_tokens:
 
 
 def forward_token_rows(artifact: Artifact, device: Device, ids: list[list[int]], repeats: list[int],
-                       max_tokens: int, seed: int | None = None) -> tuple[torch.Tensor, int]:
+                       max_batch_tokens: int, seed: int | None = None) -> tuple[torch.Tensor, int]:
     """Sampled logit rows ``[sum(repeats), C]`` (fp32, host) of tokenised texts, grouped by input in order, and the
     padded tokens x samples the forwards ran on (shape-bucket padding included)."""
     spec = artifact.text
@@ -75,7 +75,7 @@ def forward_token_rows(artifact: Artifact, device: Device, ids: list[list[int]],
     with device.lock, torch.inference_mode(), device.autocast(), device.guard_memory():
         if seed is not None:
             torch.manual_seed(seed)
-        for part in chunks_by_tokens(lengths, repeats, max_tokens, spec.max_length):
+        for part in chunks_by_tokens(lengths, repeats, max_batch_tokens, spec.max_length):
             padding = device.shapes.padding(repeats[part], text=True)
             input_ids, mask = pad_tokens(*pad_batch(ids[part], spec.pad_id, spec.max_length), padding, spec.pad_id)
             tokens += int(input_ids.shape[1]) * padding.rows

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from artifact.contract import is_published
 from service import trust
 from service.artifact import Artifact, ArtifactError, load_artifact, read_manifest
 from service.batching import BatchWorker
@@ -119,13 +120,9 @@ class ModelRepository:
         found: dict[tuple[str, str], Path] = {}
         if not self.root.is_dir():
             return found
-        for model_dir in sorted(self.root.iterdir()):
-            if not model_dir.is_dir() or model_dir.name.startswith("."):
-                continue
-            for version_dir in sorted(model_dir.iterdir()):
-                # hidden folders are exports in progress (training/export.py writes .<version>.tmp first)
-                if version_dir.is_dir() and not version_dir.name.startswith("."):
-                    found[(model_dir.name, version_dir.name)] = version_dir
+        for model_dir in filter(is_published, sorted(self.root.iterdir())):
+            for version_dir in filter(is_published, sorted(model_dir.iterdir())):
+                found[(model_dir.name, version_dir.name)] = version_dir
         return found
 
     async def scan(self) -> None:

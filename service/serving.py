@@ -149,7 +149,7 @@ async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: i
     metrics = state.metrics
     worker = entry.worker
     try:
-        rule = ood_rule(entry.artifact.manifest, n_samples)
+        rule = ood_rule(entry.artifact.manifest.ood, n_samples)
     except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
         raise invalid(str(exc), ["body", "n_samples"]) from exc
     try:
@@ -186,7 +186,7 @@ def record(state: AppState, outcome: Outcome) -> None:
     entry, summary = outcome.entry, outcome.summary
     state.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood)
     artifact = entry.artifact
-    if outcome.n_samples == artifact.default_samples and "reference" in artifact.manifest:
+    if outcome.n_samples == artifact.default_samples and artifact.manifest.reference is not None:
         monitor = drift_monitor(state, entry)
         if monitor is not None:
             drift = monitor.observe(summary.confidence.tolist())
@@ -206,9 +206,12 @@ def drift_monitor(state: AppState, entry: ReadyVersion) -> DriftMonitor | None:
     key = (entry.name, entry.version)
     monitor = state.drift.get(key)
     artifact = entry.artifact
+    reference = artifact.manifest.reference
+    if reference is None:
+        return None
     if monitor is None or monitor.owner != id(artifact):  # a reloaded version starts a fresh window
         try:
-            monitor = DriftMonitor(artifact.manifest["reference"], state.settings.drift_window,
+            monitor = DriftMonitor(reference.document(), state.settings.drift_window,
                                    state.settings.drift_min_window, owner=id(artifact))
         except (KeyError, TypeError, ValueError):
             log.warning("model %s version %s has no usable reference distribution", *key)

@@ -63,7 +63,7 @@ class AppState:
         for name, version in metrics.published_versions() - set(ready):
             metrics.unpublish_version(name, version)
         for (name, version), entry in ready.items():
-            metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
+            metrics.publish_version(name, version, entry.artifact.manifest.document(), entry.worker.max_queue)
 
     def refresh_live_gauges(self) -> None:
         """Live accuracy and ECE of every known version, read from the feedback store: labels that reached another

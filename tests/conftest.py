@@ -61,7 +61,7 @@ def tiny_text_config_dict(tmp_path: Path) -> dict:
 
 def export_tiny(tmp: Path, raw: dict) -> tuple[Path, Path]:
     """Fit-backbone, distil and export the config ``raw`` under ``tmp``; returns (config path, artifact folder)."""
-    from models.artifact_format import MANIFEST
+    from artifact.contract import MANIFEST
     from training.cli import main
 
     config = tmp / f"{raw['name']}.yaml"

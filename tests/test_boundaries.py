@@ -1,6 +1,6 @@
 """The package arrows of docs/architecture.md, read from the source: models imports neither training nor service,
-training never imports service, service never imports timm, transformers or training, and the training stages
-import shared modules, never each other's entry points."""
+training never imports service, service never imports timm, transformers or training, the artifact contract imports
+none of them (nor torch), and the training stages import shared modules, never each other's entry points."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ FORBIDDEN = {
     "models": {"training", "service"},
     "training": {"service"},
     "service": {"training", "timm", "transformers"},
+    "artifact": {"models", "training", "service", "torch", "timm", "transformers"},
 }
 STAGES = {"training.fit_backbone", "training.distil", "training.export", "training.evaluate", "training.baselines"}
 # modules whose job is to run stages: the CLI, the ablation variants (distillations) and the ensemble members (fits)

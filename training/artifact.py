@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from models.artifact_format import MANIFEST, sha256_file
+from artifact.contract import MANIFEST, Manifest, retired_folder, staging_folder
 
 
 def script_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -61,19 +61,15 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
-    """Add the sha256 of every file in ``directory`` except the manifest, then write the manifest."""
-    files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
-    manifest = {**manifest, "files": files}
+def write_manifest(directory: Path, manifest: Manifest) -> Path:
     path = directory / MANIFEST
-    path.write_text(json.dumps(json_safe(manifest), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(json_safe(manifest.document()), indent=2, allow_nan=False) + "\n")
     return path
 
 
 def staging_dir(out_dir: Path) -> Path:
-    """An empty sibling folder to write a new version into before ``install_version`` swaps it in."""
-    tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp")
+    """An empty staging folder (``artifact.contract.staging_folder``) for ``install_version`` to swap in."""
+    tmp_dir = staging_folder(out_dir)
     shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir(parents=True)
     return tmp_dir
@@ -82,7 +78,7 @@ def staging_dir(out_dir: Path) -> Path:
 def install_version(tmp_dir: Path, out_dir: Path) -> None:
     """Swap a staged version in with two renames: a polling server sees it missing for microseconds at most."""
     if out_dir.exists():
-        retired = out_dir.with_name(f".{out_dir.name}.old")
+        retired = retired_folder(out_dir)
         shutil.rmtree(retired, ignore_errors=True)
         out_dir.rename(retired)
         tmp_dir.rename(out_dir)

@@ -9,11 +9,16 @@ from pathlib import Path
 
 import torch
 
-from models.artifact_format import ARTIFACT, FORMAT_VERSION
+from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sampling, file_digests
 from training.artifact import git_commit, install_version, script_and_verify, staging_dir, write_manifest
 from training.baseline_models import BaselineModel, build_baseline
 from training.config import PipelineConfig
-from training.export_parts import ExportParts, image_export_parts, text_export_parts, verify_text_artifact
+from training.export_parts import (
+    ExportParts,
+    artifact_info,
+    export_parts,
+    verify_text_artifact,
+)
 from training.loading import load_backbone
 from training.runtime import set_threads
 from training.served_statistics import sample_split, served_statistics, served_temperature
@@ -37,7 +42,7 @@ def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = N
     set_threads(cfg.threads)
     ecfg = cfg.export
     backbone = load_backbone(cfg.run_dir)
-    parts = text_export_parts(cfg, backbone) if cfg.is_text else image_export_parts(cfg, backbone)
+    parts = export_parts(cfg, backbone)
     data = parts.data
     baseline = build_baseline(cfg, method)
     name = f"{ecfg.name}-{method.replace('_', '-')}"
@@ -55,25 +60,17 @@ def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = N
         temperature, temperature_fit = served_temperature(val_logits, data.val.labels)
     stats = served_statistics(served, data, ecfg, sorted(counts), baseline.default_samples, cfg.seed,
                               parts.ood_validation, parts.selection_set, temperature)
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "version": str(ecfg.version),
-        "method": method,
-        "modality": cfg.modality,
-        "labels": list(data.labels),
-        "input": parts.input_section,
-        "sampling": {"steps": 0, "default_samples": baseline.default_samples, "max_samples": baseline.max_samples},
-        "temperature": temperature,
-        "ood": stats.ood,
-        "reference": stats.reference,
-        "artifact": {"file": ARTIFACT, "format": "torchscript", "torch": torch.__version__, **parts.signatures,
-                     "parameters": sum(p.numel() for p in baseline.module.parameters())},
-        "provenance": {"baseline_of": ecfg.name, "backbone": parts.backbone_description, "dataset": cfg.data.dataset,
-                       "config": cfg.source, "seed": cfg.seed, "git_commit": git_commit(),
-                       "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                       "temperature_fit": temperature_fit},
-    }
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, name=name, version=str(ecfg.version), method=method, modality=cfg.modality,
+        labels=list(data.labels), input=parts.input_section,
+        sampling=Sampling(steps=0, default_samples=baseline.default_samples, max_samples=baseline.max_samples),
+        temperature=temperature, ood=stats.ood, reference=stats.reference,
+        artifact=artifact_info(parts, baseline.module),
+        provenance=Provenance(baseline_of=ecfg.name, backbone=parts.backbone_description, dataset=cfg.data.dataset,
+                              config=cfg.source, seed=cfg.seed, git_commit=git_commit(),
+                              date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                              temperature_fit=temperature_fit),
+        files=file_digests(tmp_dir))
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
     print(f"exported {method} baseline to {out_dir} (temperature {temperature:.3f})")

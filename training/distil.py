@@ -41,6 +41,7 @@ from training.loading import (
     split_sampled_logits,
 )
 from training.metrics import classification_report
+from training.modality import modality_of
 from training.objective import DistillationLoss, LossWeights, ObservedProcess
 from training.runtime import (
     DistInfo,
@@ -55,7 +56,6 @@ from training.runtime import (
     warmup_cosine,
 )
 from training.teacher import (
-    TEXT_CHUNK,
     StartStates,
     StepStatistics,
     build_kernel,
@@ -64,8 +64,7 @@ from training.teacher import (
     select_tau,
     start_states,
 )
-from training.text_inputs import TokenDataset, bucketed_indices, load_run_tokenizer
-from training.unlabeled import perturbed_images, perturbed_texts
+from training.text_inputs import TokenDataset, bucketed_indices
 
 CHECKPOINT_FILE = "director_ckpt.pt"
 
@@ -97,9 +96,9 @@ def prepare_teacher(cfg: PipelineConfig, view: View, prefix: torch.nn.Module, da
         stats = StepStatistics(**state["stats"])
         return Teacher(stats, depth, stats.last(depth).floors(dcfg.floor_fraction), state["tau"],
                        state["tau_accuracies"])
-    stats_inputs = (data.train.head(dcfg.stats_batches * 128) if isinstance(data, TokenDataset)
-                    else data.train.images[: dcfg.stats_batches * 128])
-    stats = gather_step_statistics(view, stats_inputs, device, TEXT_CHUNK if cfg.is_text else 128)
+    modality = modality_of(cfg.modality)
+    stats_inputs = modality.head(data, dcfg.stats_batches * 128)
+    stats = gather_step_statistics(view, stats_inputs, device, modality.stats_chunk)
     floors = stats.last(depth).floors(dcfg.floor_fraction)
     if dcfg.observed_variance == "floor":
         tau, tau_accuracies = 0.0, {}
@@ -116,11 +115,7 @@ def prepare_teacher(cfg: PipelineConfig, view: View, prefix: torch.nn.Module, da
 
 def unlabeled_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> AnySplit:
     """``distil.unlabeled_copies`` perturbed copies of the training inputs (``training.unlabeled``)."""
-    copies, seed = cfg.distil.unlabeled_copies, cfg.seed + 101
-    if isinstance(data, TokenDataset):
-        return perturbed_texts(load_run_tokenizer(cfg.run_dir), data.train.texts, copies, cfg.text.max_characters,
-                               seed)
-    return perturbed_images(data.train.images, copies, seed)
+    return modality_of(cfg.modality).unlabeled(cfg, data, cfg.distil.unlabeled_copies, cfg.seed + 101)
 
 
 def epoch_batches(cfg: PipelineConfig, starts: StartStates, gen: torch.Generator, dist_info: DistInfo

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from models.artifact_format import ARTIFACT, FORMAT_VERSION
+from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sampling, Variance, file_digests
 from models.uncertainty import OOD_SCORES, ood_score, summarize
 from training.artifact import git_commit, install_version, staging_dir, write_manifest
 from training.calibration import fit_temperature
 from training.config import ExportConfig, PipelineConfig
-from training.export_parts import ExportParts, image_export_parts, text_export_parts
+from training.export_parts import ExportParts, artifact_info, export_parts
 from training.loading import Director, load_backbone, load_director
 from training.metrics import classification_report, ece_bootstrap
 from training.ood import auroc
@@ -132,7 +132,7 @@ def export(cfg: PipelineConfig) -> Path:
     director, payload = load_director(run_dir)
     backbone = load_backbone(run_dir)
     backbone_payload = load_checkpoint(run_dir / "backbone.pt")
-    parts = text_export_parts(cfg, backbone) if cfg.is_text else image_export_parts(cfg, backbone)
+    parts = export_parts(cfg, backbone)
     data = parts.data
     progress = tqdm(total=6, desc="export", leave=False)
 
@@ -159,49 +159,41 @@ def export(cfg: PipelineConfig) -> Path:
     progress.update()
 
     depth = director.rollout.num_steps
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "name": ecfg.name,
-        "version": str(ecfg.version),
-        "method": "director",
-        "modality": cfg.modality,
-        "labels": list(data.labels),
-        "input": parts.input_section,
-        "sampling": {"steps": depth, "depth": depth, "backbone_steps": payload["backbone_steps"],
-                     "prefix_transitions": payload["backbone_steps"] - depth, "default_samples": default_s,
-                     "max_samples": ecfg.max_samples, "noise_scale": sampling.noise_scale},
-        "variance": {"observed_variance": payload["observed_variance"], "tau": payload["tau"],
-                     "floors": [float(f) for f in payload["floors"]],
-                     "tau_selection_accuracy": payload["tau_accuracies"]},
-        "temperature": temperature,
-        "ood": served_stats.ood,
-        "reference": served_stats.reference,
-        "artifact": {"file": ARTIFACT, "format": "torchscript", "torch": torch.__version__, **parts.signatures,
-                     "parameters": sum(p.numel() for p in artifact_module.parameters()), **parts.artifact_details},
-        "provenance": {
-            "backbone": {**parts.backbone_description, "parameters": sum(p.numel() for p in backbone.parameters())},
-            "dataset": cfg.data.dataset, "config": cfg.source, "seed": cfg.seed, "git_commit": git_commit(),
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "seconds": {"fit_backbone": backbone_payload["seconds"], "distil": payload["seconds"], "export": None},
-            "test_metrics": figures.metrics,
-            "noise_scale_nll": sampling.noise_scale_nll,
-            "noise_scale_fit_samples": ecfg.default_samples or ecfg.default_samples_reference,
-            "default_samples_nll": sampling.default_samples_nll,
-            "temperature_fit": temperature_fit,
-            "rollout": diagnostics,
-            "step_statistics": {k: [float(x) for x in v] for k, v in payload["stats"].items()},
-            "distil_history": payload["history"],
-            "distil_kept_epoch": payload["kept_epoch"],
-        },
-    }
-    manifest["provenance"]["seconds"]["export"] = round(time.perf_counter() - t_start, 1)
+    provenance = Provenance(
+        backbone={**parts.backbone_description, "parameters": sum(p.numel() for p in backbone.parameters())},
+        dataset=cfg.data.dataset, config=cfg.source, seed=cfg.seed, git_commit=git_commit(),
+        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        seconds={"fit_backbone": backbone_payload["seconds"], "distil": payload["seconds"],
+                 "export": round(time.perf_counter() - t_start, 1)},
+        test_metrics=figures.metrics,
+        noise_scale_nll=sampling.noise_scale_nll,
+        noise_scale_fit_samples=ecfg.default_samples or ecfg.default_samples_reference,
+        default_samples_nll=sampling.default_samples_nll,
+        temperature_fit=temperature_fit,
+        rollout=diagnostics,
+        step_statistics={k: [float(x) for x in v] for k, v in payload["stats"].items()},
+        distil_history=payload["history"],
+        distil_kept_epoch=payload["kept_epoch"],
+    )
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, name=ecfg.name, version=str(ecfg.version), method="director",
+        modality=cfg.modality, labels=list(data.labels), input=parts.input_section,
+        sampling=Sampling(steps=depth, depth=depth, backbone_steps=payload["backbone_steps"],
+                          prefix_transitions=payload["backbone_steps"] - depth, default_samples=default_s,
+                          max_samples=ecfg.max_samples, noise_scale=sampling.noise_scale),
+        variance=Variance(observed_variance=payload["observed_variance"], tau=payload["tau"],
+                          floors=[float(f) for f in payload["floors"]],
+                          tau_selection_accuracy=payload["tau_accuracies"]),
+        temperature=temperature, ood=served_stats.ood, reference=served_stats.reference,
+        artifact=artifact_info(parts, artifact_module), provenance=provenance, files=file_digests(tmp_dir))
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
     progress.update()
-    (run_dir / "export_report.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    document = manifest.document()
+    (run_dir / "export_report.json").write_text(json.dumps(document, indent=2) + "\n")
     docs_dir = Path(ecfg.docs_dir)
     png = reliability_diagram(figures.probabilities, data.test.labels, docs_dir / f"{ecfg.name}-reliability.png")
-    write_results(manifest, docs_dir, f"python -m training all --config {cfg.source}", png)
+    write_results(document, docs_dir, f"python -m training all --config {cfg.source}", png)
     progress.update()
     progress.close()
     metrics = figures.metrics

@@ -17,7 +17,16 @@ from typing import Any
 
 import torch
 
-from models.artifact_format import TOKENIZER
+from artifact.contract import (
+    ARTIFACT,
+    TOKENIZER,
+    ArtifactInfo,
+    ImageConvert,
+    ImageInput,
+    Padding,
+    TextInput,
+    Truncation,
+)
 from models.text_director import TextDirector, fold_for_artifact
 from training.artifact import load_scripted, save_scripted, script_and_verify, script_module
 from training.config import PipelineConfig, config_dict
@@ -38,7 +47,7 @@ class ExportParts:
     reported_ood: dict[str, AnySplit]
     ood_validation: AnySplit | None  # None: the image default (photo patches)
     selection_set: str
-    input_section: dict[str, Any]
+    input_section: ImageInput | TextInput
     signatures: dict[str, str]  # artifact "forward" and "sample_rows"
     backbone_description: dict[str, Any]
     files: dict[str, Path] = field(default_factory=dict)  # extra artifact files: name -> source
@@ -66,14 +75,12 @@ def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> Export
                       "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
         ood_validation=None,
         selection_set=IMAGE_OOD_SELECTION_SET,
-        input_section={
-            "channels": image_shape[0], "height": image_shape[1], "width": image_shape[2],
-            "dtype": "float32", "range": [0.0, 1.0],
-            "layout": "NCHW",
-            "convert": {"color": "L" if image_shape[0] == 1 else "RGB",
-                        "resize": "bilinear to height x width, aspect ratio not kept",
-                        "note": "Fashion-MNIST convention: a light object on a dark background"},
-        },
+        input_section=ImageInput(
+            channels=image_shape[0], height=image_shape[1], width=image_shape[2], dtype="float32", range=(0.0, 1.0),
+            layout="NCHW",
+            convert=ImageConvert(color="L" if image_shape[0] == 1 else "RGB",
+                                 resize="bilinear to height x width, aspect ratio not kept",
+                                 note="Fashion-MNIST convention: a light object on a dark background")),
         signatures={"forward": "forward(pixels: Tensor[B, C, H, W] float32 in [0, 1], n_samples: int) "
                                "-> Tensor[n_samples, B, num_classes]",
                     "sample_rows": "sample_rows(pixels, repeats: Tensor[B] int64) "
@@ -141,17 +148,14 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
         reported_ood=reported_ood,
         ood_validation=ood_validation,
         selection_set=TEXT_OOD_SELECTION_SET,
-        input_section={
-            "tokenizer": TOKENIZER, "max_length": tcfg.max_length, "max_characters": tcfg.max_characters,
-            "truncation": {
-                "side": "right",
-                "characters": "a text is cut to its first max_characters characters before tokenising",
-                "tokens": "tokenizer.json truncates to max_length tokens, [CLS] and [SEP] included",
-            },
-            "padding": {"side": "right", "pad_id": pad_id(tokenizer),
-                        "note": "positions are absolute: pad on the right only; attention_mask is 1 for real tokens"},
-            "dtype": "int64", "fields": ["input_ids", "attention_mask"],
-        },
+        input_section=TextInput(
+            tokenizer=TOKENIZER, max_length=tcfg.max_length, max_characters=tcfg.max_characters,
+            truncation=Truncation(side="right",
+                                  characters="a text is cut to its first max_characters characters before tokenising",
+                                  tokens="tokenizer.json truncates to max_length tokens, [CLS] and [SEP] included"),
+            padding=Padding(side="right", pad_id=pad_id(tokenizer),
+                            note="positions are absolute: pad on the right only; attention_mask is 1 for real tokens"),
+            dtype="int64", fields=["input_ids", "attention_mask"]),
         signatures={"forward": "forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64, "
                                "n_samples: int) -> Tensor[n_samples, B, num_classes]",
                     "sample_rows": "sample_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
@@ -165,3 +169,15 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
         files={TOKENIZER: Path(cfg.run_dir) / TOKENIZER_FILE},
         artifact_details=details,
     )
+
+
+def export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
+    """What the config's modality contributes to an export of ``backbone``."""
+    build = {"image": image_export_parts, "text": text_export_parts}[cfg.modality]
+    return build(cfg, backbone)
+
+
+def artifact_info(parts: ExportParts, module: torch.nn.Module) -> ArtifactInfo:
+    """The manifest's ``artifact`` section: the file, its format and signatures, and the module's size."""
+    return ArtifactInfo(file=ARTIFACT, format="torchscript", torch=torch.__version__, **parts.signatures,
+                        parameters=sum(p.numel() for p in module.parameters()), **parts.artifact_details)

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from models.backbones import ImageClassifier, VitConfig, build_vit
+from models.backbones import ImageClassifier
 from models.bert_view import BertTransitionView
 from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
@@ -18,16 +17,14 @@ from models.text_backbones import TextClassifier
 from models.text_director import TextDirector, TextReadout, text_director_from_view
 from models.vit_view import VitTransitionView
 from training.config import PipelineConfig
-from training.data import Dataset, Split, load_dataset
+from training.data import Dataset, Split
+from training.modality import modality_of
 from training.predict import sampled_logits
 from training.runtime import load_checkpoint
 from training.text_inputs import (
     TokenDataset,
     TokenSplit,
-    load_run_tokenizer,
-    raw_text_task,
     text_sampled_logits,
-    tokenize_dataset,
 )
 
 BACKBONE_FILE = "backbone.pt"
@@ -40,22 +37,13 @@ AnySplit = Split | TokenSplit
 def load_backbone(run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier | TextClassifier:
     """The fitted backbone of a run, frozen in eval mode."""
     payload = load_checkpoint(Path(run_dir) / BACKBONE_FILE)
-    if payload.get("modality") == "text":
-        from training.text_models import text_classifier_from_payload
-
-        model: nn.Module = text_classifier_from_payload(payload)
-    else:
-        model = build_vit(VitConfig(**payload["backbone_config"]))
-        model.load_state_dict(payload["state_dict"])
+    model = modality_of(payload.get("modality", "image")).build_backbone(payload)
     return model.to(device).eval().requires_grad_(False)
 
 
 def load_data(cfg: PipelineConfig) -> Dataset | TokenDataset:
     """The run's dataset: images, or texts tokenised with the run's own tokenizer (written by fit-backbone)."""
-    if cfg.is_text:
-        return tokenize_dataset(load_run_tokenizer(cfg.run_dir), cfg.text, raw_text_task(cfg))
-    return load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
-                        cfg.data.train_limit, cfg.data.test_limit)
+    return modality_of(cfg.modality).load_data(cfg)
 
 
 def load_view(run_dir: str | Path, device: torch.device | str = "cpu") -> View:

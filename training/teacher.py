@@ -18,11 +18,11 @@ from models.kernel import TransitionKernel
 from training.config import PipelineConfig
 from training.loading import AnySplit, View
 from training.metrics import classification_report
+from training.modality import TEXT_CHUNK
 from training.objective import ObservedProcess, masked_mean
 from training.predict import chunked
 from training.text_inputs import TokenSplit, text_outputs
 
-TEXT_CHUNK = 64  # texts per teacher forward: the fp64 mixture variance is [B, H, L, D]
 Rollout = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (X_0 [B, N, D], mask) -> X_T
 
 

@@ -181,12 +181,13 @@ def test_service_image_bakes_the_default_model_into_a_volume() -> None:
     assert (REPO_ROOT / "model_repository" / "fashion-vit" / "1" / "manifest.json").is_file()
     # the build context lets the model and the package in, and nothing else of the tree
     ignore = (REPO_ROOT / ".dockerignore").read_text().splitlines()
-    assert ignore[ignore.index("*") + 1:][:9] == ["!pyproject.toml", "!models/", "!training/", "!service/",
-                                                  "!configs/", "!model_repository/", "!docker/constraints-serve.txt",
-                                                  "!docker/constraints-train.txt", "**/__pycache__"]
+    assert ignore[ignore.index("*") + 1:][:10] == ["!pyproject.toml", "!artifact/", "!models/", "!training/",
+                                                   "!service/", "!configs/", "!model_repository/",
+                                                   "!docker/constraints-serve.txt", "!docker/constraints-train.txt",
+                                                   "**/__pycache__"]
     copied = {args.split()[-2].rstrip("/") for s in dockerfile_stages().values() for args in s.all("COPY")
               if not args.startswith("--from")}
-    assert copied <= {"pyproject.toml", "models", "training", "service", "configs", "model_repository",
+    assert copied <= {"pyproject.toml", "artifact", "models", "training", "service", "configs", "model_repository",
                       *(path for path, _ in LOCKS.values())}
 
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 from PIL import Image
 
-from models.artifact_format import ARTIFACT, MANIFEST, TOKENIZER, sha256_file
+from artifact.contract import ARTIFACT, MANIFEST, TOKENIZER, sha256_file
 from service.app import create_app
 from service.config import Settings
 from service.server import DirectorServer, uvicorn_config

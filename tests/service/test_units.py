@@ -11,7 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from service.artifact import ArtifactError, TextSpec, ood_rule, text_spec, validate_manifest
+from artifact.contract import Ood
+from service.artifact import ArtifactError, ood_rule, validate_manifest
 from service.cli import build_parser, settings_from_args
 from service.config import Settings
 from service.inference import chunks_by_rows, chunks_by_tokens
@@ -50,9 +51,10 @@ def test_text_manifest_validation_reasons() -> None:
                       "truncation": {"side": "right"}, "padding": {"side": "right", "pad_id": 0}},
             "sampling": {"default_samples": 2, "max_samples": 4},
             "ood": {"thresholds": {"2": {"score": "energy", "threshold": 0.0}}},
-            "files": {"director.ts": {}, "tokenizer.json": {}}}
-    validate_manifest(good)
-    assert text_spec(good) == TextSpec("tokenizer.json", 32, 200, 0, "right")
+            "files": {"director.ts": {"sha256": "0" * 64}, "tokenizer.json": {"sha256": "1" * 64}}}
+    spec = validate_manifest(good).input
+    assert (spec.tokenizer, spec.max_length, spec.max_characters, spec.pad_id, spec.truncation_side) == (
+        "tokenizer.json", 32, 200, 0, "right")
     section = good["input"]
     for change, reason in [({"tokenizer": None}, "input.tokenizer"), ({"tokenizer": "vocab.txt"}, "do not list"),
                            ({"max_length": 1}, "max_length"), ({"max_characters": "200"}, "max_characters"),
@@ -62,26 +64,27 @@ def test_text_manifest_validation_reasons() -> None:
         with pytest.raises(ArtifactError, match=reason):
             validate_manifest({**good, "input": {**section, **change}})
     with pytest.raises(ArtifactError, match="tokenizer"):
-        validate_manifest({**good, "files": {"director.ts": {}}})
+        validate_manifest({**good, "files": {"director.ts": {"sha256": "0" * 64}}})
 
 
 def test_ood_rule_exact_nearest_and_mutual_information_fallback() -> None:
-    manifest = {"ood": {"thresholds": {"1": {"score": "energy", "threshold": -3.0},
-                                       "4": {"score": "mutual_information", "threshold": 0.01},
-                                       "16": {"score": "mutual_information", "threshold": 0.02}}}}
+    manifest = Ood(thresholds={"1": {"score": "energy", "threshold": -3.0},
+                               "4": {"score": "mutual_information", "threshold": 0.01},
+                               "16": {"score": "mutual_information", "threshold": 0.02}})
     assert ood_rule(manifest, 4).threshold == 0.01 and ood_rule(manifest, 4).note is None
     nearest = ood_rule(manifest, 12)
     assert nearest.calibrated_samples == 16 and nearest.score == "mutual_information" and "nearest" in nearest.note
     assert ood_rule(manifest, 1).score == "energy"
-    only_mi = {"ood": {"thresholds": {"4": {"score": "mutual_information", "threshold": 0.01}}}}
+    only_mi = Ood(thresholds={"4": {"score": "mutual_information", "threshold": 0.01}})
     with pytest.raises(ArtifactError):
         ood_rule(only_mi, 1)
 
 
 def test_manifest_validation_reasons() -> None:
     good = {"format_version": "1.3", "name": "m", "version": "1", "modality": "image", "labels": ["a"],
-            "input": {}, "sampling": {"default_samples": 2, "max_samples": 4},
-            "ood": {"thresholds": {"2": {"score": "energy", "threshold": 0.0}}}, "files": {"director.ts": {}}}
+            "input": {"channels": 1, "height": 28, "width": 28}, "sampling": {"default_samples": 2, "max_samples": 4},
+            "ood": {"thresholds": {"2": {"score": "energy", "threshold": 0.0}}},
+            "files": {"director.ts": {"sha256": "0" * 64}}}
     validate_manifest(good)  # a newer minor version is accepted
     for change, reason in [({"format_version": "2.0"}, "unsupported format_version"),
                            ({"modality": "audio"}, "modality"), ({"files": {}}, "director.ts"),

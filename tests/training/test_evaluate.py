@@ -133,7 +133,7 @@ def test_exported_baselines_load_in_the_server(evaluated: tuple[Path, dict[str, 
                  "--repository", str(tmp_path)]) == 0
     folder = tmp_path / f"tiny-{method.replace('_', '-')}" / "1"
     artifact = load_artifact(folder, resolve_device("cpu", False, 1))
-    manifest = artifact.manifest
+    manifest = artifact.manifest.document()
     assert manifest["method"] == method and manifest["modality"] == "image"
     sampling = manifest["sampling"]
     expected = {"deterministic": (1, 1), "mc_dropout": (4, 8), "ensemble": (2, 2)}[method]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.artifact_format import MANIFEST, sha256_file, verify_files
+from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_files
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.artifact import load_scripted
 from training.config import load_config
@@ -62,7 +62,7 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert ref["n_samples"] == 4 and len(ref["confidence_quantiles"]) == 101
     assert ref["confidence_quantiles"] == sorted(ref["confidence_quantiles"])
     assert manifest["files"]["director.ts"]["sha256"] == sha256_file(folder / "director.ts")
-    assert verify_files(folder, manifest) == []
+    assert verify_files(folder, parse_manifest(manifest)) == []
     prov = manifest["provenance"]
     assert {"backbone", "dataset", "config", "seed", "git_commit", "date", "test_metrics"} <= set(prov)
     assert len(prov["rollout"]["median_std_over_rms"]) == 2

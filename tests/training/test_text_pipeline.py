@@ -11,7 +11,7 @@ import torch
 import yaml
 from tokenizers import Tokenizer
 
-from models.artifact_format import MANIFEST, sha256_file, verify_files
+from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_files
 from models.text_director import fold_for_artifact
 from tests.conftest import export_tiny, tiny_text_config_dict
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
@@ -76,7 +76,7 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert ref["confidence_quantiles"] == sorted(ref["confidence_quantiles"])
     assert set(manifest["files"]) == {"director.ts", "tokenizer.json"}
     assert manifest["files"]["tokenizer.json"]["sha256"] == sha256_file(folder / "tokenizer.json")
-    assert verify_files(folder, manifest) == []
+    assert verify_files(folder, parse_manifest(manifest)) == []
     table = manifest["artifact"]["word_table"]
     assert table["dtype"] == "int8" and table["bytes"] == table["rows"] * (table["dim"] + 4)
     assert table["argmax_agreement_noise_off"] >= 0.95
@@ -245,7 +245,7 @@ def test_text_deterministic_baseline_exports_compactly_and_loads_in_the_server(e
     folder = tmp_path / "tiny-text-deterministic" / "1"
     assert (folder / "tokenizer.json").is_file()
     artifact = load_artifact(folder, resolve_device("cpu", False, 1))
-    manifest = artifact.manifest
+    manifest = artifact.manifest.document()
     assert manifest["method"] == "deterministic" and manifest["modality"] == "text"
     assert manifest["input"]["max_length"] == cfg.text.max_length and manifest["temperature"] > 0
     ids, mask = _rows(load_data(cfg).val, [0, 1, 2])

@@ -1,15 +1,9 @@
-"""Dynamic batching for one model version: a bounded asyncio queue drained by one worker task.
+"""The batch worker of one model version: a bounded asyncio queue drained by one task.
 
-The worker takes the first waiting request, then keeps packing requests until the batch reaches its budget or
-``max_batch_delay_ms`` has passed since it started waiting; the forward runs in a thread so the event loop keeps
-serving. The budget bounds memory by samples, not requests: image models ``max_batch_samples`` rows (inputs x
-n_samples), text models ``max_batch_tokens`` padded tokens x samples (the batch's longest text rounded up to a
-multiple of 8, times its rows). A request with a ``seed`` runs in a batch of its own under that seed. A full
-queue refuses at once (``QueueFull``).
-
-Slots can be reserved before a request's body is read (``reserve`` -> ``Ticket``, see ``service.admission``):
-queued + held + reserved never exceeds ``max_queue``, so an admitted request is never refused later and an
-overloaded model refuses before it spends anything on a request."""
+The worker takes the first waiting request, then keeps packing requests until the batch's cost reaches its budget
+(``service.batching.cost``) or ``max_batch_delay_ms`` has passed since it started waiting; the forward runs in a
+thread so the event loop keeps serving, and its rows are split back per request. A request with a ``seed`` runs in
+a batch of its own under that seed. A full queue refuses at once (``QueueFull``, ``service.batching.slots``)."""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +18,8 @@ import torch
 
 from models.uncertainty import UncertaintySummary
 from service.artifact import Artifact
+from service.batching.cost import BatchCost
+from service.batching.slots import QueueFull, Slots, Ticket
 from service.device import Device
 from service.inference import forward_rows, forward_token_rows, summarize_requests
 from service.texts import EncodedText, padded_length
@@ -34,34 +29,8 @@ Inputs = torch.Tensor | list[EncodedText]  # pixels [n, C, H, W] float32 in [0, 
 log = logging.getLogger("service.batching")
 
 
-class QueueFull(Exception):
-    """The model's queue is at ``max_queue``."""
-
-
 class Draining(Exception):
     """The worker no longer accepts requests (shutdown or version retired)."""
-
-
-class Ticket:
-    """One queue slot reserved for a request whose body is still being read; ``enqueue`` consumes it, and
-    ``release`` (idempotent) gives it back if the request ends before it is queued. It lapses at ``expires``
-    (monotonic), so a client that announces a body and never sends it cannot hold a slot for ever."""
-
-    __slots__ = ("worker", "expires", "_live")
-
-    def __init__(self, worker: BatchWorker, expires: float) -> None:
-        self.worker = worker
-        self.expires = expires
-        self._live = True
-
-    @property
-    def live(self) -> bool:
-        return self._live
-
-    def release(self) -> None:
-        if self._live:
-            self._live = False
-            self.worker._reserved -= 1
 
 
 @dataclass
@@ -115,19 +84,15 @@ class BatchWorker:
                  reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048) -> None:
         self.artifact = artifact
         self.device = device
-        self.max_rows = max_batch_samples
-        self.max_tokens = max_batch_tokens
-        self.budget = max_batch_tokens if artifact.text is not None else max_batch_samples
+        self.batch_cost = BatchCost.of(artifact, max_batch_samples, max_batch_tokens)
         self.max_delay_s = max_batch_delay_ms / 1000.0
         self.queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=max_queue)
+        self.slots = Slots(max_queue, reservation_timeout_s)
         self.on_batch = on_batch
         self._held: WorkItem | None = None  # taken from the queue but left for the next batch
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._busy = False
-        self._reserved = 0  # live tickets
-        self._tickets: deque[Ticket] = deque()  # in reservation order, so in expiry order
-        self.reservation_timeout_s = reservation_timeout_s
 
     @property
     def max_queue(self) -> int:
@@ -140,13 +105,8 @@ class BatchWorker:
 
     @property
     def pending(self) -> int:
-        """Requests holding a queue slot: waiting for a batch, or admitted and still being received (tickets
-        past their expiry are released first)."""
-        now = time.monotonic()
-        tickets = self._tickets
-        while tickets and (not tickets[0].live or tickets[0].expires <= now):
-            tickets.popleft().release()
-        return self.depth + self._reserved
+        """Requests holding a queue slot: waiting for a batch, or admitted and still being received."""
+        return self.slots.pending(self.depth)
 
     @property
     def closed(self) -> bool:
@@ -154,12 +114,7 @@ class BatchWorker:
 
     def reserve(self) -> Ticket | None:
         """A slot for a request not yet read, or None when the queue (with its reservations) is full or closed."""
-        if self._closed or self.pending >= self.max_queue:
-            return None
-        self._reserved += 1
-        ticket = Ticket(self, time.monotonic() + self.reservation_timeout_s)
-        self._tickets.append(ticket)
-        return ticket
+        return None if self._closed else self.slots.reserve(self.depth)
 
     @property
     def idle(self) -> bool:
@@ -168,34 +123,19 @@ class BatchWorker:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
 
-    def cost(self, rows: int, longest: int) -> int:
-        """What a batch of ``rows`` sampled rows counts against the budget: rows (images), or rows x the padded width
-        of its longest text (texts)."""
-        if self.artifact.text is None:
-            return rows
-        return rows * padded_length(longest, self.artifact.text.max_length)
-
     def enqueue(self, inputs: Inputs, n_samples: int, seed: int | None, ticket: Ticket | None = None
                 ) -> asyncio.Future[BatchResult]:
-        """Queue one request at once or raise; await the future for its result (cancel it to abandon it).
-
-        A live ``ticket`` of this worker turns into the queued item (its slot was counted already); a ticket of
-        another worker (the request named another model, or the version was swapped) is released."""
+        """Queue one request at once or raise; await the future for its result (cancel it to abandon it). A live
+        ``ticket`` of this worker's slots turns into the queued item (its slot was counted already)."""
         if self._closed:
             raise Draining("model version is shutting down")
-        if ticket is not None and ticket.worker is self and ticket.live:
-            ticket.release()  # the slot passes to the item queued below, with no await in between
-        else:
-            if ticket is not None:
-                ticket.release()
-            if self.pending >= self.max_queue:
-                raise QueueFull(f"queue full ({self.max_queue} requests queued or being received)")
+        self.slots.take(ticket, self.depth)
         if isinstance(inputs, list) != (self.artifact.text is not None):
             raise TypeError("text inputs for a text model, pixels for an image model")
         item = WorkItem(inputs, n_samples, seed, asyncio.get_running_loop().create_future())
         try:
             self.queue.put_nowait(item)  # does not overflow: queued + held + reserved <= max_queue
-        except asyncio.QueueFull as exc:  # defensive: the accounting above is the real bound
+        except asyncio.QueueFull as exc:  # defensive: the slot accounting is the real bound
             raise QueueFull(f"queue full ({self.max_queue} requests queued)") from exc
         return item.future
 
@@ -233,14 +173,14 @@ class BatchWorker:
             return [first]
         batch, rows, longest = [first], first.rows, first.longest
         deadline = time.perf_counter() + self.max_delay_s
-        while self.cost(rows, longest) < self.budget:
+        while not self.batch_cost.full(rows, longest):
             remaining = deadline - time.perf_counter()
             try:
                 item = self.queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self.queue.get(),
                                                                                              remaining)
             except (TimeoutError, asyncio.QueueEmpty):
                 break
-            if item.seed is not None or self.cost(rows + item.rows, max(longest, item.longest)) > self.budget:
+            if item.seed is not None or not self.batch_cost.fits(rows + item.rows, max(longest, item.longest)):
                 self._held = item  # starts the next batch
                 break
             batch.append(item)
@@ -263,6 +203,7 @@ class BatchWorker:
                 self._busy = False
 
     async def _process(self, batch: list[WorkItem]) -> None:
+        """One forward for the batch, its rows split back into each request's future."""
         started = time.perf_counter()
         sizes = [item.size for item in batch]
         samples = [item.n_samples for item in batch]
@@ -284,11 +225,12 @@ class BatchWorker:
     def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
                seed: int | None) -> tuple[list[UncertaintySummary], int | None]:
         tokens = None
+        cost = self.batch_cost
         if self.artifact.text is not None:
             ids = [text.ids for item in batch if isinstance(item.inputs, list) for text in item.inputs]
-            rows, tokens = forward_token_rows(self.artifact, self.device, ids, repeats, self.max_tokens, seed)
+            rows, tokens = forward_token_rows(self.artifact, self.device, ids, repeats, cost.max_batch_tokens, seed)
         else:
             images = [item.inputs for item in batch if isinstance(item.inputs, torch.Tensor)]
             pixels = torch.cat(images)  # [sum(n), C, H, W]
-            rows = forward_rows(self.artifact, self.device, pixels, repeats, self.max_rows, seed)
+            rows = forward_rows(self.artifact, self.device, pixels, repeats, cost.max_batch_samples, seed)
         return summarize_requests(rows, sizes, samples, self.artifact.temperature), tokens

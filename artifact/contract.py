@@ -1,0 +1,312 @@
+"""The artifact contract (``model_repository/<name>/<version>/``): file names, the manifest schema and its format
+version, the staging rule of the exporter and the sha256 check of every file.
+
+The exporter builds a ``Manifest`` and writes ``Manifest.document()``; the server reads the same type back with
+``parse_manifest``, which names the field that breaks the contract. Sections allow keys this schema does not list,
+so a newer minor format version (which may add keys) still loads, and a manifest round-trips key for key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+
+FORMAT_VERSION = "1.0"  # a reader refuses another major version; a newer minor version only adds keys
+MANIFEST = "manifest.json"
+ARTIFACT = "director.ts"
+TOKENIZER = "tokenizer.json"
+
+
+# files -------------------------------------------------------------------------------------------------------------
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def staging_folder(version_dir: Path) -> Path:
+    """Where the exporter writes a new version before renaming it to ``version_dir``: a hidden sibling, so a polling
+    server never sees a half-written version."""
+    return version_dir.with_name(f".{version_dir.name}.tmp")
+
+
+def retired_folder(version_dir: Path) -> Path:
+    """Where an exporter moves the version it replaces, for the moment between its two renames."""
+    return version_dir.with_name(f".{version_dir.name}.old")
+
+
+def is_published(folder: Path) -> bool:
+    """Whether a model or version folder is for serving: hidden folders are staged or retired versions."""
+    return folder.is_dir() and not folder.name.startswith(".")
+
+
+# the manifest ------------------------------------------------------------------------------------------------------
+def major_version(format_version: str) -> int:
+    return int(str(format_version).split(".")[0])
+
+
+def _known_major(format_version: str) -> str:
+    try:
+        major = major_version(format_version)
+    except ValueError:
+        raise ValueError(f"unreadable format_version {format_version!r}") from None
+    if major != major_version(FORMAT_VERSION):
+        raise ValueError(f"unsupported format_version {format_version} "
+                         f"(this build reads {major_version(FORMAT_VERSION)}.x)")
+    return format_version
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def document(self) -> dict[str, Any]:
+        """The JSON object: the keys that were given, in schema order, then any others."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ImageConvert(Section):
+    color: str  # PIL mode inputs are converted to: "L" or "RGB"
+    resize: str
+    note: str | None = None
+
+
+class ImageInput(Section):
+    channels: PositiveInt
+    height: PositiveInt
+    width: PositiveInt
+    dtype: Literal["float32"] = "float32"
+    range: tuple[float, float] = (0.0, 1.0)
+    layout: Literal["NCHW"] = "NCHW"
+    convert: ImageConvert | None = None
+
+
+class Truncation(Section):
+    side: Literal["left", "right"] = "right"
+    characters: str | None = None
+    tokens: str | None = None
+
+
+class Padding(Section):
+    side: str = "right"
+    pad_id: int = Field(ge=0, strict=True)
+    note: str | None = None
+
+    @field_validator("side")
+    @classmethod
+    def _right_only(cls, side: str) -> str:
+        if side != "right":
+            raise ValueError(f"is {side!r}: pad on the right only (positions are absolute)")
+        return side
+
+
+class TextInput(Section):
+    """Texts are cut to ``max_characters``, tokenised with ``tokenizer`` (a file listed, and so sha256-checked, in
+    ``files``), truncated to ``max_length`` tokens (special tokens included) and right-padded with ``pad_id``."""
+
+    tokenizer: str = Field(min_length=1)
+    max_length: int = Field(ge=2, strict=True)  # room for [CLS] and [SEP]
+    max_characters: int = Field(ge=1, strict=True)
+    truncation: Truncation = Truncation()
+    padding: Padding
+    dtype: Literal["int64"] = "int64"
+    fields: list[str] = ["input_ids", "attention_mask"]
+
+    @property
+    def pad_id(self) -> int:
+        return self.padding.pad_id
+
+    @property
+    def truncation_side(self) -> str:
+        return self.truncation.side
+
+
+INPUT_SECTIONS: dict[str, type[ImageInput] | type[TextInput]] = {"image": ImageInput, "text": TextInput}
+
+
+class Sampling(Section):
+    steps: int | None = None  # kernel steps per sample (0: no sampling)
+    depth: int | None = None
+    backbone_steps: int | None = None
+    prefix_transitions: int | None = None
+    default_samples: int = Field(ge=1)
+    max_samples: int = Field(ge=1)
+    noise_scale: float | None = None
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> Sampling:
+        if self.default_samples > self.max_samples:
+            raise ValueError("needs 1 <= default_samples <= max_samples")
+        return self
+
+
+class Variance(Section):
+    observed_variance: str
+    tau: float
+    floors: list[float]
+    tau_selection_accuracy: dict[str, float] | None = None
+
+
+class OodThreshold(Section):
+    score: str
+    threshold: float
+
+
+class Ood(Section):
+    score: str | None = None
+    fallback_score: str | None = None  # for sample counts where ``score`` is undefined (mutual information at S=1)
+    tpr: float | None = None
+    thresholds: dict[PositiveInt, OodThreshold] = Field(min_length=1)  # sample count -> rule (JSON keys: strings)
+    selection_set: str | None = None
+    selection_auroc: dict[str, float | None] | None = None
+
+
+class Reference(Section):
+    """Validation statistics at the default sample count, the baseline of the drift gauges."""
+
+    split: str | None = None
+    n_samples: int | None = None
+    n_inputs: int | None = None
+    accuracy: float | None = None
+    ece: float | None = None
+    nll: float | None = None
+    quantile_levels: list[float] | None = None
+    confidence_quantiles: list[float] | None = None
+    predictive_entropy_quantiles: list[float] | None = None
+    mutual_information_quantiles: list[float] | None = None
+    confidence_deciles: list[float] | None = None
+    ood_rate: float | None = None
+
+
+class ArtifactInfo(Section):
+    file: str = ARTIFACT
+    format: str = "torchscript"
+    torch: str | None = None
+    forward: str | None = None
+    sample_rows: str | None = None
+    parameters: int | None = None
+
+
+class Provenance(Section):
+    backbone: dict[str, Any] | None = None
+    dataset: str | None = None
+    config: str | None = None
+    seed: int | None = None
+    git_commit: str | None = None
+    date: str | None = None
+    test_metrics: dict[str, Any] | None = None
+
+
+class FileDigest(Section):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int | None = None
+
+
+class Manifest(Section):
+    """``manifest.json``; ``input`` is read as the section of the manifest's ``modality``."""
+
+    format_version: Annotated[str, AfterValidator(_known_major)]
+    name: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    method: Literal["director", "deterministic", "mc_dropout", "ensemble"] = "director"
+    modality: Literal["image", "text"]
+    labels: list[str] = Field(min_length=1)  # index = class
+    input: ImageInput | TextInput
+    sampling: Sampling
+    variance: Variance | None = None
+    temperature: float = Field(1.0, gt=0)  # divides every sampled logit row
+    ood: Ood
+    reference: Reference | None = None
+    artifact: ArtifactInfo | None = None
+    provenance: Provenance | None = None
+    files: dict[str, FileDigest]  # every file of the folder but the manifest (``file_digests``)
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _section_of_modality(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        kind = INPUT_SECTIONS.get(info.data.get("modality", ""))
+        if kind is None:  # the modality's own error says what is wrong
+            return value
+        return handler(value) if isinstance(value, kind) else kind.model_validate(value)
+
+    @model_validator(mode="after")
+    def _files_listed(self) -> Manifest:
+        if ARTIFACT not in self.files:
+            raise ValueError(f"files do not list {ARTIFACT}")
+        if isinstance(self.input, TextInput) and self.input.tokenizer not in self.files:
+            raise ValueError(f"files do not list the tokenizer {self.input.tokenizer!r} (it must be sha256-checked)")
+        return self
+
+
+class ManifestError(ValueError):
+    """The manifest breaks the contract; the message names the field and what is wrong."""
+
+
+def _describe(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+
+    def where(error: Any) -> str:
+        return ".".join(str(part) for part in error["loc"])
+
+    def what(error: Any) -> str:
+        return str(error["ctx"]["error"]) if error["type"] == "value_error" else str(error["msg"])
+
+    version = [e for e in errors if e["loc"] == ("format_version",) and e["type"] == "value_error"]
+    if version:  # another major version: its other differences are expected
+        return what(version[0])
+    missing = [where(e) for e in errors if e["type"] == "missing"]
+    if missing:
+        return f"manifest lacks {', '.join(missing)}"
+    return "; ".join(f"manifest {where(e)}: {what(e)}" if e["loc"] else f"manifest {what(e)}" for e in errors[:3])
+
+
+def parse_manifest(document: Any) -> Manifest:
+    """The typed manifest of a JSON document; ``ManifestError`` names what breaks the contract."""
+    if not isinstance(document, dict):
+        raise ManifestError(f"{MANIFEST} is not a JSON object")
+    try:
+        return Manifest.model_validate(document)
+    except ValidationError as exc:
+        raise ManifestError(_describe(exc)) from None
+
+
+def read_document(folder: Path) -> dict[str, Any]:
+    """The folder's manifest as written (shown as is, even when it breaks the contract)."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{MANIFEST} is missing")
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{MANIFEST} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ManifestError(f"{MANIFEST} is not a JSON object")
+    return document
+
+
+def file_digests(directory: Path) -> dict[str, FileDigest]:
+    """The sha256 and size of every file in ``directory`` except the manifest: the manifest's ``files``."""
+    return {p.name: FileDigest(sha256=sha256_file(p), bytes=p.stat().st_size)
+            for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+
+
+def verify_files(directory: Path, manifest: Manifest) -> list[str]:
+    """Names of the manifest's files that are missing or whose sha256 differs."""
+    return [name for name, entry in manifest.files.items()
+            if not (directory / name).is_file() or sha256_file(directory / name) != entry.sha256]

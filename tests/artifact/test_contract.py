@@ -1,0 +1,101 @@
+"""The artifact contract: every committed manifest reads back key for key, and a manifest that breaks the contract
+is refused with the field named."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from artifact.contract import (
+    MANIFEST,
+    ImageInput,
+    ManifestError,
+    TextInput,
+    is_published,
+    parse_manifest,
+    read_document,
+    retired_folder,
+    staging_folder,
+    verify_files,
+)
+
+REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
+COMMITTED = sorted(REPOSITORY.glob(f"*/*/{MANIFEST}"))
+
+
+@pytest.fixture(scope="module")
+def image_document() -> dict[str, Any]:
+    return read_document(REPOSITORY / "fashion-vit" / "1")
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_committed_manifests_round_trip(path: Path) -> None:
+    document = json.loads(path.read_text())
+    manifest = parse_manifest(document)
+    assert manifest.document() == document
+    assert list(manifest.document()) == list(document)  # same keys in the same order
+    assert isinstance(manifest.input, TextInput if document["modality"] == "text" else ImageInput)
+    assert verify_files(path.parent, manifest) == []
+
+
+def test_every_committed_modality_is_covered() -> None:
+    assert {json.loads(p.read_text())["modality"] for p in COMMITTED} == {"image", "text"}
+
+
+def test_unknown_major_version_is_refused_and_a_newer_minor_is_read(image_document: dict[str, Any]) -> None:
+    with pytest.raises(ManifestError, match=r"unsupported format_version 2\.0 \(this build reads 1\.x\)"):
+        parse_manifest({**image_document, "format_version": "2.0", "labels": None})  # the version is the reason
+    with pytest.raises(ManifestError, match="unreadable format_version"):
+        parse_manifest({**image_document, "format_version": "one"})
+    newer = parse_manifest({**image_document, "format_version": "1.7", "added_in_1_7": {"x": 1}})
+    assert newer.document()["added_in_1_7"] == {"x": 1}
+
+
+def test_missing_and_wrong_fields_are_named(image_document: dict[str, Any]) -> None:
+    with pytest.raises(ManifestError, match="^manifest lacks labels, sampling$"):
+        parse_manifest({k: v for k, v in image_document.items() if k not in ("labels", "sampling")})
+    without_height = copy.deepcopy(image_document)
+    del without_height["input"]["height"]
+    with pytest.raises(ManifestError, match="^manifest lacks input.height$"):
+        parse_manifest(without_height)
+    with pytest.raises(ManifestError, match="manifest modality: Input should be 'image' or 'text'"):
+        parse_manifest({**image_document, "modality": "audio"})
+    with pytest.raises(ManifestError, match="input.tokenizer"):  # an image section read as the text model's
+        parse_manifest({**image_document, "modality": "text"})
+    with pytest.raises(ManifestError, match="ood.thresholds"):
+        parse_manifest({**image_document, "ood": {**image_document["ood"], "thresholds": {}}})
+    with pytest.raises(ManifestError, match="files do not list director.ts"):
+        parse_manifest({**image_document, "files": {}})
+    with pytest.raises(ManifestError, match="files.director.ts.sha256"):
+        parse_manifest({**image_document, "files": {"director.ts": {"sha256": "not hex"}}})
+    with pytest.raises(ManifestError, match="not a JSON object"):
+        parse_manifest([image_document])
+
+
+def test_digest_mismatch_and_missing_file_are_reported(tmp_path: Path) -> None:
+    folder = tmp_path / "fashion-vit" / "1"
+    shutil.copytree(REPOSITORY / "fashion-vit" / "1", folder)
+    manifest = parse_manifest(read_document(folder))
+    assert verify_files(folder, manifest) == []
+    with (folder / "director.ts").open("r+b") as handle:
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 1]))
+    assert verify_files(folder, manifest) == ["director.ts"]
+    (folder / "director.ts").unlink()
+    assert verify_files(folder, manifest) == ["director.ts"]
+
+
+def test_staged_and_retired_versions_are_not_published(tmp_path: Path) -> None:
+    version = tmp_path / "model" / "3"
+    for folder in (version, staging_folder(version), retired_folder(version)):
+        folder.mkdir(parents=True)
+    assert is_published(version) and is_published(version.parent)
+    assert staging_folder(version).parent == retired_folder(version).parent == version.parent
+    assert not is_published(staging_folder(version)) and not is_published(retired_folder(version))
+    assert not is_published(tmp_path / "model" / "absent")
