@@ -31,7 +31,6 @@ report whichever worker answered."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import logging
 import math
 import os
@@ -41,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from prometheus_client import (
     PLATFORM_COLLECTOR,
     CollectorRegistry,
@@ -55,10 +53,11 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import multiprocess as prom_multiprocess
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from models.uncertainty import UncertaintySummary
+from service.gpu_metrics import GpuMemoryCollector, GpuUtilisationCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -294,43 +293,6 @@ class _WorkerProcesses(Collector):
                 for sample in metric.samples:
                     family.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
         yield from families.values()
-
-
-class GpuMemoryCollector(Collector):
-    """Memory of the CUDA device this process serves on, as the driver reports it at scrape time: in use by every
-    process on the device (``director_gpu_memory_used_bytes``: the workers' allocated and cached memory, their
-    CUDA contexts, and any other tenant) and its total (``director_gpu_memory_total_bytes``); the GPU memory alert
-    is their ratio. Being device-wide, the values need no multiprocess aggregation. A process that never
-    initialised CUDA (CPU serving) exports the two families without samples, and never initialises it here."""
-
-    def collect(self) -> Iterator[Metric]:
-        used = GaugeMetricFamily("director_gpu_memory_used_bytes", "memory in use on the serving GPU by every "
-                                 "process on it (driver view: total minus free)")
-        total = GaugeMetricFamily("director_gpu_memory_total_bytes", "total memory of the serving GPU")
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            free_bytes, total_bytes = torch.cuda.mem_get_info()
-            used.add_metric([], float(total_bytes - free_bytes))
-            total.add_metric([], float(total_bytes))
-        yield used
-        yield total
-
-
-class GpuUtilisationCollector(Collector):
-    """Share of the last sample period in which the serving GPU ran a kernel (``director_gpu_utilization_ratio``,
-    device-wide like the memory above), read through NVML (``nvidia-ml-py``) at scrape time. Without NVML, or in a
-    process that never initialised CUDA, the family has no sample."""
-
-    def __init__(self) -> None:
-        self.nvml = importlib.util.find_spec("pynvml") is not None
-
-    def collect(self) -> Iterator[Metric]:
-        ratio = GaugeMetricFamily("director_gpu_utilization_ratio", "share of time the serving GPU was busy (NVML)")
-        if self.nvml and torch.cuda.is_available() and torch.cuda.is_initialized():
-            try:
-                ratio.add_metric([], torch.cuda.utilization() / 100.0)
-            except Exception:  # NVML errors (driver reloaded, device lost) leave the sample out, never the scrape
-                log.debug("NVML utilisation unavailable", exc_info=True)
-        yield ratio
 
 
 class _WithoutRemoved(Collector):
