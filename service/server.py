@@ -12,14 +12,17 @@ import socket
 import tempfile
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from service.config import Settings
 from service.connections import DirectorConfig
-from service.state import Lifecycle
 from service.supervisor import Supervisor
+
+if TYPE_CHECKING:  # service.state brings torch: a supervisor parent, which serves nothing, goes without it
+    from service.state import Lifecycle
 
 log = logging.getLogger("service.server")
 
@@ -56,6 +59,7 @@ def configure_logging(settings: Settings) -> None:
 def serve_on(settings: Settings, sockets: list[socket.socket] | None = None) -> bool:
     """One server process (on ``sockets`` when a supervisor bound them); whether it started serving."""
     from service.app import create_app  # after the environment is final
+    from service.state import Lifecycle
 
     configure_logging(settings)
     lifecycle = Lifecycle()
