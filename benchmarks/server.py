@@ -42,6 +42,14 @@ def _stop(proc: subprocess.Popen) -> None:
 def running_server(repository: Path, default_model: str, threads: int, extra: list[str],
                    ready_timeout_s: float = 300.0) -> Iterator[str]:
     """Serve ``repository`` on a free loopback port with torch pinned to ``threads``; yields the base URL."""
+    with server_process(repository, default_model, threads, extra, ready_timeout_s) as (_, url):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(repository: Path, default_model: str, threads: int, extra: list[str],
+                   ready_timeout_s: float = 300.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """As ``running_server``, yielding the process too (its pid, for resident memory)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="director-bench-") as tmp:
         cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--model-repository",
@@ -63,6 +71,6 @@ def running_server(repository: Path, default_model: str, threads: int, extra: li
                 except httpx.TransportError:
                     pass
                 time.sleep(0.2)
-            yield url
+            yield proc, url
         finally:
             _stop(proc)

@@ -7,8 +7,7 @@ from service.server import serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    serve(settings_from_args(argv))
-    return 0
+    return serve(settings_from_args(argv))
 
 
 if __name__ == "__main__":

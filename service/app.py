@@ -49,9 +49,9 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
                 metrics_.queue_wait.labels(*labels).observe(wait)
             metrics_.observe_device_memory(device.memory_stats())
 
-        return BatchWorker(artifact, device, device.shapes.max_rows, settings.max_batch_delay_ms,
+        return BatchWorker(artifact, device, device.shapes.max_batch_samples, settings.max_batch_delay_ms,
                            settings.max_queue, on_batch, reservation_timeout_s=settings.request_timeout_s,
-                           max_batch_tokens=device.shapes.max_tokens)
+                           max_batch_tokens=device.shapes.max_batch_tokens)
 
     repository = ModelRepository(settings.model_repository, device, make_worker,
                                  drain_timeout_s=settings.request_timeout_s,

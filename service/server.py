@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from service.config import Settings
 from service.connections import DirectorConfig
-from service.state import Lifecycle
+from service.supervisor import Supervisor
+
+if TYPE_CHECKING:  # service.state brings torch: a supervisor parent, which serves nothing, goes without it
+    from service.state import Lifecycle
 
 log = logging.getLogger("service.server")
 
@@ -46,20 +52,35 @@ def uvicorn_config(app: object, settings: Settings, **extra: object) -> Director
                           limit_concurrency=settings.max_connections + 1, access_log=False, **extra)
 
 
-def serve(settings: Settings) -> None:
+def configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.workers > 1:
-        # several processes: metrics must go through prometheus-client's multiprocess mode; the variable has
-        # to be set before prometheus_client is imported in the workers
-        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="director-prometheus-")
-            log.info("PROMETHEUS_MULTIPROC_DIR=%s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
-        uvicorn.run("service.app:create_app", factory=True, host=settings.host, port=settings.port,
-                    workers=settings.workers, log_level=settings.log_level, access_log=False,
-                    timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
-        return
-    from service.app import create_app  # after the environment is final
 
+
+def serve_on(settings: Settings, sockets: list[socket.socket] | None = None) -> bool:
+    """One server process (on ``sockets`` when a supervisor bound them); whether it started serving."""
+    from service.app import create_app  # after the environment is final
+    from service.state import Lifecycle
+
+    configure_logging(settings)
     lifecycle = Lifecycle()
     app = create_app(settings, lifecycle)
-    DirectorServer(uvicorn_config(app, settings), lifecycle, settings.shutdown_grace_s).run()
+    server = DirectorServer(uvicorn_config(app, settings), lifecycle, settings.shutdown_grace_s)
+    server.run(sockets)
+    return server.started
+
+
+def serve(settings: Settings) -> int:
+    """Serve until SIGTERM; the exit status. With several workers a supervisor runs ``serve_on`` in each."""
+    configure_logging(settings)
+    if settings.workers == 1:
+        return 0 if serve_on(settings) else STARTUP_FAILURE
+    # several processes: metrics go through prometheus-client's multiprocess mode; the variable has to be set
+    # before prometheus_client is imported in the workers (they inherit this environment)
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="director-prometheus-")
+        log.info("PROMETHEUS_MULTIPROC_DIR=%s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    sock = uvicorn_config(None, settings).bind_socket()
+    try:
+        return Supervisor(settings, sock).run()
+    finally:
+        sock.close()

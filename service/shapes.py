@@ -59,13 +59,13 @@ class BatchShapes:
     """The shapes forwards run at on this device: the row budget (images), the token budget (texts) and whether
     counts are padded to buckets."""
 
-    max_rows: int
-    max_tokens: int
+    max_batch_samples: int
+    max_batch_tokens: int
     buckets: bool
 
     def row_sizes(self, text: bool) -> tuple[int, ...]:
-        """Bucket sizes of rows (and of inputs): a text forward has at most ``max_tokens / 8`` rows."""
-        return bucket_sizes(max(1, self.max_tokens // MIN_TEXT_WIDTH) if text else self.max_rows)
+        """Bucket sizes of rows (and of inputs): a text forward has at most ``max_batch_tokens / 8`` rows."""
+        return bucket_sizes(max(1, self.max_batch_tokens // MIN_TEXT_WIDTH) if text else self.max_batch_samples)
 
     def padding(self, repeats: list[int], text: bool = False) -> Padding:
         rows = sum(repeats)
@@ -108,5 +108,5 @@ def warm_counts(shapes: BatchShapes, text: bool) -> Iterator[tuple[int, int]]:
 def warm_text_width(shapes: BatchShapes, rows: int, max_length: int) -> int:
     """The widest padded text width (a multiple of 8, at most ``max_length``) a forward of ``rows`` rows can have
     within the token budget."""
-    width = max(MIN_TEXT_WIDTH, shapes.max_tokens // rows // MIN_TEXT_WIDTH * MIN_TEXT_WIDTH)
+    width = max(MIN_TEXT_WIDTH, shapes.max_batch_tokens // rows // MIN_TEXT_WIDTH * MIN_TEXT_WIDTH)
     return min(width, max_length)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from models.artifact_format import ARTIFACT, sha256_file
+from artifact.contract import ARTIFACT, sha256_file
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 

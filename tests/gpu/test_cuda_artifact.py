@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from models.artifact_format import ARTIFACT
 
+from artifact.contract import ARTIFACT
 from tests.gpu.conftest import needs_cuda
 
 pytestmark = needs_cuda

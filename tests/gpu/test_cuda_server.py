@@ -57,9 +57,9 @@ def test_a_real_out_of_memory_fails_the_batch_and_the_device_goes_on(cuda_artifa
     pixels = torch.rand(2, 1, 28, 28)  # [2, 1, 28, 28]
     hog = Artifact(cuda_artifact, {"input": {"channels": 1, "height": 28, "width": 28}}, Hog())  # type: ignore[arg-type]
     with pytest.raises(DeviceOutOfMemory):
-        forward_rows(hog, device, pixels, [2, 2], max_rows=16)
+        forward_rows(hog, device, pixels, [2, 2], max_batch_samples=16)
     assert counted == [1]
     module = torch.jit.load(str(cuda_artifact / "director.ts"), map_location="cuda").eval()
-    rows = forward_rows(Artifact(cuda_artifact, {}, module), device, pixels, [2, 3], max_rows=16)
+    rows = forward_rows(Artifact(cuda_artifact, {}, module), device, pixels, [2, 3], max_batch_samples=16)
     assert rows.shape[0] == 5 and rows.device.type == "cpu" and torch.isfinite(rows).all()
     assert isinstance(device, Device) and not device.lock.locked()

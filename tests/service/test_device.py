@@ -79,12 +79,12 @@ def test_bucket_sizes_are_powers_of_two_then_the_budget() -> None:
 
 
 def test_padding_goes_to_the_last_real_input_and_empty_padding_inputs() -> None:
-    shapes = BatchShapes(max_rows=16, max_tokens=64, buckets=True)
+    shapes = BatchShapes(max_batch_samples=16, max_batch_tokens=64, buckets=True)
     padding = shapes.padding([2, 3, 1])  # 3 inputs, 6 rows -> 4 inputs, 8 rows
     assert padding == Padding(inputs=4, rows=8, real_inputs=3, real_rows=6)
     assert padding.repeats([2, 3, 1]).tolist() == [2, 3, 3, 0]
     assert BatchShapes(16, 64, buckets=False).padding([2, 3, 1]) == Padding(3, 6, 3, 6)
-    assert shapes.padding([2, 3], text=True).rows == 8  # text rows are bounded by max_tokens / 8 = 8
+    assert shapes.padding([2, 3], text=True).rows == 8  # text rows are bounded by max_batch_tokens / 8 = 8
 
 
 def test_text_padding_inputs_show_one_pad_token() -> None:
@@ -122,18 +122,18 @@ def test_padding_rows_never_reach_the_caller(tmp_path: Path) -> None:
     artifact = image_artifact(module, tmp_path)
     pixels = torch.arange(1, 4, dtype=torch.float32).view(3, 1, 1, 1).expand(3, 1, 2, 2).contiguous()  # [3, 1, 2, 2]
     bucketed = Device(torch.device("cpu"), shapes=BatchShapes(16, 64, buckets=True))
-    rows = forward_rows(artifact, bucketed, pixels, [2, 3, 1], max_rows=16)
+    rows = forward_rows(artifact, bucketed, pixels, [2, 3, 1], max_batch_samples=16)
     assert module.calls == [(4, 8)]
     expected = [[1, 0], [1, 1], [2, 0], [2, 1], [2, 2], [3, 0]]
     assert rows.tolist() == expected
-    plain = forward_rows(artifact, Device(torch.device("cpu")), pixels, [2, 3, 1], max_rows=16)
+    plain = forward_rows(artifact, Device(torch.device("cpu")), pixels, [2, 3, 1], max_batch_samples=16)
     assert module.calls[-1] == (3, 6) and plain.tolist() == expected
 
 
 def test_every_bucket_is_warmed_before_ready(tmp_path: Path) -> None:
     module = RowsByInput()
     artifact = image_artifact(module, tmp_path)
-    shapes = BatchShapes(max_rows=16, max_tokens=64, buckets=True)
+    shapes = BatchShapes(max_batch_samples=16, max_batch_tokens=64, buckets=True)
     warm_up_buckets(artifact, Device(torch.device("cpu"), shapes=shapes))
     for rows in bucket_sizes(16):
         for inputs in {1, rows}:
@@ -165,9 +165,9 @@ def test_out_of_memory_fails_the_batch_not_the_device(tmp_path: Path) -> None:
     artifact = image_artifact(OutOfMemoryOnce(RowsByInput()), tmp_path)  # type: ignore[arg-type]
     pixels = torch.ones(1, 1, 2, 2)  # [1, 1, 2, 2]
     with pytest.raises(DeviceOutOfMemory, match="out of memory on cpu"):
-        forward_rows(artifact, device, pixels, [2], max_rows=8)
+        forward_rows(artifact, device, pixels, [2], max_batch_samples=8)
     assert counted == [1] and not device.lock.locked()
-    assert forward_rows(artifact, device, pixels, [2], max_rows=8).tolist() == [[1, 0], [1, 1]]
+    assert forward_rows(artifact, device, pixels, [2], max_batch_samples=8).tolist() == [[1, 0], [1, 1]]
 
 
 def test_server_answers_an_out_of_memory_batch_with_503_and_keeps_serving(tiny_repository: Path,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from models.artifact_format import ARTIFACT, sha256_file
 
+from artifact.contract import ARTIFACT, sha256_file
 from tests.service.conftest import copy_version, random_pixels, serve, settings_for
 
 BODY = {"inputs": [{"pixels": random_pixels(np.random.default_rng(0))[0]}], "n_samples": 1}

@@ -1,0 +1,106 @@
+"""Several worker processes on one listening socket, each the same server as a single process.
+
+uvicorn's own multiprocess mode builds plain ``uvicorn.Server`` workers: no shutdown grace and none of
+``service.connections``' protections. Here the parent binds the socket once, starts ``settings.workers`` processes
+(``spawn``: no torch state inherited from the parent) that each run ``DirectorServer`` on it, and on SIGTERM or
+SIGINT forwards SIGTERM to every worker, so each one drains through ``shutdown_grace_s`` as a single process
+does, then waits for them all. A worker that dies while serving is replaced; one that fails to start stops the
+whole server (the next would fail the same way). A dead worker's metric files are marked dead for
+prometheus-client's multiprocess mode, whether it exited cleanly or was killed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from prometheus_client import multiprocess as prom_multiprocess
+from uvicorn.config import STARTUP_FAILURE
+
+from service.config import Settings
+
+log = logging.getLogger("service.supervisor")
+
+POLL_S = 0.5  # how often the parent looks for dead workers
+
+
+def run_worker(settings: Settings, sock: socket.socket) -> None:
+    """A worker process: the app and ``DirectorServer`` built here, serving on the inherited socket."""
+    from service.server import serve_on  # in the worker: the environment (PROMETHEUS_MULTIPROC_DIR) is final
+
+    if not serve_on(settings, [sock]):
+        raise SystemExit(STARTUP_FAILURE)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, sock: socket.socket) -> None:
+        self.settings = settings
+        self.sock = sock
+        self.context = multiprocessing.get_context("spawn")
+        self.workers: list[BaseProcess] = []
+        self.stopping = threading.Event()
+        self.failed = False
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; the exit status (0, or ``STARTUP_FAILURE`` when a worker failed to start)."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.workers = [self._start() for _ in range(self.settings.workers)]
+            log.info("parent %d started workers %s", os.getpid(), [w.pid for w in self.workers])
+            while not self.stopping.wait(POLL_S):
+                self._replace_dead()
+            for worker in self.workers:
+                self._terminate(worker)
+            for worker in self.workers:
+                worker.join()
+                self._mark_dead(worker)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        log.info("parent %d stopped", os.getpid())
+        return STARTUP_FAILURE if self.failed else 0
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        if self.stopping.is_set():  # a second signal: pass it on, each worker then stops without waiting
+            for worker in self.workers:
+                self._terminate(worker)
+            return
+        log.info("received %s: draining every worker", signal.Signals(sig).name)
+        self.stopping.set()
+
+    def _start(self) -> BaseProcess:
+        worker = self.context.Process(target=run_worker, args=(self.settings, self.sock), name="director-worker")
+        worker.start()
+        return worker
+
+    def _replace_dead(self) -> None:
+        for index, worker in enumerate(self.workers):
+            if worker.is_alive():
+                continue
+            worker.join()
+            self._mark_dead(worker)
+            if worker.exitcode == STARTUP_FAILURE:
+                log.error("worker %d failed to start: stopping", worker.pid)
+                self.failed = True
+                self.stopping.set()
+                return
+            log.warning("worker %d exited (status %s): starting another", worker.pid, worker.exitcode)
+            self.workers[index] = self._start()
+
+    @staticmethod
+    def _terminate(worker: BaseProcess) -> None:
+        if worker.pid is not None and worker.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):  # it exited since the check
+                os.kill(worker.pid, signal.SIGTERM)
+
+    @staticmethod
+    def _mark_dead(worker: BaseProcess) -> None:
+        # prometheus-client directly, not service.metrics: the parent stays without torch
+        if worker.pid is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            prom_multiprocess.mark_process_dead(worker.pid)
