@@ -4,6 +4,7 @@ the CUDA paths themselves are tested in tests/gpu/."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -11,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from artifact.contract import MANIFEST, parse_manifest
 from service import device as device_module
 from service.artifact import Artifact, warm_up_buckets
 from service.device import DEVICE_DEFAULTS, Device, DeviceOutOfMemory, DeviceUnavailable, resolve_device
 from service.inference import forward_rows
 from service.metrics import Metrics
 from service.shapes import WARM_CALLS, BatchShapes, Padding, bucket, bucket_sizes, pad_tokens, warm_counts
-from tests.service.conftest import metric_value, random_pixels, serve, settings_for
+from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value, random_pixels, serve, settings_for
 
 
 # ---------------------------------------------------------------------------------------------- device choice
@@ -110,8 +112,11 @@ class RowsByInput(torch.nn.Module):
 
 
 def image_artifact(module: torch.nn.Module, tmp_path: Path) -> Artifact:
-    manifest = {"modality": "image", "input": {"channels": 1, "height": 2, "width": 2}, "labels": ["a", "b"],
-                "sampling": {"default_samples": 2, "max_samples": 8}}
+    """``module`` behind the committed default model's manifest, narrowed to 1x2x2 images, two labels, S <= 8."""
+    committed = parse_manifest(json.loads((DEFAULT_MODEL_DIR / MANIFEST).read_text()))
+    manifest = committed.model_copy(update={
+        "labels": ["a", "b"], "input": committed.input.model_copy(update={"channels": 1, "height": 2, "width": 2}),
+        "sampling": committed.sampling.model_copy(update={"default_samples": 2, "max_samples": 8})})
     return Artifact(tmp_path, manifest, module)  # type: ignore[arg-type]
 
 
