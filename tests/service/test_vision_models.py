@@ -1,0 +1,87 @@
+"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v2
+(partial-depth DIRECTOR, the default version), its v1 (whole-stack, kept for rollback) and the deterministic
+backbone baseline. Held-out Fashion-MNIST images get their labels from each, the default version is the newest,
+test images are flagged OOD at about the rate the threshold was set for, and the artifacts stay small."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.service.conftest import REPO_ROOT, Running, copy_version, png_base64, serve, settings_for
+
+VISION_MODEL = REPO_ROOT / "model_repository" / "fashion-vit"
+BASELINE_DIR = REPO_ROOT / "model_repository" / "fashion-vit-deterministic" / "1"
+FOLDERS = {("fashion-vit", "1"): VISION_MODEL / "1", ("fashion-vit", "2"): VISION_MODEL / "2",
+           ("fashion-vit-deterministic", "1"): BASELINE_DIR}
+BUDGET_MIB = 5
+
+
+@pytest.fixture(scope="module")
+def vision_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    tmp = tmp_path_factory.mktemp("vision-models")
+    for (name, version), folder in FOLDERS.items():
+        assert (folder / "manifest.json").is_file(), f"a committed vision model is missing: {folder}"
+        copy_version(folder, tmp / "repo", name, version)
+    with serve(settings_for(tmp / "repo", tmp, default_model="fashion-vit")) as running:
+        yield running
+
+
+def held_out(n: int) -> tuple[np.ndarray, list[int]]:
+    from training.data import load_fashion_mnist_split
+
+    test = load_fashion_mnist_split("/usr/share/datasets/fashion-mnist", "test")
+    return (test.images[:n, 0].numpy() * 255).round().astype(np.uint8), test.labels[:n].tolist()
+
+
+def predict(server: Running, images: np.ndarray, seed: int, model: str = "fashion-vit") -> dict:
+    body = {"model": model, "inputs": [{"image_base64": png_base64(img)} for img in images], "seed": seed}
+    response = httpx.post(f"{server.url}/predict", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_every_version_is_ready_and_v2_is_the_default(vision_models: Running) -> None:
+    models = {m["name"]: m for m in httpx.get(f"{vision_models.url}/models", timeout=10).json()["models"]}
+    assert {"fashion-vit", "fashion-vit-deterministic"} <= set(models)
+    assert all(v["state"] == "ready" for m in models.values() for v in m["versions"])
+    images, _ = held_out(1)
+    assert predict(vision_models, images, seed=0)["model_version"] == "2"
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS.values(), key=str), ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_artifact_size_budget(folder: Path) -> None:
+    total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    assert total < BUDGET_MIB * 2**20, f"{total / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("model", ["fashion-vit", "fashion-vit-deterministic"])
+def test_held_out_images_get_their_labels(vision_models: Running, model: str) -> None:
+    images, labels = held_out(200)
+    manifest = json.loads((FOLDERS[(model, "2" if model == "fashion-vit" else "1")] / "manifest.json").read_text())
+    predictions = [p for start in range(0, 200, 50)
+                   for p in predict(vision_models, images[start : start + 50], seed=start, model=model)["predictions"]]
+    accuracy = sum(p["label"] == manifest["labels"][y] for p, y in zip(predictions, labels, strict=True)) / 200
+    assert accuracy >= 0.85, accuracy  # the manifests' test accuracy is ~0.90 on all 10,000
+    for p in predictions:
+        assert p["confidence"] == pytest.approx(max(p["probabilities"].values()))
+        assert p["mutual_information"] >= 0.0
+
+
+def test_ood_flag_rate_on_test_images_is_what_the_threshold_was_set_for(vision_models: Running) -> None:
+    """The threshold passes 95% of in-distribution validation inputs, so test images are flagged at about 5%."""
+    manifest = json.loads((VISION_MODEL / "2" / "manifest.json").read_text())
+    images, _ = held_out(200)
+    responses = [predict(vision_models, images[start : start + 50], start) for start in range(0, 200, 50)]
+    s = responses[0]["n_samples"]
+    assert s == manifest["sampling"]["default_samples"]
+    threshold = manifest["ood"]["thresholds"][str(s)]["threshold"]
+    predictions = [p for r in responses for p in r["predictions"]]
+    assert all(p["is_ood"] == (p["ood_score"] > threshold) for p in predictions)
+    rate = sum(p["is_ood"] for p in predictions) / len(predictions)
+    assert rate <= 0.12, rate  # 5% expected; 12% is far outside 200 draws' sampling error
