@@ -298,6 +298,17 @@ def random_pixels(rng: np.random.Generator, n: int = 1) -> list[list[list[list[f
     return rng.random((n, 1, 28, 28)).round(4).tolist()
 
 
+def flagged_share(manifest: dict[str, Any], responses: list[dict[str, Any]]) -> float:
+    """The share of predictions flagged OOD, after checking that the responses ran at the manifest's default S and
+    that every flag is the score against the manifest's threshold for that S."""
+    s = responses[0]["n_samples"]
+    assert s == manifest["sampling"]["default_samples"]
+    threshold = manifest["ood"]["thresholds"][str(s)]["threshold"]
+    predictions = [p for r in responses for p in r["predictions"]]
+    assert all(p["is_ood"] == (p["ood_score"] > threshold) for p in predictions)
+    return sum(p["is_ood"] for p in predictions) / len(predictions)
+
+
 def metric_value(text: str, name: str, **labels: str) -> float | None:
     """The value of one sample in Prometheus text output (None when absent)."""
     for line in text.splitlines():

@@ -12,7 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import DEFAULT_MODEL_DIR, REPO_ROOT, Running, copy_version, serve, settings_for
+from tests.service.conftest import (
+    DEFAULT_MODEL_DIR,
+    REPO_ROOT,
+    Running,
+    copy_version,
+    flagged_share,
+    serve,
+    settings_for,
+)
 
 TEXT_MODEL = REPO_ROOT / "model_repository" / "movie-reviews-minilm"
 TEXT_MODEL_DIR = TEXT_MODEL / "2"
@@ -79,10 +87,5 @@ def test_ood_flag_rate_on_reviews_is_what_the_threshold_was_set_for(text_models:
     manifest = json.loads((TEXT_MODEL_DIR / "manifest.json").read_text())
     texts, _ = held_out(200)
     responses = [predict(text_models, texts[start : start + 50], start) for start in range(0, 200, 50)]
-    s = responses[0]["n_samples"]
-    assert s == manifest["sampling"]["default_samples"]
-    threshold = manifest["ood"]["thresholds"][str(s)]["threshold"]
-    predictions = [p for r in responses for p in r["predictions"]]
-    assert all(p["is_ood"] == (p["ood_score"] > threshold) for p in predictions)
-    rate = sum(p["is_ood"] for p in predictions) / len(predictions)
+    rate = flagged_share(manifest, responses)
     assert rate <= 0.12, rate  # 5% expected; 12% is far outside 200 draws' sampling error
