@@ -6,11 +6,11 @@ requests) is ``DIRECTOR_FUZZ_EXAMPLES=1000 pytest tests/service/test_fuzz.py`` (
 
 from __future__ import annotations
 
-import base64
-import io
+import json
 import math
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,13 +19,43 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.service.conftest import TEXT_MODEL, Running
+from tests.service.conftest import TEXT_MODEL, Running, png_base64
 
 EXAMPLES = int(os.environ.get("DIRECTOR_FUZZ_EXAMPLES", "12"))  # per operation and per generator
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
+REPORT = os.environ.get("DIRECTOR_FUZZ_REPORT")  # the long run writes its server-side status counts here
+
+
+def status_counts(server: Running) -> dict[str, float]:
+    """``director_requests_total`` summed by status code, as the server itself counted them."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics", timeout=30).text):
+        if family.name == "director_requests":
+            for sample in family.samples:
+                if sample.name == "director_requests_total":
+                    counts[sample.labels["code"]] = counts.get(sample.labels["code"], 0) + sample.value
+    return counts
+
+
+@pytest.fixture(scope="module", autouse=True)
+def server_side_tally(tiny_server: Running, text_server: Running) -> Iterator[None]:
+    """The servers' own request counters over this file's traffic: no 5xx may appear there either (a response
+    the client never saw, such as one lost to a reset connection, is still counted by the server)."""
+    before = {name: status_counts(server) for name, server in (("image", tiny_server), ("text", text_server))}
+    yield
+    after = {name: status_counts(server) for name, server in (("image", tiny_server), ("text", text_server))}
+    delta: dict[str, int] = {}
+    for name, counts in after.items():
+        for code, value in counts.items():
+            delta[code] = delta.get(code, 0) + int(value - before[name].get(code, 0))
+    if REPORT:
+        Path(REPORT).write_text(json.dumps({"examples_per_test": EXAMPLES, "requests": sum(delta.values()),
+                                            "by_status": dict(sorted(delta.items()))}, indent=2) + "\n")
+    assert sum(delta.values()) > 0
+    assert not {code: n for code, n in delta.items() if code.startswith("5") and n}, delta
 
 
 def test_no_operation_answers_5xx(tiny_server: Running) -> None:
@@ -45,12 +75,6 @@ def test_no_operation_answers_5xx(tiny_server: Running) -> None:
 
 
 # ---- valid requests ----------------------------------------------------------------------------------------------
-
-def png_base64(array: np.ndarray) -> str:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()
-
 
 @st.composite
 def images(draw: st.DrawFn) -> dict[str, str]:
