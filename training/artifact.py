@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from artifact.contract import MANIFEST, Manifest, retired_folder, staging_folder
+from training.data import ForwardArgs
 
 
 def script_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -87,15 +88,16 @@ def install_version(tmp_dir: Path, out_dir: Path) -> None:
         tmp_dir.rename(out_dir)
 
 
-def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, probe: torch.Tensor, path: Path,
+def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, probe: ForwardArgs, path: Path,
                       n_samples: int = 4) -> torch.jit.ScriptModule:
-    """Script ``artifact_module`` to ``path``, load it back and check it matches ``eager`` under one seed."""
+    """Script ``artifact_module`` to ``path``, load it back and check it matches ``eager`` under one seed on the
+    model inputs ``probe`` ((pixels,) or (ids, mask))."""
     save_scripted(script_module(artifact_module), path)
     served = load_scripted(path)
     torch.manual_seed(0)
-    eager_out = eager(probe, n_samples)
+    eager_out = eager(*probe, n_samples)
     torch.manual_seed(0)
-    served_out = served(probe, n_samples)
+    served_out = served(*probe, n_samples)
     if not torch.allclose(eager_out, served_out, atol=1e-4):
         raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
     return served

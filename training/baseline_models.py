@@ -17,6 +17,7 @@ import torch
 from models.backbones import ImageClassifier
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.bert_view import BertTransitionView
+from models.text_backbones import TextClassifier
 from models.text_director import TextBackbone
 from training.config import PipelineConfig
 from training.fit_backbone import fit_backbone
@@ -53,17 +54,22 @@ class BaselineModel:
     max_samples: int
 
 
-def build_baseline(cfg: PipelineConfig, method: str, train_missing: bool = True) -> BaselineModel:
+def text_baseline(cfg: PipelineConfig, method: str, train_missing: bool) -> BaselineModel:
+    """The plain text backbone rebuilt from plain modules (the only text baseline that scripts)."""
+    del train_missing
+    if method != "deterministic":
+        raise ValueError(f"text baselines export as artifacts for method deterministic only, not {method!r}: "
+                         "transformers modules do not script, and only the plain backbone is rebuilt from plain "
+                         "modules (the evaluation still measures MC dropout and ensembles on texts)")
     backbone = load_backbone(cfg.run_dir)
-    if cfg.is_text:
-        if method != "deterministic":
-            raise ValueError(f"text baselines export as artifacts for method deterministic only, not {method!r}: "
-                             "transformers modules do not script, and only the plain backbone is rebuilt from plain "
-                             "modules (the evaluation still measures MC dropout and ensembles on texts)")
-        tcfg = cfg.text
-        module = TextBackbone.from_view(BertTransitionView(backbone), tcfg.table_dtype, tcfg.max_length,
-                                        tcfg.layer_dtype)
-        return BaselineModel(module, 1, 1)
+    assert isinstance(backbone, TextClassifier)
+    tcfg = cfg.text
+    module = TextBackbone.from_view(BertTransitionView(backbone), tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
+    return BaselineModel(module, 1, 1)
+
+
+def image_baseline(cfg: PipelineConfig, method: str, train_missing: bool) -> BaselineModel:
+    backbone = load_backbone(cfg.run_dir)
     if method == "deterministic":
         return BaselineModel(DeterministicModel(backbone).eval(), 1, 1)
     if method == "mc_dropout":
@@ -73,3 +79,10 @@ def build_baseline(cfg: PipelineConfig, method: str, train_missing: bool = True)
         members = ensemble_members(cfg, cfg.evaluate.ensemble_members, train_missing)
         return BaselineModel(EnsembleModel(members).eval(), len(members), len(members))
     raise ValueError(f"unknown baseline {method!r}; choose from {BASELINES}")
+
+
+BASELINE_BUILDERS = {"image": image_baseline, "text": text_baseline}
+
+
+def build_baseline(cfg: PipelineConfig, method: str, train_missing: bool = True) -> BaselineModel:
+    return BASELINE_BUILDERS[cfg.modality](cfg, method, train_missing)

@@ -17,21 +17,16 @@ from training.export_parts import (
     ExportParts,
     artifact_info,
     export_parts,
-    verify_text_artifact,
 )
 from training.loading import load_backbone
 from training.runtime import set_threads
 from training.served_statistics import sample_split, served_statistics, served_temperature
-from training.text_inputs import TokenSplit
 
 
 def script_baseline(baseline: BaselineModel, parts: ExportParts, path: Path) -> torch.jit.ScriptModule:
     """Script the baseline to ``path``, load it back and check it against the eager module on validation inputs."""
-    probe = parts.data.val.head(8)
-    if isinstance(probe, TokenSplit):
-        ids, mask = probe.rows(torch.arange(len(probe)))
-        return verify_text_artifact(baseline.module, ids, mask, path, n_samples=baseline.default_samples)
-    return script_and_verify(baseline.module, baseline.module, probe.images, path, n_samples=baseline.default_samples)
+    return script_and_verify(baseline.module, baseline.module, parts.data.val.first_args(8), path,
+                             n_samples=baseline.default_samples)
 
 
 def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = None) -> Path:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import gzip
 import struct
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -20,18 +23,75 @@ FASHION_MNIST_FILES = {
 }
 
 
-@dataclass
-class Split:
-    """Images float32 in [0, 1] [N, C, H, W] and labels int64 [N]."""
+ForwardArgs = tuple[torch.Tensor, ...]  # what a model takes besides n_samples: (pixels,) or (input_ids, attention_mask)
 
-    images: torch.Tensor
-    labels: torch.Tensor
+
+class Inputs(ABC):
+    """A split of either modality as the pipeline reads it: the inputs of rows ``index`` as a model's positional
+    arguments, and any per-input function mapped over the split in chunks. Images and texts differ only in how
+    they are cut into chunks (texts by length, so little padding) and what a row's arguments are."""
+
+    labels: torch.Tensor  # [N] int64
+    teacher_chunk: ClassVar[int]  # inputs per teacher forward (embedding, prefix, rollout)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    @abstractmethod
+    def forward_args(self, index: torch.Tensor) -> ForwardArgs:
+        """The model arguments of rows ``index``: (pixels [b, C, H, W],) or (ids, mask) [b, l] each."""
+
+    @property
+    @abstractmethod
+    def key_padding_mask(self) -> torch.Tensor | None:
+        """[N, L] bool, True on real tokens; None for images (every patch is real)."""
+
+    def first_args(self, n: int) -> ForwardArgs:
+        """The model arguments of the first ``n`` rows (all of them when fewer) as one batch."""
+        return self.forward_args(torch.arange(min(n, len(self))))
+
+    def order(self) -> torch.Tensor:
+        """The order in which rows are cut into chunks [N]."""
+        return torch.arange(len(self))
+
+    def chunk_indices(self, chunk: int) -> Iterator[torch.Tensor]:
+        order = self.order()
+        for start in range(0, len(order), chunk):
+            yield order[start : start + chunk]
+
+    @torch.no_grad()
+    def map(self, fn: Callable[..., torch.Tensor], chunk: int, device: torch.device | str = "cpu", dim: int = 0
+            ) -> torch.Tensor:
+        """``fn(*forward_args)`` (on ``device``, without autograd) over the split in chunks of ``chunk`` rows (bounded
+        forwards are fastest on CPU), concatenated along ``dim`` back in the split's order. ``fn`` returns [.., b, ..]
+        on the CPU."""
+        order = self.order()
+        parts = [fn(*(a.to(device) for a in self.forward_args(index))) for index in self.chunk_indices(chunk)]
+        return torch.cat(parts, dim=dim).index_select(dim, torch.argsort(order))
+
+
+def key_padding(args: ForwardArgs) -> torch.Tensor | None:
+    """The key padding mask [b, l] bool of one chunk's model arguments: a text's attention mask, none for images."""
+    return args[1].bool() if len(args) > 1 else None
+
+
+@dataclass
+class Split(Inputs):
+    """Images float32 in [0, 1] [N, C, H, W] and labels int64 [N]."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    teacher_chunk: ClassVar[int] = 256
+
     def head(self, n: int | None) -> Split:
         return self if n is None else Split(self.images[:n], self.labels[:n])
+
+    def forward_args(self, index: torch.Tensor) -> ForwardArgs:
+        return (self.images[index],)  # ([b, C, H, W],)
+
+    @property
+    def key_padding_mask(self) -> None:
+        return None
 
 
 @dataclass

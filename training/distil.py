@@ -34,8 +34,6 @@ from training.loading import (
     AnySplit,
     Director,
     View,
-    default_readout,
-    director_from_parts,
     load_data,
     load_view,
     split_sampled_logits,
@@ -97,7 +95,7 @@ def prepare_teacher(cfg: PipelineConfig, view: View, prefix: torch.nn.Module, da
         return Teacher(stats, depth, stats.last(depth).floors(dcfg.floor_fraction), state["tau"],
                        state["tau_accuracies"])
     modality = modality_of(cfg.modality)
-    stats_inputs = modality.head(data, dcfg.stats_batches * 128)
+    stats_inputs = data.train.head(dcfg.stats_batches * 128)
     stats = gather_step_statistics(view, stats_inputs, device, modality.stats_chunk)
     floors = stats.last(depth).floors(dcfg.floor_fraction)
     if dcfg.observed_variance == "floor":
@@ -177,7 +175,8 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
                    "mlp_ratio": dcfg.kernel.mlp_ratio, "frequency_embedding_size": dcfg.kernel.frequency_embedding_size,
                    "logvar_init": float(kernel.var_head.bias.detach()[0]), "logvar_min": kernel.logvar_min.cpu(),
                    "logvar_max": kernel.logvar_max.cpu()}
-    readout = default_readout(view)
+    modality = modality_of(cfg.modality)
+    readout = modality.default_readout(view)
     if dcfg.finetune_readout:
         readout = copy.deepcopy(readout).requires_grad_(True)
     parts = Trainables(kernel, readout)
@@ -245,7 +244,7 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
         record: dict[str, Any] = {"epoch": epoch + 1, "step": step, **means}
         if dist_info.is_main:
             validated = ema.module if ema is not None else parts
-            director = director_from_parts(view, validated.kernel, validated.readout)
+            director = modality.director(view, validated.kernel, validated.readout)
             torch.manual_seed(cfg.seed)
             record.update({f"val_{k}": v for k, v in
                            validate(director, data.val.head(dcfg.val_images), dcfg.val_samples, device).items()})

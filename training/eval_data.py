@@ -10,18 +10,25 @@ the tweets, NYT editorial and Amazon review sentences of the same corpus (one le
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from training.config import PipelineConfig
 from training.corruptions import CORRUPTIONS, corrupt, corruption_seed, corruption_subset
-from training.data import Split, digits_images, letter_images, photo_patch_images, uniform_noise_images
+from training.data import (
+    Dataset,
+    ForwardArgs,
+    Split,
+    digits_images,
+    letter_images,
+    photo_patch_images,
+    uniform_noise_images,
+)
 from training.loading import AnySplit, load_data
 from training.served_statistics import IMAGE_OOD_SELECTION_SET
-from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenSplit, encode, load_run_tokenizer, text_ood_splits
-
-Inputs = tuple[torch.Tensor, ...]  # what a model takes besides n_samples: (pixels,) or (input_ids, attention_mask)
+from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenDataset, encode, load_run_tokenizer, text_ood_splits
 
 
 @dataclass(frozen=True)
@@ -41,33 +48,18 @@ class EvalInputs:
     ood_validation_name: str
     unit: str  # "images" | "texts"
 
-    def first(self, split: AnySplit, n: int) -> Inputs:
-        """The first ``n`` inputs of ``split`` as one batch (texts trimmed to their longest)."""
-        return split_inputs(split, torch.arange(min(n, len(split))))
-
-    def singles(self, split: AnySplit, n: int) -> list[Inputs]:
+    def singles(self, split: AnySplit, n: int) -> list[ForwardArgs]:
         """The first ``n`` inputs of ``split``, each as a batch of one."""
-        return [split_inputs(split, torch.tensor([i])) for i in range(min(n, len(split)))]
-
-
-def split_inputs(split: AnySplit, index: torch.Tensor) -> Inputs:
-    if isinstance(split, TokenSplit):
-        return split.rows(index)  # (ids [b, l], mask [b, l])
-    return (split.images[index],)  # ([b, C, H, W],)
+        return [split.forward_args(torch.tensor([i])) for i in range(min(n, len(split)))]
 
 
 def unlabelled(images: torch.Tensor) -> Split:
     return Split(images, torch.zeros(images.shape[0], dtype=torch.long))
 
 
-def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
-    data = load_data(cfg)
+def image_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:
     ev, seed = cfg.evaluate, cfg.seed
-    if cfg.is_text:
-        tokenizer = load_run_tokenizer(cfg.run_dir)
-        ood, ood_val = text_ood_splits(tokenizer, cfg.text, ev.ood_images,
-                                       cfg.export.ood_validation_images, seed)
-        return EvalInputs(data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
+    assert isinstance(data, Dataset)
     shape = tuple(int(s) for s in data.test.images.shape[1:])
     ood = {"uniform_noise": unlabelled(uniform_noise_images(ev.ood_images, shape, seed + 1)),
            "sklearn_digits": unlabelled(digits_images(shape)[: ev.ood_images]),
@@ -76,28 +68,16 @@ def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
     return EvalInputs(data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
 
 
-def shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
-    """Corrupted test subsets (images: a fixed subset, the same for every type and severity) or the shifted text
-    domains (each cut to ``evaluate.shift_texts`` sentences drawn under the seed, when set)."""
-    ev = cfg.evaluate
-    if cfg.is_text:
-        from training.hub_text import HUB_TEXT_TASKS
-        from training.text_data import load_shift_sets
+def text_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    ood, ood_val = text_ood_splits(tokenizer, cfg.text, cfg.evaluate.ood_images, cfg.export.ood_validation_images,
+                                   cfg.seed)
+    return EvalInputs(data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
 
-        task = HUB_TEXT_TASKS.get(cfg.data.dataset)
-        if task is not None and not task.sentiment:
-            raise ValueError(f"the text shift sets are labelled by sentiment and do not apply to {cfg.data.dataset}: "
-                             "leave `shift` out of evaluate.stages")
-        tokenizer = load_run_tokenizer(cfg.run_dir)
-        out = []
-        for name, domain in load_shift_sets(cfg.text.data_cache).items():
-            if ev.shift_texts is not None and ev.shift_texts < len(domain):
-                order = torch.randperm(len(domain), generator=torch.Generator().manual_seed(cfg.seed))
-                domain = domain.subset(torch.sort(order[: ev.shift_texts]).values)
-            split = encode(tokenizer, domain.texts, cfg.text.max_characters, domain.labels)
-            out.append(ShiftSet(name, None, f"shift-{name}-n{len(split)}", split))
-        return out
-    test = inputs.test
+
+def image_shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
+    """Corrupted test subsets: a fixed subset, the same for every type and severity."""
+    ev, test = cfg.evaluate, inputs.test
     assert isinstance(test, Split)
     index = corruption_subset(len(test), min(ev.corruption_images, len(test)), seed=cfg.seed)
     clean, labels = test.images[index], test.labels[index]
@@ -107,3 +87,45 @@ def shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
             images = corrupt(clean, name, severity, corruption_seed(name, severity, cfg.seed))
             out.append(ShiftSet(name, severity, f"c-{name}-{severity}-n{len(index)}", Split(images, labels)))
     return out
+
+
+def text_shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
+    """The shifted text domains, each cut to ``evaluate.shift_texts`` sentences drawn under the seed, when set."""
+    from training.hub_text import HUB_TEXT_TASKS
+    from training.text_data import load_shift_sets
+
+    ev = cfg.evaluate
+    task = HUB_TEXT_TASKS.get(cfg.data.dataset)
+    if task is not None and not task.sentiment:
+        raise ValueError(f"the text shift sets are labelled by sentiment and do not apply to {cfg.data.dataset}: "
+                         "leave `shift` out of evaluate.stages")
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    out = []
+    for name, domain in load_shift_sets(cfg.text.data_cache).items():
+        if ev.shift_texts is not None and ev.shift_texts < len(domain):
+            order = torch.randperm(len(domain), generator=torch.Generator().manual_seed(cfg.seed))
+            domain = domain.subset(torch.sort(order[: ev.shift_texts]).values)
+        split = encode(tokenizer, domain.texts, cfg.text.max_characters, domain.labels)
+        out.append(ShiftSet(name, None, f"shift-{name}-n{len(split)}", split))
+    return out
+
+
+@dataclass(frozen=True)
+class EvalSets:
+    """What the evaluation reads for one modality."""
+
+    inputs: Callable[[PipelineConfig, Dataset | TokenDataset], EvalInputs]
+    shift: Callable[[PipelineConfig, EvalInputs], list[ShiftSet]]
+
+
+EVAL_SETS = {"image": EvalSets(image_eval_inputs, image_shift_sets),
+             "text": EvalSets(text_eval_inputs, text_shift_sets)}
+
+
+def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
+    return EVAL_SETS[cfg.modality].inputs(cfg, load_data(cfg))
+
+
+def shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
+    """Corrupted test subsets (images) or the shifted text domains (texts)."""
+    return EVAL_SETS[cfg.modality].shift(cfg, inputs)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel, PackedTokenClassifier, TokenInputs
+from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
 from training.ablations import ablation_config, ensure_distilled, seed_config
 from training.artifact import git_commit, json_safe
@@ -34,6 +34,7 @@ from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
 from training.loading import BACKBONE_FILE, DIRECTOR_FILE, AnySplit, load_backbone, load_director, split_sampled_logits
 from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
+from training.modality import modality_of
 from training.ood import ood_report
 from training.rollout_diagnostics import mean_logvar_score
 from training.runtime import set_threads
@@ -90,9 +91,8 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     """The models every method reads from; returns fitted settings (noise scale) for the record."""
     cfg, ev, run = evaluation.cfg, evaluation.ev, evaluation.run_dir
     draws_test = max([*ev.sweep_samples, ev.samples])
-    # text baselines take packed (ids, mask) rows, so the same three baseline modules serve both modalities
-    classifier = PackedTokenClassifier if cfg.is_text else (lambda m: m)
-    contract = TokenInputs if cfg.is_text else (lambda m: m)
+    modality = modality_of(cfg.modality)  # the same three baseline modules serve both modalities
+    classifier, contract = modality.classifier, modality.contract
     backbone = classifier(load_backbone(run))
     backbone_id = fingerprint(run / BACKBONE_FILE)
     evaluation.add_source("deterministic", contract(DeterministicModel(backbone)), f"det-{backbone_id}", 1)
@@ -227,14 +227,14 @@ def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) 
     script; DIRECTOR is measured the same way so the ratios compare like with like)."""
     ev, inputs, cfg = evaluation.ev, evaluation.inputs, evaluation.cfg
     singles = inputs.singles(inputs.test, ev.latency_images)
-    batch = inputs.first(inputs.test, ev.latency_images)
+    batch = inputs.test.first_args(ev.latency_images)
     measured: dict[tuple[str, int], dict[str, float]] = {}
     for method in tqdm(methods, desc="cost", leave=False):
         key = (method.source, method.n_samples)
         if key in measured:
             continue
         source = evaluation.sources[method.source]
-        script = not cfg.is_text  # transformers modules do not script: text models are pickled
+        script = modality_of(cfg.modality).scriptable
         path = save_model_file(source.model, folder, source.model_id, script)
         measured[key] = {
             "parameters": parameter_count(source.model),

@@ -28,13 +28,12 @@ from artifact.contract import (
     Truncation,
 )
 from models.text_director import TextDirector, fold_for_artifact
-from training.artifact import load_scripted, save_scripted, script_and_verify, script_module
+from training.artifact import script_and_verify
 from training.config import PipelineConfig, config_dict
 from training.data import Dataset, Split, digits_images, load_dataset, uniform_noise_images
 from training.loading import AnySplit, Director, load_data
-from training.predict import chunked
 from training.served_statistics import IMAGE_OOD_SELECTION_SET
-from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits, text_outputs
+from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits
 
 
 @dataclass
@@ -62,14 +61,14 @@ def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> Export
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         artifact_module = copy.deepcopy(director).eval().requires_grad_(False)  # adaLN folded into per-step buffers
         artifact_module.rollout.fold_conditioning()
-        return artifact_module, script_and_verify(artifact_module, director, data.val.images[:8], path)
+        return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
 
     labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
     noise = uniform_noise_images(1000, image_shape, cfg.seed + 1)
     digits = digits_images(image_shape)
     return ExportParts(
         data=data,
-        backbone_logits=lambda split: chunked(backbone, split.images, 512),
+        backbone_logits=lambda split: split.map(backbone, 512),
         build_artifact=build_artifact,
         reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
                       "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
@@ -90,28 +89,14 @@ def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> Export
     )
 
 
-def verify_text_artifact(artifact_module: TextDirector, ids: torch.Tensor, mask: torch.Tensor, path: Path,
-                         n_samples: int = 4) -> torch.jit.ScriptModule:
-    """Script ``artifact_module`` to ``path``, load it back and check it matches the eager module under one seed."""
-    save_scripted(script_module(artifact_module), path)
-    served = load_scripted(path)
-    torch.manual_seed(0)
-    eager_out = artifact_module(ids, mask, n_samples)
-    torch.manual_seed(0)
-    served_out = served(ids, mask, n_samples)
-    if not torch.allclose(eager_out, served_out, atol=1e-4):
-        raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
-    return served
-
-
 @torch.no_grad()
 def table_effect(director: TextDirector, artifact_module: TextDirector, split: TokenSplit) -> dict[str, float]:
     """How much storing the word table and the layers in the artifact's dtypes moves the logits, with the noise off."""
     exact, stored = copy.deepcopy(director).eval(), copy.deepcopy(artifact_module).eval()
     exact.rollout.noise_scale.fill_(0.0)
     stored.rollout.noise_scale.fill_(0.0)
-    a = text_outputs(lambda ids, mask: exact(ids, mask, 1)[0], split, 64)  # [N, C]
-    b = text_outputs(lambda ids, mask: stored(ids, mask, 1)[0], split, 64)  # [N, C]
+    a = split.map(lambda *args: exact(*args, 1)[0], 64)  # [N, C]
+    b = split.map(lambda *args: stored(*args, 1)[0], 64)  # [N, C]
     return {"max_abs_logit_change_noise_off": float((a - b).abs().max()),
             "argmax_agreement_noise_off": float((a.argmax(-1) == b.argmax(-1)).float().mean()), "n": len(split)}
 
@@ -127,9 +112,7 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         assert isinstance(director, TextDirector)
         artifact_module = fold_for_artifact(director, tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
-        probe = data.val.head(8)
-        ids, mask = probe.rows(torch.arange(len(probe)))
-        served = verify_text_artifact(artifact_module, ids, mask, path)
+        served = script_and_verify(artifact_module, artifact_module, data.val.first_args(8), path)
         table = artifact_module.embedding.word_table
         details["word_table"] = {
             "dtype": tcfg.table_dtype, "rows": int(table.shape[0]), "dim": int(table.shape[1]),
@@ -143,7 +126,7 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
     encoder_config = backbone.encoder.config
     return ExportParts(
         data=data,
-        backbone_logits=lambda split: text_outputs(lambda ids, mask: backbone(ids, mask).float(), split, 256),
+        backbone_logits=lambda split: split.map(lambda *args: backbone(*args).float(), 256),
         build_artifact=build_artifact,
         reported_ood=reported_ood,
         ood_validation=ood_validation,

@@ -22,9 +22,8 @@ from tqdm import tqdm
 from models.backbones import build_vit
 from training.config import PipelineConfig, config_dict
 from training.data import augment, batches, load_dataset
-from training.loading import BACKBONE_FILE
+from training.loading import BACKBONE_FILE, AnySplit
 from training.metrics import classification_report
-from training.predict import chunked
 from training.runtime import (
     autocast,
     load_checkpoint,
@@ -39,11 +38,12 @@ Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (model inputs, labels)
 LOG_EVERY = 20  # steps between progress-bar updates, the only host reads of the loss inside an epoch
 
 
-def evaluate_backbone(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                      device: torch.device) -> dict[str, float]:
+def evaluate_backbone(model: torch.nn.Module, split: AnySplit, device: torch.device, chunk: int = 512
+                      ) -> dict[str, float]:
+    """Accuracy, ECE and NLL of a classifier (``model(*inputs) -> [B, C]``) on an image or text split."""
     model.eval()
-    logits = chunked(lambda x: model(x.to(device)).float().cpu(), images, 512)
-    return classification_report(logits.softmax(-1), labels)
+    logits = split.map(lambda *args: model(*args).float().cpu(), chunk, device)  # [N, C]
+    return classification_report(logits.softmax(-1), split.labels)
 
 
 @dataclass
@@ -57,7 +57,8 @@ class FitTask:
     payload: dict[str, Any]  # modality-specific entries of backbone.pt
 
 
-def image_fit_task(cfg: PipelineConfig, device: torch.device) -> FitTask:
+def image_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool) -> FitTask:
+    del resume  # the loop's checkpoint is all an image run resumes from
     data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
                         cfg.data.train_limit, cfg.data.test_limit)
     model = build_vit(cfg.backbone).to(device)
@@ -70,7 +71,7 @@ def image_fit_task(cfg: PipelineConfig, device: torch.device) -> FitTask:
             yield (images,), labels
 
     def evaluate(fitted: nn.Module, name: str) -> dict[str, float]:
-        return evaluate_backbone(fitted, splits[name].images, splits[name].labels, device)
+        return evaluate_backbone(fitted, splits[name], device)
 
     return FitTask(model, len(data.train), train_batches, evaluate,
                    {"backbone_config": config_dict(cfg)["backbone"], "labels": data.labels})
@@ -82,7 +83,6 @@ def text_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool) -> Fi
         build_tokenizer,
         load_run_tokenizer,
         raw_text_task,
-        text_outputs,
         token_batches,
         tokenize_dataset,
     )
@@ -104,13 +104,15 @@ def text_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool) -> Fi
         yield from token_batches(data.train, cfg.fit.batch_size, True, gen, bucket=cfg.text.bucket)
 
     def evaluate(fitted: nn.Module, name: str) -> dict[str, float]:
-        fitted.eval()
-        logits = text_outputs(lambda ids, mask: fitted(ids, mask).float().cpu(), splits[name], 256, device)
-        return classification_report(logits.softmax(-1), splits[name].labels)
+        return evaluate_backbone(fitted, splits[name], device, chunk=256)
 
     return FitTask(model, len(data.train), train_batches, evaluate,
                    {"modality": "text", "text_backbone": text_backbone_payload(model), "labels": data.labels,
                     "tokenizer": TOKENIZER_FILE})
+
+
+FitTaskBuilder = Callable[[PipelineConfig, torch.device, bool], FitTask]  # (config, device, resume)
+FIT_TASKS: dict[str, FitTaskBuilder] = {"image": image_fit_task, "text": text_fit_task}
 
 
 def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
@@ -120,7 +122,7 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
     set_threads(cfg.threads)
     seed_everything(cfg.seed)
     device = select_device(cfg.device)
-    task = text_fit_task(cfg, device, resume) if cfg.is_text else image_fit_task(cfg, device)
+    task = FIT_TASKS[cfg.modality](cfg, device, resume)
     model = task.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.fit.lr, weight_decay=cfg.fit.weight_decay)
     steps_per_epoch = -(-task.train_size // cfg.fit.batch_size)

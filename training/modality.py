@@ -5,28 +5,43 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import torch
 from torch import nn
 
-from models.backbones import VitConfig, build_vit
+from models.backbones import ImageClassifier, VitConfig, build_vit
+from models.baselines import PackedTokenClassifier, TokenInputs
+from models.bert_view import BertTransitionView
+from models.director import ImageDirector, StochasticRollout
+from models.kernel import TransitionKernel
+from models.text_backbones import TextClassifier
+from models.text_director import TextDirector, TextReadout, text_director_from_view
+from models.vit_view import VitTransitionView
 from training.config import PipelineConfig
 from training.data import Dataset, Split, load_dataset
 from training.text_inputs import TokenDataset, TokenSplit, load_run_tokenizer, raw_text_task, tokenize_dataset
 from training.unlabeled import perturbed_images, perturbed_texts
 
-StatsInputs = torch.Tensor | TokenSplit  # the first training inputs: images [n, C, H, W] or tokenised texts
-TEXT_CHUNK = 64  # texts per teacher forward: the fp64 mixture variance is [B, H, L, D]
+View = VitTransitionView | BertTransitionView
+Director = ImageDirector | TextDirector
 
 
 class Modality(Protocol):
     name: str
     stats_chunk: int  # inputs per forward when gathering step statistics
+    scriptable: bool  # whether the evaluation's baseline modules script (transformers modules do not: pickled)
 
     def load_data(self, cfg: PipelineConfig) -> Dataset | TokenDataset: ...
 
     def build_backbone(self, payload: dict[str, Any]) -> nn.Module: ...
 
-    def head(self, data: Dataset | TokenDataset, n: int) -> StatsInputs: ...
+    def view(self, backbone: nn.Module) -> View: ...
+
+    def default_readout(self, view: View) -> nn.Module: ...
+
+    def director(self, view: View, kernel: TransitionKernel, readout: nn.Module | None = None) -> Director: ...
+
+    def classifier(self, backbone: nn.Module) -> nn.Module: ...
+
+    def contract(self, baseline: nn.Module) -> nn.Module: ...
 
     def unlabeled(self, cfg: PipelineConfig, data: Dataset | TokenDataset, copies: int, seed: int
                   ) -> Split | TokenSplit: ...
@@ -35,6 +50,7 @@ class Modality(Protocol):
 class ImageModality:
     name = "image"
     stats_chunk = 128  # images per teacher forward
+    scriptable = True
 
     def load_data(self, cfg: PipelineConfig) -> Dataset:
         return load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
@@ -45,9 +61,23 @@ class ImageModality:
         model.load_state_dict(payload["state_dict"])
         return model
 
-    def head(self, data: Dataset | TokenDataset, n: int) -> StatsInputs:
-        assert isinstance(data, Dataset)
-        return data.train.images[:n]
+    def view(self, backbone: nn.Module) -> VitTransitionView:
+        assert isinstance(backbone, ImageClassifier)
+        return VitTransitionView(backbone)
+
+    def default_readout(self, view: View) -> nn.Module:
+        return view.readout_head
+
+    def director(self, view: View, kernel: TransitionKernel, readout: nn.Module | None = None) -> ImageDirector:
+        assert isinstance(view, VitTransitionView)
+        prefix = view.prefix(view.num_steps - kernel.num_steps)
+        return ImageDirector(view.embedding, StochasticRollout(kernel), readout or view.readout_head, prefix)
+
+    def classifier(self, backbone: nn.Module) -> nn.Module:
+        return backbone  # [B, C, H, W] -> [B, C]
+
+    def contract(self, baseline: nn.Module) -> nn.Module:
+        return baseline  # forward(pixels, n_samples) already
 
     def unlabeled(self, cfg: PipelineConfig, data: Dataset | TokenDataset, copies: int, seed: int) -> Split:
         assert isinstance(data, Dataset)
@@ -56,7 +86,8 @@ class ImageModality:
 
 class TextModality:
     name = "text"
-    stats_chunk = TEXT_CHUNK
+    stats_chunk = TokenSplit.teacher_chunk
+    scriptable = False
 
     def load_data(self, cfg: PipelineConfig) -> TokenDataset:
         """Texts tokenised with the run's own tokenizer (written by fit-backbone)."""
@@ -67,9 +98,23 @@ class TextModality:
 
         return text_classifier_from_payload(payload)
 
-    def head(self, data: Dataset | TokenDataset, n: int) -> StatsInputs:
-        assert isinstance(data, TokenDataset)
-        return data.train.head(n)
+    def view(self, backbone: nn.Module) -> BertTransitionView:
+        assert isinstance(backbone, TextClassifier)
+        return BertTransitionView(backbone)
+
+    def default_readout(self, view: View) -> nn.Module:
+        """The readout's plain-module copy (the encoder's own head does not script)."""
+        return TextReadout.from_bert(view.readout_head)
+
+    def director(self, view: View, kernel: TransitionKernel, readout: nn.Module | None = None) -> TextDirector:
+        assert isinstance(view, BertTransitionView) and (readout is None or isinstance(readout, TextReadout))
+        return text_director_from_view(view, kernel, readout)
+
+    def classifier(self, backbone: nn.Module) -> nn.Module:
+        return PackedTokenClassifier(backbone)  # packed (ids, mask) [B, 2, L] -> [B, C]: the baselines serve text
+
+    def contract(self, baseline: nn.Module) -> nn.Module:
+        return TokenInputs(baseline)  # forward(ids, mask, n_samples)
 
     def unlabeled(self, cfg: PipelineConfig, data: Dataset | TokenDataset, copies: int, seed: int) -> TokenSplit:
         assert isinstance(data, TokenDataset)

@@ -16,12 +16,10 @@ import torch
 
 from models.kernel import TransitionKernel
 from training.config import PipelineConfig
+from training.data import key_padding
 from training.loading import AnySplit, View
 from training.metrics import classification_report
-from training.modality import TEXT_CHUNK
 from training.objective import ObservedProcess, masked_mean
-from training.predict import chunked
-from training.text_inputs import TokenSplit, text_outputs
 
 Rollout = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (X_0 [B, N, D], mask) -> X_T
 
@@ -39,29 +37,22 @@ def read_out(view: View, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     return view.readout(x) if mask is None else view.readout(x, mask)
 
 
-def embedded_chunks(view: View, source: torch.Tensor | TokenSplit, device: torch.device, batch_size: int
+def embedded_chunks(view: View, source: AnySplit, device: torch.device, batch_size: int
                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-    """X_0 [b, N, D] and the key padding mask [b, N] (None for images) of ``source`` in chunks: images in order,
-    texts sorted by length (little padding)."""
-    if isinstance(source, TokenSplit):
-        order = torch.argsort(source.lengths, stable=True)  # [N]
-        for start in range(0, len(source), batch_size):
-            ids, mask = source.rows(order[start : start + batch_size])
-            yield view.embed(ids.to(device), mask.to(device)), mask.to(device).bool()
-    else:
-        for start in range(0, source.shape[0], batch_size):
-            yield view.embed(source[start : start + batch_size].to(device)), None
+    """X_0 [b, N, D] and the key padding mask [b, N] (None for images) of ``source`` in chunks (texts by length)."""
+    for index in source.chunk_indices(batch_size):
+        args = tuple(a.to(device) for a in source.forward_args(index))
+        yield view.embed(*args), key_padding(args)
 
 
 def view_logits(view: View, split: AnySplit, rollout: Rollout, device: torch.device) -> torch.Tensor:
     """Readout logits [N, C] of ``rollout(X_0, mask) -> X_T`` over a split, chunked."""
-    if isinstance(split, TokenSplit):
-        def fn(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            real = mask.bool()  # [b, L]
-            return read_out(view, rollout(view.embed(ids, mask), real), real).float().cpu()
 
-        return text_outputs(fn, split, TEXT_CHUNK, device)
-    return chunked(lambda x: view.readout(rollout(view.embed(x.to(device)), None)).cpu(), split.images, 256)
+    def fn(*args: torch.Tensor) -> torch.Tensor:
+        mask = key_padding(args)  # [b, l] or None
+        return read_out(view, rollout(view.embed(*args), mask), mask).float().cpu()
+
+    return split.map(fn, split.teacher_chunk, device)
 
 
 @dataclass
@@ -81,7 +72,7 @@ class StepStatistics:
 
 
 @torch.no_grad()
-def gather_step_statistics(view: View, inputs: torch.Tensor | TokenSplit, device: torch.device,
+def gather_step_statistics(view: View, inputs: AnySplit, device: torch.device,
                            batch_size: int = 128) -> StepStatistics:
     """Per-step statistics of the backbone's own trajectory on ``inputs`` (texts: over real tokens only)."""
     sums = torch.zeros(view.num_steps)
@@ -185,16 +176,15 @@ class StartStates:
 
 @torch.no_grad()
 def start_states(view: View, prefix: torch.nn.Module, split: AnySplit, device: torch.device) -> StartStates:
-    """The diffusion's start state of every input of ``split``: the frozen embedding and prefix, in chunks."""
-    if isinstance(split, TokenSplit):
-        states = torch.zeros(len(split), split.ids.shape[1], view.dim)  # [N, L, D]
-        order = torch.argsort(split.lengths, stable=True)  # little padding per chunk
-        for start in range(0, len(split), TEXT_CHUNK):
-            index = order[start : start + TEXT_CHUNK]
-            ids, mask = split.rows(index)
-            real = mask.to(device).bool()  # [b, l]
-            x = prefix(view.embed(ids.to(device), mask.to(device)), real)  # [b, l, D]
-            states[index, : x.shape[1]] = x.float().cpu()
-        return StartStates(states, split.mask.bool(), split.labels)
-    states = chunked(lambda x: prefix(view.embed(x.to(device)), None).float().cpu(), split.images, 256)
-    return StartStates(states, None, split.labels)
+    """The diffusion's start state of every input of ``split``: the frozen embedding and prefix, in chunks. Text
+    chunks are trimmed to their longest text, so the states are zero-padded back to the widest (padding is masked)."""
+    index_and_states = []
+    for index in split.chunk_indices(split.teacher_chunk):
+        args = tuple(a.to(device) for a in split.forward_args(index))
+        index_and_states.append((index, prefix(view.embed(*args), key_padding(args)).float().cpu()))  # [b, l, D]
+    width = max(x.shape[1] for _, x in index_and_states)
+    states = torch.zeros(len(split), width, view.dim)  # [N, L, D]
+    for index, x in index_and_states:
+        states[index, : x.shape[1]] = x
+    mask = split.key_padding_mask
+    return StartStates(states, None if mask is None else mask[:, :width], split.labels)

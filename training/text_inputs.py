@@ -10,19 +10,20 @@ Batches are right-padded with the tokenizer's [PAD] id (BERT positions are absol
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from training.config import PipelineConfig, TextConfig
+from training.data import ForwardArgs, Inputs
 from training.text_data import TextSplit
 
 TOKENIZER_FILE = "tokenizer.json"
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-TextModel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> logits
 
 
 def train_wordpiece(texts: list[str], vocab_size: int) -> Tokenizer:
@@ -69,20 +70,29 @@ def pad_id(tokenizer: Tokenizer) -> int:
 
 
 @dataclass
-class TokenSplit:
-    """Tokenised texts: ids and attention mask [N, L] int64 (right-padded to the longest text), labels [N]."""
+class TokenSplit(Inputs):
+    """Tokenised texts: ids and attention mask [N, L] int64 (right-padded to the longest text), labels [N]. Chunks
+    are cut by length (little padding) and each chunk is trimmed to its longest text."""
 
     ids: torch.Tensor
     mask: torch.Tensor
     labels: torch.Tensor
     texts: list[str]
+    teacher_chunk: ClassVar[int] = 64  # the fp64 mixture variance of a chunk is [b, H, L, D]
 
     def __post_init__(self) -> None:
         if not (self.ids.shape == self.mask.shape and self.ids.shape[0] == self.labels.shape[0] == len(self.texts)):
             raise ValueError("ids, mask, labels and texts disagree in size")
 
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
+    def forward_args(self, index: torch.Tensor) -> ForwardArgs:
+        return self.rows(index)  # (ids [b, l], mask [b, l])
+
+    @property
+    def key_padding_mask(self) -> torch.Tensor:
+        return self.mask.bool()  # [N, L]
+
+    def order(self) -> torch.Tensor:
+        return torch.argsort(self.lengths, stable=True)  # [N]
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -190,27 +200,6 @@ def token_batches(split: TokenSplit, batch_size: int, shuffle: bool, generator: 
 
 
 @torch.inference_mode()
-def text_outputs(fn: TextModel, split: TokenSplit, chunk: int, device: torch.device | str = "cpu",
-                 dim: int = 0) -> torch.Tensor:
-    """``fn(ids, mask)`` over ``split`` in chunks of ``chunk`` texts of similar length (sorted by length, so little
-    padding), concatenated along ``dim`` back in the split's order. ``fn`` returns [.., chunk, ..] on the CPU."""
-    order = torch.argsort(split.lengths, stable=True)  # [N]
-    parts = []
-    for start in range(0, len(order), chunk):
-        ids, mask = split.rows(order[start : start + chunk])
-        parts.append(fn(ids.to(device), mask.to(device)))
-    out = torch.cat(parts, dim=dim)
-    return out.index_select(dim, torch.argsort(order))  # back to the split's order
-
-
-def text_sampled_logits(model: torch.nn.Module, split: TokenSplit, n_samples: int, rows_per_forward: int = 256,
-                        device: torch.device | str = "cpu") -> torch.Tensor:
-    """Logits [S, N, C] of a text artifact-contract model (``forward(ids, mask, n_samples)``), chunked so each forward
-    has about ``rows_per_forward`` sample rows."""
-    chunk = max(1, rows_per_forward // n_samples)
-    return text_outputs(lambda ids, mask: model(ids, mask, n_samples).float().cpu(), split, chunk, device, dim=1)
-
-
 def sample_texts(texts: list[str], n: int, seed: int) -> list[str]:
     """``n`` texts drawn without replacement under ``seed`` (all of them when fewer)."""
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))[:n]
