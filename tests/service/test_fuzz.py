@@ -2,7 +2,7 @@
 derandomized, a bounded number of examples each) and hypothesis generators of *valid* image, pixel and text
 requests for ``/predict`` and the Open Inference Protocol route. No response may be a 5xx, and every 200 body must
 be a consistent prediction. Sizes here keep the file to well under a minute of requests; the long run (>= 20,000
-requests) is ``DIRECTOR_FUZZ_EXAMPLES=1000 pytest tests/service/test_fuzz.py`` (docs/operations.md)."""
+requests) is ``DIRECTOR_FUZZ_EXAMPLES=1500 pytest tests/service/test_fuzz.py`` (docs/operations.md)."""
 
 from __future__ import annotations
 
