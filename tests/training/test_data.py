@@ -17,6 +17,7 @@ from training.data import (
     split_validation,
     uniform_noise_images,
 )
+from training.text_inputs import TokenSplit
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:
@@ -95,3 +96,38 @@ def test_cifar_loader_reads_the_torchvision_layout(tmp_path: Path, monkeypatch: 
     assert train.images.shape == (20, 3, 32, 32) and test.images.shape == (4, 3, 32, 32)
     assert float(train.images.max()) <= 1.0 and train.labels.tolist()[:4] == [0, 1, 2, 3]
     assert labels == [f"c{i}" for i in range(10)]
+
+
+def test_an_image_split_maps_in_order_and_in_chunks() -> None:
+    images = torch.arange(10, dtype=torch.float32).reshape(10, 1, 1, 1)  # [N, C, H, W], value = row
+    split = Split(images, torch.zeros(10, dtype=torch.long))
+    seen: list[int] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return x.flatten(1) * 2  # [b, 1]
+
+    out = split.map(fn, chunk=4)
+    assert seen == [4, 4, 2] and torch.equal(out[:, 0], torch.arange(10, dtype=torch.float32) * 2)
+    assert split.key_padding_mask is None
+    (first,) = split.first_args(3)
+    assert torch.equal(first, images[:3]) and split.first_args(50)[0].shape[0] == 10
+
+
+def test_a_token_split_maps_short_texts_together_and_answers_in_its_own_order() -> None:
+    lengths = torch.tensor([5, 1, 3, 2])
+    mask = (torch.arange(5)[None, :] < lengths[:, None]).long()  # [N, L] right-padded
+    ids = (torch.arange(4)[:, None] + 1) * mask  # row i holds i + 1 on its real tokens
+    split = TokenSplit(ids, mask, torch.zeros(4, dtype=torch.long), ["a", "b", "c", "d"])
+    widths: list[int] = []
+
+    def fn(chunk_ids: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
+        widths.append(chunk_ids.shape[1])
+        return chunk_ids.sum(dim=1) / chunk_mask.sum(dim=1)  # [b]: the row's own id
+
+    out = split.map(fn, chunk=2)
+    assert widths == [2, 5]  # lengths 1 and 2 together, trimmed to 2; then 3 and 5
+    assert torch.equal(out, torch.tensor([1.0, 2.0, 3.0, 4.0]))  # back in the split's order
+    assert torch.equal(split.key_padding_mask, mask.bool())
+    first_ids, first_mask = split.first_args(2)
+    assert first_ids.shape == (2, 5) and torch.equal(first_mask, mask[:2])
