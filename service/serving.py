@@ -6,9 +6,11 @@ summaries into per-input results with the manifest's OOD rule. Records metrics, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -139,6 +141,32 @@ def tokenize(entry: ReadyVersion, texts: list[str]) -> list[EncodedText]:
     if entry.artifact.tokenizer is None:
         raise invalid(f"model {entry.name!r} takes images, not text", ["body", "inputs"])
     return encode(entry.artifact.tokenizer, texts)
+
+
+@contextlib.contextmanager
+def queue_slot(state: AppState, entry: ReadyVersion, ticket: Ticket | None) -> Iterator[Ticket]:
+    """This request's slot in the version's queue, held while its inputs are decoded and handed to ``run``: the slot
+    admission reserved when it is this version's, else a free one now. Without one the request is refused with 503
+    here, before the decode pool spends anything on it (admission can only refuse before the body when every
+    ready version is full, since ``/predict`` names its model in the body). Released if the request ends before it
+    is queued."""
+    worker = entry.worker
+    if ticket is None or ticket.slots is not worker.slots or not ticket.live:
+        if ticket is not None:
+            ticket.release()
+        ticket = worker.reserve()
+    if ticket is None:
+        labels = (entry.name, entry.version)
+        if worker.closed:
+            state.metrics.rejected.labels(*labels, DRAINING).inc()
+            raise overloaded("model version is shutting down", retry_after_s=5)
+        state.metrics.rejected.labels(*labels, QUEUE_FULL).inc()
+        raise overloaded(f"model {entry.name!r} is overloaded: queue full ({worker.max_queue} requests queued or "
+                         "being prepared)")
+    try:
+        yield ticket
+    finally:
+        ticket.release()  # a no-op once queued: queuing consumed it
 
 
 async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: int, seed: int | None,

@@ -96,8 +96,9 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     request_id = oip.request_id(body)  # every check of the request comes before inference
     requested = oip.requested_outputs(body, entry.artifact.text is not None)
     binary = binary_outputs(body, requested or oip.available_outputs(entry.artifact.text is not None))
-    inputs = await state.decoder.run(_prepare_inputs, state, entry, body, tail)
-    outcome = await serving.run(state, entry, inputs, n_samples, seed, ticket_of(request.scope))
+    with serving.queue_slot(state, entry, ticket_of(request.scope)) as ticket:
+        inputs = await state.decoder.run(_prepare_inputs, state, entry, body, tail)
+        outcome = await serving.run(state, entry, inputs, n_samples, seed, ticket)
     response: dict[str, Any] = {
         "model_name": entry.name, "model_version": entry.version,
         "parameters": {"n_samples": n_samples, "prediction_id": outcome.id, "ood_score_name": outcome.rule.score,

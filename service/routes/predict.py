@@ -77,8 +77,9 @@ async def predict(body: PredictRequest, state: AppStateDep, request: Request) ->
     started = time.perf_counter()
     entry = serving.resolve(state, body.model, body.version)
     n_samples = serving.check_samples(entry, body.n_samples)
-    inputs = await state.decoder.run(serving.prepare_inputs, state, entry, body.inputs)
-    outcome = await serving.run(state, entry, inputs, n_samples, body.seed, ticket_of(request.scope))
+    with serving.queue_slot(state, entry, ticket_of(request.scope)) as ticket:
+        inputs = await state.decoder.run(serving.prepare_inputs, state, entry, body.inputs)
+        outcome = await serving.run(state, entry, inputs, n_samples, body.seed, ticket)
     return to_response(outcome, body.return_probabilities, started)
 
 
@@ -104,7 +105,9 @@ async def predict_image(
     data = await file.read(state.settings.max_body_bytes + 1)
     if len(data) > state.settings.max_body_bytes:
         raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
-    pixels = await state.decoder.run(image_to_tensor, data, entry.artifact.input_shape, state.settings.max_image_pixels,
-                                     ["body", "file"], PixelBudget(state.settings.max_request_pixels))
-    outcome = await serving.run(state, entry, pixels.unsqueeze(0), count, seed, ticket_of(request.scope))
+    with serving.queue_slot(state, entry, ticket_of(request.scope)) as ticket:
+        pixels = await state.decoder.run(image_to_tensor, data, entry.artifact.input_shape,
+                                         state.settings.max_image_pixels, ["body", "file"],
+                                         PixelBudget(state.settings.max_request_pixels))
+        outcome = await serving.run(state, entry, pixels.unsqueeze(0), count, seed, ticket)
     return to_response(outcome, return_probabilities, started)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -146,9 +147,21 @@ def test_predict_is_refused_early_only_when_every_model_is_full(tiny_artifact: P
         with device_blocked(server):
             admitted = fill(server, pool, "tiny")
             # the default model is full but "other" has room: /predict cannot be refused before its body says
-            # which model it wants; naming the full default it is refused after the body (the same answer)
+            # which model it wants; naming the full default it is refused after the body (the same answer), and
+            # before its inputs reach the decode pool
+            decoder = server.app_state.decoder
+            decoded: list[object] = []
+            run = decoder.run
+
+            async def counting_run(work: Any, *args: object) -> Any:
+                decoded.append(work)
+                return await run(work, *args)
+
+            decoder.run = counting_run  # type: ignore[method-assign]
             late = httpx.post(f"{server.url}/predict", json=BODY, headers=AUTH, timeout=60)
+            decoder.run = run  # type: ignore[method-assign]
             assert_refusal(late.status_code, late.headers, late.json())
+            assert decoded == []
             admitted += fill(server, pool, "other")  # admitted: "other" had room
             assert worker_of(server, "tiny").pending == 1  # only its own queued request holds a slot
             # now every model is full: refused before the body
