@@ -22,10 +22,10 @@ Which queue a request targets:
   (and reserves its slot on) the default model's default version (the target of every request that names no
   model). When that queue is full it is refused only if every ready version's queue is full too, since it might
   name another model; otherwise it goes on without a ticket and its own target's queue decides once the body
-  is parsed (``serving.queue_slot``: the same 503, after the body but before any decoding). A ticket on a model the body does not name is released as
-  soon as the request is queued elsewhere. So a one-model server (the usual deployment) refuses every excess
-  prediction early; a client of a several-model server that wants that for a non-default model uses the
-  OIP route, which carries the model in its path.
+  is parsed (``serving.queue_slot``: the same 503, after the body but before any decoding). A ticket on a model
+  the body does not name is released as soon as the request is queued elsewhere. So a one-model server (the
+  usual deployment) refuses every excess prediction early; a client of a several-model server that wants that
+  for a non-default model uses the OIP route, which carries the model in its path.
 
 Everything else passes through untouched: unknown models, versions that are loading or unavailable, a
 draining server (the routes answer those). A request without the API key never gets here: ``service.auth`` in
