@@ -31,6 +31,13 @@ def freeze_long_lived() -> None:
              time.perf_counter() - started)
 
 
+def collect_retired() -> None:
+    """Free a retired version now: once its worker has closed it may be held only by a reference cycle (a cancelled
+    task's exception and its frames), which the rare full collections of a frozen heap would reach late. About 2 ms
+    with the long-lived heap frozen, once per unloaded version."""
+    gc.collect()
+
+
 def thaw() -> None:
     """Return the frozen objects to the collector (at shutdown)."""
     gc.unfreeze()

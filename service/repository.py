@@ -20,9 +20,10 @@ from service import trust
 from service.artifact import Artifact, ArtifactError, load_artifact, read_manifest
 from service.batching import BatchWorker
 from service.device import Device
-from service.heap import freeze_long_lived, thaw
+from service.heap import collect_retired, freeze_long_lived, thaw
 
 log = logging.getLogger("service.repository")
+RETIRED_COLLECT_DELAY_S = 1.0  # after a retired worker closes, before its version is collected
 
 
 class VersionState(StrEnum):
@@ -189,9 +190,12 @@ class ModelRepository:
     def _retire(self, entry: ModelVersion) -> None:
         if entry.worker is None:
             return
-        task = asyncio.get_running_loop().create_task(entry.worker.close(self.drain_timeout_s))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(entry.worker.close(self.drain_timeout_s))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+        # once the scan that retired it has let go of the entry too
+        task.add_done_callback(lambda _: loop.call_later(RETIRED_COLLECT_DELAY_S, collect_retired))
 
     async def poll(self, interval_s: float) -> None:
         while True:
