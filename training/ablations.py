@@ -30,6 +30,8 @@ FIXED_VARIANTS: dict[str, dict[str, Any]] = {
     "teacher": {"l2_target": "teacher"},  # L2 against the backbone's softmax instead of the labels
     # plus one perturbed copy of every training input (unlabeled: needs the teacher's targets)
     "unlabeled": {"l2_target": "teacher", "unlabeled_copies": 1},
+    # text: the same plus the sentences of an unlabeled corpus that is none of the evaluation's sets
+    "corpus": {"l2_target": "teacher", "unlabeled_copies": 1, "unlabeled_corpus": "debian_descriptions"},
     "readout": {"finetune_readout": True},  # the readout (final norm and head) trained with the kernel
     "rollout": {"l1_on_rollout": True},  # L1 on the states of a detached rollout instead of the teacher's trajectory
 }

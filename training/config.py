@@ -15,6 +15,7 @@ MODALITIES = ("image", "text")
 HUB_TEXT_DATASETS = ("imdb", "cola")  # training.hub_text
 TEXT_DATASETS = ("movie_reviews", *HUB_TEXT_DATASETS)
 L2_TARGETS = ("labels", "teacher")
+UNLABELED_CORPUS_NAMES = ("debian_descriptions",)  # training.unlabeled.UNLABELED_CORPORA
 
 
 @dataclass
@@ -78,6 +79,8 @@ class DistilConfig:
     finetune_readout: bool = False
     # perturbed copies of the training inputs distilled against the teacher's outputs (needs l2_target teacher)
     unlabeled_copies: int = 0
+    # text models: an unlabeled corpus distilled the same way (a name in training.unlabeled.UNLABELED_CORPORA)
+    unlabeled_corpus: str | None = None
     ema_decay: float = 0.0  # EMA of the kernel's (and readout's) weights, validated and kept; 0 = none
     keep_best: bool = True  # keep the epoch with the best validation NLL (False: the last epoch)
     val_samples: int = 8
@@ -228,6 +231,12 @@ def check_config(cfg: PipelineConfig) -> None:
         raise ValueError(f"distil.depth must be >= 1 (or null for the whole stack), got {cfg.distil.depth}")
     if cfg.distil.unlabeled_copies > 0 and cfg.distil.l2_target != "teacher":
         raise ValueError("distil.unlabeled_copies needs distil.l2_target: teacher (the copies have no labels)")
+    if cfg.distil.unlabeled_corpus is not None:
+        if cfg.distil.unlabeled_corpus not in UNLABELED_CORPUS_NAMES:
+            raise ValueError(f"distil.unlabeled_corpus must be one of {UNLABELED_CORPUS_NAMES}, "
+                             f"got {cfg.distil.unlabeled_corpus!r}")
+        if cfg.modality != "text" or cfg.distil.l2_target != "teacher":
+            raise ValueError("distil.unlabeled_corpus is text for a text model and needs distil.l2_target: teacher")
     if not 0.0 <= cfg.distil.ema_decay < 1.0:
         raise ValueError(f"distil.ema_decay must be in [0, 1), got {cfg.distil.ema_decay}")
     if cfg.modality not in MODALITIES:

@@ -7,9 +7,10 @@ The steps: prepare the teacher (step statistics, tau, the kernel sized to the ob
 states X_{T-K} once (partial depth: the first T - K transitions are the real layers and never change), then train
 epochs of the K diffused steps. An exponential moving average of the trainable weights (``distil.ema_decay``) is
 what gets validated, and the weights with the best validation NLL are what the run keeps (``distil.keep_best``).
-With ``distil.unlabeled_copies`` the kernel also learns on perturbed copies of the training inputs against the
-teacher's own outputs (``training.unlabeled``). Text batches carry a key padding mask: padding is masked in the
-teacher's and the kernel's attention, the KL and the readout's pooling.
+With ``distil.unlabeled_copies`` (and, for text, ``distil.unlabeled_corpus``) the kernel also learns on perturbed
+copies of the training inputs (and an unlabeled corpus) against the teacher's own outputs (``training.unlabeled``).
+Text batches carry a key padding mask: padding is masked in the teacher's and the kernel's attention, the KL and the
+readout's pooling.
 """
 
 from __future__ import annotations
@@ -111,8 +112,11 @@ def prepare_teacher(cfg: PipelineConfig, view: View, prefix: torch.nn.Module, da
     return Teacher(stats, depth, floors, tau, tau_accuracies)
 
 
-def unlabeled_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> AnySplit:
-    """``distil.unlabeled_copies`` perturbed copies of the training inputs (``training.unlabeled``)."""
+def unlabeled_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> AnySplit | None:
+    """``distil.unlabeled_copies`` perturbed copies of the training inputs and the ``distil.unlabeled_corpus``
+    sentences (``training.unlabeled``); None when the config asks for neither."""
+    if cfg.distil.unlabeled_copies == 0 and cfg.distil.unlabeled_corpus is None:
+        return None
     return modality_of(cfg.modality).unlabeled(cfg, data, cfg.distil.unlabeled_copies, cfg.seed + 101)
 
 
@@ -187,7 +191,9 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
     trainable = [p for p in objective.parameters() if p.requires_grad]
     model = data_parallel(objective, device, dist_info)
     optimizer = torch.optim.AdamW(trainable, lr=dcfg.lr, weight_decay=dcfg.weight_decay)
-    steps_per_epoch = -(-len(data.train) * (1 + dcfg.unlabeled_copies) // (dcfg.batch_size * dist_info.world_size))
+    unlabeled = unlabeled_inputs(cfg, data)  # the teacher's targets only
+    inputs = len(data.train) + (len(unlabeled) if unlabeled is not None else 0)
+    steps_per_epoch = -(-inputs // (dcfg.batch_size * dist_info.world_size))
     total_steps = steps_per_epoch * dcfg.epochs
     if dcfg.max_steps is not None:
         total_steps = min(total_steps, dcfg.max_steps)
@@ -203,8 +209,8 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
         start_epoch, step, history, elapsed, best = (state["epoch"], state["step"], state["history"],
                                                      state["elapsed"], state["best"])
     starts = start_states(view, prefix, data.train, device)  # X_{T-K} of every training input, once
-    if dcfg.unlabeled_copies > 0:  # perturbed copies: the teacher's targets only
-        starts = starts.concat(start_states(view, prefix, unlabeled_inputs(cfg, data), device))
+    if unlabeled is not None:
+        starts = starts.concat(start_states(view, prefix, unlabeled, device))
     elapsed += time.perf_counter() - t_start
 
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -299,6 +299,9 @@ def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
             ood = summarize(evaluation.logits(model_id, set_name, split))
             entry[f"mi_{set_name}"] = float(ood.mutual_information.mean())
             entry[f"auroc_mi_{set_name}"] = ood_report(summary.mutual_information, ood.mutual_information)["auroc"]
+            for score in ("max_softmax", "energy"):  # what the served OOD scores make of the variant
+                entry[f"auroc_{score}_{set_name}"] = ood_report(ood_score(summary, score),
+                                                                ood_score(ood, score))["auroc"]
         out[group][name] = entry
     seeds = list(out["seed"].values())
     if not seeds:

@@ -137,22 +137,28 @@ def shifted(result: dict[str, Any]) -> tuple[str, dict[str, float]]:
     return f"at severity {sev}", result["by_severity"][sev]
 
 
+def auroc_cell(entry: dict[str, Any], key: str) -> str:
+    """An AUROC of the ablation table; ``-`` where the evaluation that wrote it did not measure it."""
+    return f"{entry[key]:.3f}" if key in entry else "-"
+
+
 def ablation_table(results: dict[str, Any]) -> list[str]:
     ab = results["ablations"]
     if not ab["ablation"] and not ab["seed"]:
         return ["Not run in this evaluation (`evaluate.ablations` and `evaluate.distil_seeds` were empty)."]
     sets = [k.removeprefix("mi_") for k in next(iter({**ab["ablation"], **ab["seed"]}.values())) if k.startswith("mi_")]
     samples = results["settings"]["samples"]
+    scores = {"mi": "MI", "max_softmax": "max-softmax", "energy": "energy"}
     head = (f"| variant | depth K | observed variance | tau | epochs | acc % (S={samples}) | acc % (S=1) | ECE % | NLL "
-            "| mean MI test | " + " | ".join(f"MI AUROC {s}" for s in sets) + " |")
-    lines = [head, "| " + " | ".join("---" for _ in range(10 + len(sets))) + " |"]
+            "| mean MI test | " + " | ".join(f"{label} AUROC {s}" for label in scores.values() for s in sets) + " |")
+    lines = [head, "| " + " | ".join("---" for _ in range(10 + len(scores) * len(sets))) + " |"]
     for group in ("ablation", "seed"):
         for name, e in ab[group].items():
             lines.append(f"| {name} | {e.get('depth') or '-'} | {e['observed_variance']} | {e['tau']} | {e['epochs']} "
                          f"| {pct(e['accuracy'])} | "
                          f"{pct(e['accuracy_s1'])} | {pct(e['ece'])} | {e['nll']:.4f} | "
                          f"{e['mean_mutual_information']:.2e} | "
-                         + " | ".join(f"{e[f'auroc_mi_{s}']:.3f}" for s in sets) + " |")
+                         + " | ".join(auroc_cell(e, f"auroc_{score}_{s}") for score in scores for s in sets) + " |")
     ms = ab.get("seed_mean_std")
     if ms is None:
         return lines
@@ -274,8 +280,11 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         lines += [f"Variants train {st['ablation_epochs']} distillation epochs from the same frozen backbone (`both` "
                   "is the reference at that budget); tau is the main run's except in the tau variants and the depth "
                   "variants (selected again for each K); `floor` uses "
-                  "only the per-step floor as observed variance. MI AUROC: mutual information as the OOD score, test "
-                  "split vs the set. Seed rows use the full recipe. Every row is measured on the first "
+                  "only the per-step floor as observed variance; `unlabeled` adds one perturbed copy of every training "
+                  "input and `corpus` also the sentences of an unlabeled corpus (Debian package descriptions), both "
+                  "distilled against the teacher's outputs. AUROC columns: mutual information, max softmax and "
+                  "energy as the OOD score, test split vs the set. Seed rows use the full recipe. Every row is "
+                  "measured on the first "
                   f"{results['ablations'].get('test_inputs', first['n']):,} test {results.get('unit', 'images')} at "
                   f"S = {st['samples']}.", "", *ablation_table(results), ""]
     else:

@@ -18,7 +18,7 @@ from models.vit_view import VitTransitionView
 from training.config import PipelineConfig
 from training.data import Dataset, Split, load_dataset
 from training.text_inputs import TokenDataset, TokenSplit, load_run_tokenizer, raw_text_task, tokenize_dataset
-from training.unlabeled import perturbed_images, perturbed_texts
+from training.unlabeled import UNLABELED_CORPORA, perturbed_images, unlabeled_texts
 
 View = VitTransitionView | BertTransitionView
 Director = ImageDirector | TextDirector
@@ -118,8 +118,10 @@ class TextModality:
 
     def unlabeled(self, cfg: PipelineConfig, data: Dataset | TokenDataset, copies: int, seed: int) -> TokenSplit:
         assert isinstance(data, TokenDataset)
-        return perturbed_texts(load_run_tokenizer(cfg.run_dir), data.train.texts, copies, cfg.text.max_characters,
-                               seed)
+        name = cfg.distil.unlabeled_corpus
+        corpus = UNLABELED_CORPORA[name]() if name is not None else []
+        return unlabeled_texts(load_run_tokenizer(cfg.run_dir), data.train.texts, copies, cfg.text.max_characters,
+                               seed, corpus)
 
 
 MODALITIES: dict[str, Modality] = {"image": ImageModality(), "text": TextModality()}

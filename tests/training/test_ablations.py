@@ -10,6 +10,7 @@ def test_variants_change_one_setting() -> None:
     base = DistilConfig(kernel=KernelConfig(mlp_ratio=2.0, frequency_embedding_size=32))
     assert variant_overrides("both", base) == {}
     assert variant_overrides("unlabeled", base) == {"l2_target": "teacher", "unlabeled_copies": 1}
+    assert variant_overrides("corpus", base)["unlabeled_corpus"] == "debian_descriptions"
     assert variant_overrides("readout", base) == {"finetune_readout": True}
     assert variant_overrides("rollout", base) == {"l1_on_rollout": True}
     assert variant_overrides("depth_2", base) == {"depth": 2, "tau": None}

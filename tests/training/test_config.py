@@ -33,3 +33,14 @@ def test_overrides_and_unknown_keys(tmp_path: Path) -> None:
     bad.write_text("distil:\n  epoch: 3\n")
     with pytest.raises(ValueError, match="epoch"):
         load_config(bad)
+
+
+def test_an_unlabeled_corpus_is_for_text_models_distilled_against_the_teacher() -> None:
+    text = {"distil.l2_target": "teacher", "distil.unlabeled_corpus": "debian_descriptions"}
+    assert load_config("configs/movie_reviews_minilm.yaml", text).distil.unlabeled_corpus == "debian_descriptions"
+    with pytest.raises(ValueError, match="unlabeled_corpus must be one of"):
+        load_config("configs/movie_reviews_minilm.yaml", {**text, "distil.unlabeled_corpus": "fortunes"})
+    with pytest.raises(ValueError, match="text for a text model"):
+        load_config("configs/fashion_vit.yaml", text)
+    with pytest.raises(ValueError, match="text for a text model"):
+        load_config("configs/movie_reviews_minilm.yaml", {**text, "distil.l2_target": "labels"})

@@ -91,6 +91,9 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     assert ab["seed"]["seed0"]["accuracy"] != ab["seed"]["seed1"]["accuracy"] or \
         ab["seed"]["seed0"]["nll"] != ab["seed"]["seed1"]["nll"]
     assert ab["seed_mean_std"]["accuracy"]["std"] >= 0.0
+    for entry in [*ab["ablation"].values(), *ab["seed"].values()]:  # each served score's AUROC on each OOD set
+        assert all(0.0 <= entry[f"auroc_{score}_{name}"] <= 1.0 for score in ("mi", "max_softmax", "energy")
+                   for name in ("uniform_noise", "sklearn_digits", "letters"))
 
 
 def test_page_and_plots_are_written(evaluated: tuple[Path, dict[str, Any]]) -> None:
@@ -102,6 +105,7 @@ def test_page_and_plots_are_written(evaluated: tuple[Path, dict[str, Any]]) -> N
         assert (docs / png).stat().st_size > 1000
         assert png in page
     assert "DIRECTOR (S=4)" in page and "Deep ensemble (M=2)" in page
+    assert "| energy AUROC letters |" in page  # the ablation table's served-score columns
 
 
 def test_rerun_reads_the_cache(evaluated: tuple[Path, dict[str, Any]]) -> None:

@@ -17,9 +17,11 @@ from tests.conftest import export_tiny, tiny_text_config_dict
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.artifact import load_scripted
 from training.config import load_config
+from training.distil import unlabeled_inputs
 from training.loading import load_data, load_director
 from training.runtime import load_checkpoint
 from training.text_inputs import TokenSplit, encode, load_run_tokenizer, token_batches
+from training.unlabeled import load_package_descriptions
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,17 @@ def test_stages_write_checkpoints_and_the_tokenizer(exported: tuple[Path, Path])
 def test_distil_resumes_from_its_checkpoint(exported: tuple[Path, Path], tmp_path: Path,
                                            capsys: pytest.CaptureFixture) -> None:
     check_distil_resumes(exported[0], tmp_path, capsys)
+
+
+def test_distillation_reads_the_unlabeled_corpus_after_the_perturbed_copies(exported: tuple[Path, Path]) -> None:
+    cfg = load_config(exported[0], {"distil.l2_target": "teacher", "distil.unlabeled_copies": 1,
+                                    "distil.unlabeled_corpus": "debian_descriptions"})
+    data = load_data(cfg)
+    split = unlabeled_inputs(cfg, data)
+    corpus = load_package_descriptions()
+    assert split is not None and len(split) == len(data.train) + len(corpus) > len(data.train)
+    assert split.texts[len(data.train):] == corpus and int(split.mask.sum(dim=1).max()) <= cfg.text.max_length
+    assert unlabeled_inputs(load_config(exported[0]), data) is None  # neither asked for
 
 
 def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> None:

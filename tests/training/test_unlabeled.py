@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+import pytest
 import torch
 
-from training.config import TextConfig
+from training.config import UNLABELED_CORPUS_NAMES, TextConfig
 from training.text_inputs import build_tokenizer
-from training.unlabeled import perturb_text, perturbed_images, perturbed_texts
+from training.unlabeled import (
+    UNLABELED_CORPORA,
+    load_package_descriptions,
+    perturb_text,
+    perturbed_images,
+    unlabeled_texts,
+)
 
 
 def test_perturbed_images_are_seeded_blends_in_range() -> None:
@@ -28,9 +36,54 @@ def test_every_text_perturbation_changes_or_mixes_the_words() -> None:
     assert all(s and s != text for s in seen)
 
 
-def test_perturbed_texts_tokenise_every_copy() -> None:
+def test_unlabeled_texts_tokenise_every_copy() -> None:
     texts = ["a good movie , with heart", "dull and far too long", "the cast is wonderful"]
     tokenizer = build_tokenizer(TextConfig(backbone="tiny", tokenizer="wordpiece", vocab_size=60), texts)
-    split = perturbed_texts(tokenizer, texts, copies=2, max_characters=100, seed=1)
+    split = unlabeled_texts(tokenizer, texts, copies=2, max_characters=100, seed=1)
     assert len(split) == 6 and bool((split.mask.sum(dim=1) >= 1).all())
-    assert split.texts == perturbed_texts(tokenizer, texts, copies=2, max_characters=100, seed=1).texts
+    assert split.texts == unlabeled_texts(tokenizer, texts, copies=2, max_characters=100, seed=1).texts
+
+
+def test_the_corpus_follows_the_perturbed_copies_unchanged() -> None:
+    texts = ["a good movie , with heart", "dull and far too long"]
+    corpus = ["the shell reads commands .", "a library for parsing"]
+    tokenizer = build_tokenizer(TextConfig(backbone="tiny", tokenizer="wordpiece", vocab_size=60), texts + corpus)
+    split = unlabeled_texts(tokenizer, texts, copies=1, max_characters=100, seed=1, corpus=corpus)
+    assert len(split) == 4 and split.texts[2:] == corpus
+    assert len(unlabeled_texts(tokenizer, texts, copies=0, max_characters=100, seed=1, corpus=corpus)) == 2
+
+
+STATUS = """Package: dash
+Status: install ok installed
+Description: POSIX-compliant shell
+ The Debian Almquist Shell (dash) is a POSIX-compliant shell derived from ash.
+ .
+ Since it executes scripts faster than bash, it is the default system shell.
+Homepage: http://gondor.apana.org.au/~herbert/dash/
+
+Package: tiny
+Description: no long description
+
+Package: gzip
+Description: GNU compression utilities
+ This package provides the standard GNU file compression utilities, which are
+ also the default compression tools for Debian.
+ The Debian Almquist Shell (dash) is a POSIX-compliant shell derived from ash.
+"""
+
+
+def test_package_descriptions_are_the_long_descriptions_sentences(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text(STATUS)
+    assert load_package_descriptions(status) == [
+        "The Debian Almquist Shell (dash) is a POSIX-compliant shell derived from ash.",
+        "Since it executes scripts faster than bash, it is the default system shell.",
+        "This package provides the standard GNU file compression utilities, which are also the default compression "
+        "tools for Debian.",
+    ]  # continuation lines joined, "." breaks and the short description left out, de-duplicated
+    with pytest.raises(FileNotFoundError, match="package database"):
+        load_package_descriptions(tmp_path / "missing")
+
+
+def test_every_corpus_the_config_accepts_exists() -> None:
+    assert set(UNLABELED_CORPORA) == set(UNLABELED_CORPUS_NAMES)
