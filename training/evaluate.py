@@ -39,6 +39,7 @@ from training.ood import ood_report
 from training.rollout_diagnostics import mean_logvar_score
 from training.runtime import set_threads
 from training.served_statistics import fit_noise_scale
+from training.targets import RESULTS, write_targets
 
 
 @dataclass(frozen=True)
@@ -378,4 +379,6 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
     page = write_evaluation(results, labelled, test.labels, out_dir,
                             command or f"python -m training evaluate --config {cfg.source}")
     print(f"wrote {page} and {json_path} in {results['seconds']['total'] / 60:.1f} min")
+    if out_dir.resolve() == RESULTS.resolve():  # the project's own results: the targets page follows them
+        print(f"wrote {write_targets()}")
     return page

@@ -154,7 +154,10 @@ def targets_page(results_dir: Path = RESULTS, repository: Path = REPOSITORY, ben
     bench = json.loads(benchmark.read_text()) if benchmark.exists() else None
     sections = []
     for spec in TARGETS:
-        results = json.loads((results_dir / f"{spec.task}.json").read_text())
+        path = results_dir / f"{spec.task}.json"
+        if not path.exists():  # that task not evaluated here yet
+            continue
+        results = json.loads(path.read_text())
         samples = default_samples(spec, repository)
         sections.append((spec, samples, results, task_checks(spec, results, samples, bench)))
     return render(sections)
