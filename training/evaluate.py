@@ -31,12 +31,20 @@ from training.calibration import fit_temperature
 from training.config import PipelineConfig
 from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
 from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
-from training.loading import BACKBONE_FILE, DIRECTOR_FILE, AnySplit, load_backbone, load_director, split_sampled_logits
+from training.loading import (
+    BACKBONE_FILE,
+    DIRECTOR_FILE,
+    AnySplit,
+    load_backbone,
+    load_director,
+    load_view,
+    split_sampled_logits,
+)
 from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.modality import modality_of
 from training.ood import ood_report
-from training.rollout_diagnostics import mean_logvar_score
+from training.rollout_diagnostics import mean_logvar_score, variance_report
 from training.runtime import set_threads
 from training.served_statistics import fit_noise_scale
 from training.targets import RESULTS, write_targets
@@ -351,6 +359,8 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         ("sweep", lambda: evaluate_sweep(evaluation, draws_test)),
         ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),
         ("ablations", lambda: evaluate_ablations(evaluation)),
+        ("variance", lambda: variance_report(evaluation.sources["director"].model, load_view(evaluation.run_dir),
+                                             evaluation.inputs.test, evaluation.inputs.ood)),
     ]
     unknown = set(cfg.evaluate.stages) - {name for name, _ in stages}
     if unknown or "test_and_ood" not in cfg.evaluate.stages:

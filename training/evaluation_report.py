@@ -137,6 +137,24 @@ def shifted(result: dict[str, Any]) -> tuple[str, dict[str, float]]:
     return f"at severity {sev}", result["by_severity"][sev]
 
 
+def variance_table(results: dict[str, Any]) -> list[str]:
+    """The kernel's squared error against the backbone's next state beside its predicted variance, per set."""
+    if "variance" not in results:
+        return [PENDING]
+    lines = ["Per input, averaged over the diffused steps along the backbone's own trajectory, tokens and features: "
+             "the kernel's squared mean error against the backbone's next state and its predicted variance (without "
+             "the noise temperature). Spearman: their rank correlation over the set's inputs. AUROC against the test "
+             "split: the error's is what a variance head that predicted the error exactly would reach as an OOD score.",
+             "", "| set | mean squared error | mean predicted variance | Spearman | AUROC of the error | "
+             "AUROC of the variance |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, e in results["variance"].items():
+        spearman = "-" if e["spearman"] is None else f"{e['spearman']:.3f}"
+        aurocs = [f"{e[k]:.3f}" if k in e else "-" for k in ("auroc_error", "auroc_variance")]
+        lines.append(f"| {name} | {e['mean_error']:.3e} | {e['mean_variance']:.3e} | {spearman} | "
+                     + " | ".join(aurocs) + " |")
+    return lines
+
+
 def auroc_cell(entry: dict[str, Any], key: str) -> str:
     """An AUROC of the ablation table; ``-`` where the evaluation that wrote it did not measure it."""
     return f"{entry[key]:.3f}" if key in entry else "-"
@@ -250,6 +268,7 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
             "(an interval that excludes 0 is a difference this test split can see).", "", *paired_table(results), ""]
           if results.get("paired") else []),
         "## Out-of-distribution detection", "", *ood_tables(results), "",
+        "### Does DIRECTOR's predicted variance follow its own error?", "", *variance_table(results), "",
     ]
     text_shift = "shift" in results and "by_domain" in next(iter(results["shift"].values()))
     if text_shift:

@@ -77,7 +77,7 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     assert set(shift["by_type"]) == {"gaussian_noise", "pixelate"}
     assert set(shift["by_severity"]) == {"1", "5"}
     assert set(results["sweep"]) == {"director", "mc_dropout"}
-    assert set(results["load_average_1m"]) == {"test_and_ood", "shift", "sweep", "cost", "ablations"}
+    assert set(results["load_average_1m"]) == {"test_and_ood", "shift", "sweep", "cost", "ablations", "variance"}
     assert set(results["sweep"]["director"]) == {"1", "2", "8"}
     cost = results["cost"]
     assert cost["deterministic"]["latency_ms_ratio"] == 1.0
@@ -94,6 +94,17 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     for entry in [*ab["ablation"].values(), *ab["seed"].values()]:  # each served score's AUROC on each OOD set
         assert all(0.0 <= entry[f"auroc_{score}_{name}"] <= 1.0 for score in ("mi", "max_softmax", "energy")
                    for name in ("uniform_noise", "sklearn_digits", "letters"))
+
+
+def test_predicted_variance_is_set_beside_the_kernels_own_error(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    config, results = evaluated
+    variance = results["variance"]
+    assert set(variance) == {"test", "uniform_noise", "sklearn_digits", "letters"}
+    for name, entry in variance.items():
+        assert entry["mean_error"] > 0 and entry["mean_variance"] > 0 and -1.0 <= entry["spearman"] <= 1.0
+        assert ("auroc_error" in entry) == (name != "test")
+    page = (config.parent / "docs" / "tiny-task.md").read_text()
+    assert "### Does DIRECTOR's predicted variance follow its own error?" in page and "| letters |" in page
 
 
 def test_page_and_plots_are_written(evaluated: tuple[Path, dict[str, Any]]) -> None:
@@ -156,5 +167,5 @@ def test_a_partial_run_marks_the_missing_stages_pending(evaluated: tuple[Path, d
     results = json.loads((docs / "partial.json").read_text())
     assert "sweep" in results and "shift" not in results and "cost" not in results and "ablations" not in results
     page = (docs / "partial.md").read_text()
-    assert page.count("Not run: this stage is not in this run") == 3  # costs are marked beside the main table
+    assert page.count("Not run: this stage is not in this run") == 4  # costs are marked beside the main table
     assert "--set 'evaluate.stages=[test_and_ood, sweep]'" in page
