@@ -44,7 +44,7 @@ from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.modality import modality_of
 from training.ood import ood_report
-from training.rollout_diagnostics import mean_logvar_score, variance_report
+from training.rollout_diagnostics import mean_logvar_score, split_error_and_variance, variance_report
 from training.runtime import set_threads
 from training.served_statistics import fit_noise_scale
 from training.targets import RESULTS, write_targets
@@ -164,11 +164,14 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
     """Test-split calibration table and, per OOD set, every usable score of every method."""
     inputs, ev, seed = evaluation.inputs, evaluation.ev, evaluation.cfg.seed
     test, ood_sets, ood_val = inputs.test, inputs.ood, inputs.ood_validation
-    director = evaluation.sources["director"].model
-    logvar_test = mean_logvar_score(director, test, seed)  # [N]
-    logvar_ood = {name: mean_logvar_score(director, split, seed) for name, split in ood_sets.items()}
-    logvar_val = mean_logvar_score(director, ood_val, seed)
-    logvar_id_val = mean_logvar_score(director, inputs.val, seed)
+    director, view = evaluation.sources["director"].model, load_view(evaluation.run_dir)
+    # DIRECTOR-native scores, reported beside the logit scores: they need the rollout, not logits (the mean predicted
+    # log-variance; the kernel's squared error against the backbone's own next state, which costs one more layer)
+    native = {"mean_logvar": lambda split: mean_logvar_score(director, split, seed),
+              "kernel_error": lambda split: split_error_and_variance(director, view, split)[:, 0]}
+    native_scores = {name: {set_name: fn(split) for set_name, split in
+                            {"test": test, "val": inputs.val, "ood_val": ood_val, **ood_sets}.items()}
+                     for name, fn in native.items()}  # name -> set -> [N]
     results: dict[str, Any] = {}
     for method in tqdm(methods, desc="test + OOD", leave=False):
         draws = draws_test if method.source in ("director", "mc_dropout") else None
@@ -180,15 +183,16 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
         # the choice mirrors the exporter's: among the scores the server computes from sampled logits
         selection = {n: ood_report(ood_score(val_summary, n), ood_score(oodv_summary, n))["auroc"] for n in scores}
         chosen = max(selection, key=selection.get)
-        if method.source == "director":  # reported beside them; it needs the rollout's variances, not logits
-            id_scores["mean_logvar"] = logvar_test
-            selection["mean_logvar"] = ood_report(logvar_id_val, logvar_val)["auroc"]
+        if method.source == "director":
+            for name, values in native_scores.items():
+                id_scores[name] = values["test"]
+                selection[name] = ood_report(values["val"], values["ood_val"])["auroc"]
         per_set = {}
         for set_name, split in ood_sets.items():
             summary = summary_of(evaluation.logits(method.source, set_name, split), method)
             set_scores = {n: ood_score(summary, n) for n in scores}
             if method.source == "director":
-                set_scores["mean_logvar"] = logvar_ood[set_name]
+                set_scores.update({name: values[set_name] for name, values in native_scores.items()})
             per_set[set_name] = {n: ood_report(id_scores[n], set_scores[n]) for n in set_scores}
             per_set[set_name]["mean_mutual_information"] = float(summary.mutual_information.mean())
         results[method.key] = {

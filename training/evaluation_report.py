@@ -79,10 +79,11 @@ def ood_tables(results: dict[str, Any]) -> list[str]:
             m = r["ood"][s][r["ood_score"]]
             cells.append(f"{m['auroc']:.3f} / {m['aupr_in']:.3f} / {m['aupr_out']:.3f} / {m['fpr95']:.3f}")
         lines.append(f"| {r['label']} | {r['ood_score']} | " + " | ".join(cells) + " |")
-    scores = ["max_softmax", "predictive_entropy", "mutual_information", "energy", "mean_logvar"]
+    scores = ["max_softmax", "predictive_entropy", "mutual_information", "energy", "mean_logvar", "kernel_error"]
     for s in sets:
         lines += ["", f"AUROC of every score on **{s}** (`-`: undefined for the method, e.g. mutual information "
-                      "at S = 1, mean log-variance outside DIRECTOR):", "",
+                      "at S = 1; mean log-variance and kernel error (the kernel's squared error against the backbone's "
+                      "own next state) only for DIRECTOR, not served yet):", "",
                   "| method | " + " | ".join(scores) + " | mean MI (nats) |",
                   "| --- | " + " | ".join("---" for _ in scores) + " | --- |"]
         for r in results["test_and_ood"].values():

@@ -62,8 +62,11 @@ def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) 
                     assert set(m) == {"auroc", "aupr_in", "aupr_out", "fpr95"}
     # mutual information is undefined at S = 1 and mean log-variance exists only for DIRECTOR
     assert "mutual_information" not in results["test_and_ood"]["deterministic"]["ood"]["letters"]
-    assert "mean_logvar" in results["test_and_ood"]["director_s4"]["ood"]["letters"]
-    assert "mean_logvar" not in results["test_and_ood"]["mc_dropout"]["ood"]["letters"]
+    for native in ("mean_logvar", "kernel_error"):  # DIRECTOR's own scores, reported but never chosen
+        assert native in results["test_and_ood"]["director_s4"]["ood"]["letters"]
+        assert native in results["test_and_ood"]["director_s4"]["ood_selection_auroc"]
+        assert native not in results["test_and_ood"]["mc_dropout"]["ood"]["letters"]
+        assert results["test_and_ood"]["director_s4"]["ood_score"] != native
     # the S=1 deterministic rows are identical, so MI is exactly zero; DIRECTOR at S=4 samples really vary
     assert results["test_and_ood"]["deterministic"]["test"]["mean_mutual_information"] == 0.0
     assert results["test_and_ood"]["director_s4"]["test"]["mean_mutual_information"] > 0.0
