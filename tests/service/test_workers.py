@@ -20,12 +20,14 @@ from tests.service.test_process import post_when_every_worker_is_ready, service_
 
 
 def answered_by_worker(prom_dir: Path, endpoint: str) -> Counter[str]:
-    """Requests to ``endpoint`` answered by each worker, read from its own counter file (``counter_<pid>.db``)."""
+    """Requests to ``endpoint`` each worker served (200), read from its own counter file (``counter_<pid>.db``). A
+    worker still loading answers 503 and the client retries: those are counted by the server but not served."""
     answered: Counter[str] = Counter()
     for path in prom_dir.glob("counter_*.db"):
         for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)):
             _, sample, labels, _ = json.loads(key)
-            if sample == "director_requests_total" and labels.get("endpoint") == endpoint:
+            if (sample == "director_requests_total" and labels.get("endpoint") == endpoint
+                    and labels.get("code") == "200"):
                 answered[path.stem.removeprefix("counter_")] += int(value)
     return answered
 
