@@ -44,7 +44,7 @@ from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.modality import modality_of
 from training.ood import ood_report
-from training.rollout_diagnostics import mean_logvar_score, split_error_and_variance, variance_report
+from training.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
 from training.runtime import set_threads
 from training.served_statistics import fit_noise_scale
 from training.targets import RESULTS, write_targets
@@ -160,16 +160,17 @@ def usable_scores(method: Method) -> list[str]:
     return [n for n in OOD_SCORES if method.n_samples > 1 or n != "mutual_information"]
 
 
-def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int) -> dict[str, Any]:
+def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int, errors: KernelErrors
+                          ) -> dict[str, Any]:
     """Test-split calibration table and, per OOD set, every usable score of every method."""
     inputs, ev, seed = evaluation.inputs, evaluation.ev, evaluation.cfg.seed
     test, ood_sets, ood_val = inputs.test, inputs.ood, inputs.ood_validation
-    director, view = evaluation.sources["director"].model, load_view(evaluation.run_dir)
+    director = evaluation.sources["director"].model
     # DIRECTOR-native scores, reported beside the logit scores: they need the rollout, not logits (the mean predicted
     # log-variance; the kernel's squared error against the backbone's own next state, which costs one more layer)
-    native = {"mean_logvar": lambda split: mean_logvar_score(director, split, seed),
-              "kernel_error": lambda split: split_error_and_variance(director, view, split)[:, 0]}
-    native_scores = {name: {set_name: fn(split) for set_name, split in
+    native = {"mean_logvar": lambda set_name, split: mean_logvar_score(director, split, seed),
+              "kernel_error": lambda set_name, split: errors(set_name, split)[:, 0]}
+    native_scores = {name: {set_name: fn(set_name, split) for set_name, split in
                             {"test": test, "val": inputs.val, "ood_val": ood_val, **ood_sets}.items()}
                      for name, fn in native.items()}  # name -> set -> [N]
     results: dict[str, Any] = {}
@@ -346,6 +347,7 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
     set_threads(cfg.threads)
     evaluation = Evaluation(cfg)
     fitted = build_sources(evaluation)
+    errors = KernelErrors(evaluation.sources["director"].model, load_view(evaluation.run_dir))
     methods = build_methods(evaluation)
     draws_test = fitted["draws_test"]
     results: dict[str, Any] = {
@@ -358,13 +360,12 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         "methods": [asdict(m) for m in methods],
     }
     stages: list[tuple[str, Stage]] = [
-        ("test_and_ood", lambda: evaluate_test_and_ood(evaluation, methods, draws_test)),
+        ("test_and_ood", lambda: evaluate_test_and_ood(evaluation, methods, draws_test, errors)),
         ("shift", lambda: evaluate_shift(evaluation, methods)),
         ("sweep", lambda: evaluate_sweep(evaluation, draws_test)),
         ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),
         ("ablations", lambda: evaluate_ablations(evaluation)),
-        ("variance", lambda: variance_report(evaluation.sources["director"].model, load_view(evaluation.run_dir),
-                                             evaluation.inputs.test, evaluation.inputs.ood)),
+        ("variance", lambda: variance_report(errors, evaluation.inputs.test, evaluation.inputs.ood)),
     ]
     unknown = set(cfg.evaluate.stages) - {name for name, _ in stages}
     if unknown or "test_and_ood" not in cfg.evaluate.stages:

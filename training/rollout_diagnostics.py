@@ -77,9 +77,20 @@ def error_and_variance(director: Director, view: View, args: ForwardArgs) -> tor
     return out
 
 
-def split_error_and_variance(director: Director, view: View, split: AnySplit) -> torch.Tensor:
-    """``error_and_variance`` of every input of a split [N, 2]."""
-    return split.map(lambda *args: error_and_variance(director, view, args), 256)  # [N, 2]
+class KernelErrors:
+    """``error_and_variance`` of every input of named sets, each set computed once: the evaluation's OOD tables (the
+    error as a score) and its variance stage read the same values."""
+
+    def __init__(self, director: Director, view: View) -> None:
+        self.director = director
+        self.view = view
+        self.values: dict[str, torch.Tensor] = {}
+
+    def __call__(self, name: str, split: AnySplit) -> torch.Tensor:
+        """[N, 2] (error, variance) of the set ``name``."""
+        if name not in self.values:
+            self.values[name] = split.map(lambda *args: error_and_variance(self.director, self.view, args), 256)
+        return self.values[name]
 
 
 def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float | None:
@@ -89,13 +100,13 @@ def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float | None:
     return float(spearmanr(a.numpy(), b.numpy())[0])
 
 
-def variance_report(director: Director, view: View, test: AnySplit, ood_sets: dict[str, AnySplit]) -> dict[str, Any]:
+def variance_report(errors: KernelErrors, test: AnySplit, ood_sets: dict[str, AnySplit]) -> dict[str, Any]:
     """Does the predicted variance follow the kernel's own error? Per set (the test split and every OOD set): the mean
     squared error and the mean predicted variance, their Spearman correlation over the set's inputs, and (OOD sets)
     the AUROC of each against the test split: the error's is what a variance head that predicted it exactly would
     reach as an OOD score."""
     sets = {"test": test, **ood_sets}
-    values = {name: split_error_and_variance(director, view, split) for name, split in sets.items()}  # [N, 2] each
+    values = {name: errors(name, split) for name, split in sets.items()}  # [N, 2] each
     out: dict[str, Any] = {}
     for name, v in values.items():  # v [N, 2]: error, variance
         entry = {"mean_error": float(v[:, 0].mean()), "mean_variance": float(v[:, 1].mean()),

@@ -12,7 +12,7 @@ from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
 from models.vit_view import VitTransitionView
 from training.data import Split
-from training.rollout_diagnostics import error_and_variance, variance_report
+from training.rollout_diagnostics import KernelErrors, error_and_variance, variance_report
 
 
 def partial_depth_director(noise_scale: float) -> tuple[ImageDirector, VitTransitionView]:
@@ -39,7 +39,9 @@ def test_variance_report_sets_every_ood_set_against_the_test_split() -> None:
     director, view = partial_depth_director(noise_scale=1.0)
     test = Split(torch.rand(12, 1, 28, 28) * 0.2, torch.zeros(12, dtype=torch.long))
     noise = Split(torch.rand(12, 1, 28, 28), torch.zeros(12, dtype=torch.long))
-    report = variance_report(director, view, test, {"noise": noise})
+    errors = KernelErrors(director, view)
+    report = variance_report(errors, test, {"noise": noise})
+    assert errors("noise", noise) is errors.values["noise"]  # computed once, read again
     assert set(report) == {"test", "noise"} and "auroc_error" not in report["test"]
     assert 0.0 <= report["noise"]["auroc_error"] <= 1.0 and 0.0 <= report["noise"]["auroc_variance"] <= 1.0
     # the fresh kernel predicts one variance everywhere: no rank correlation, and no better than chance as a score
