@@ -26,7 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-FORMAT_VERSION = "1.0"  # a reader refuses another major version; a newer minor version only adds keys
+# a reader refuses another major version; a newer minor version only adds keys (1.1: ood.combination, scored_rows)
+FORMAT_VERSION = "1.1"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -168,13 +169,31 @@ class OodThreshold(Section):
     threshold: float
 
 
+class ScoreTermSection(Section):
+    """One term of the ``combined`` OOD score: ``weight * (f(score) - center) / scale``, f = log when ``log``."""
+
+    score: str
+    weight: float
+    center: float
+    scale: float = Field(gt=0)
+    log: bool = False
+
+
 class Ood(Section):
     score: str | None = None
     fallback_score: str | None = None  # for sample counts where ``score`` is undefined (mutual information at S=1)
     tpr: float | None = None
     thresholds: dict[PositiveInt, OodThreshold] = Field(min_length=1)  # sample count -> rule (JSON keys: strings)
+    combination: list[ScoreTermSection] | None = None  # the terms of the score "combined"
     selection_set: str | None = None
     selection_auroc: dict[str, float | None] | None = None
+    selection_choice: str | None = None  # the chosen entry of selection_auroc
+
+    @model_validator(mode="after")
+    def _combination_when_combined(self) -> Ood:
+        if any(entry.score == "combined" for entry in self.thresholds.values()) and not self.combination:
+            raise ValueError("a threshold uses the score 'combined' but ood.combination lists no terms")
+        return self
 
 
 class Reference(Section):
@@ -200,6 +219,7 @@ class ArtifactInfo(Section):
     torch: str | None = None
     forward: str | None = None
     sample_rows: str | None = None
+    scored_rows: str | None = None  # DIRECTOR with the backbone's last transitions: rows and the kernel error
     parameters: int | None = None
 
 

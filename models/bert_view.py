@@ -17,7 +17,7 @@ from transformers.models.bert.modeling_bert import BertLayer
 
 from models.observed_variance import mixture_attention, post_layernorm_variance
 from models.text_backbones import TextClassifier, pool_tokens
-from models.text_layers import TextPrefix
+from models.text_layers import TextPrefix, text_transition
 
 
 def _check_supported(encoder: BertModel) -> None:
@@ -92,6 +92,13 @@ class BertTransitionView(nn.Module):
     def prefix(self, num_transitions: int) -> TextPrefix:
         """Transitions 1..num_transitions as one deterministic plain module (copied weights, scriptable)."""
         return TextPrefix.from_bert(self.layers, num_transitions)
+
+    def teacher_steps(self, depth: int) -> nn.ModuleList:
+        """The last ``depth`` transitions T-K+1..T as plain modules with copied weights (the kernel error's targets)."""
+        if not 1 <= depth <= self.num_steps:
+            raise ValueError(f"depth must be in 1..{self.num_steps}, got {depth}")
+        return nn.ModuleList(text_transition(self.layers, t) for t in range(self.num_steps - depth + 1,
+                                                                              self.num_steps + 1))
 
     def attention_sublayer(
         self, layer: BertLayer, x: torch.Tensor, key_padding_mask: torch.Tensor | None

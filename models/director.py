@@ -5,6 +5,11 @@ Partial depth (DESIGN.md s.2): the first T - K transitions run as the real backb
 prefix; none when K = T) and the kernel diffuses the last K steps. The first diffused step's mean and variance are
 computed once per input and then expanded to that input's own sample count; the other steps run on all sample rows
 at once. The rollout numbers its steps 1..K; the kernel's step k imitates the backbone's transition T - K + k.
+
+Kernel error (an input-level OOD score): an export can give the rollout the backbone's own last K transitions (the
+``teacher``, deterministic). ``scored_rows`` then also returns, per input, the kernel's mean squared error against the
+backbone's next state along the backbone's trajectory: where one shared block imitates the backbone badly, the input
+is unlike what it was distilled on. At K = 1 this costs one backbone layer per input, whatever the sample count.
 """
 
 from __future__ import annotations
@@ -15,17 +20,39 @@ from torch import nn
 from models.kernel import TransitionKernel
 
 
+def per_input_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, N, D] -> [B]: the mean over tokens and features, real tokens only (mask [B, N] True for real)."""
+    if mask is None:
+        return values.mean(dim=(1, 2))
+    real = mask.to(values.dtype).unsqueeze(-1)  # [B, N, 1]
+    return (values * real).sum(dim=(1, 2)) / (real.sum(dim=(1, 2)) * values.shape[-1])
+
+
 class StochasticRollout(nn.Module):
     """Samples X_T from X_0 with the kernel; ``noise_scale`` multiplies every step's std (a buffer,
     fitted post hoc on validation: the sampling analogue of temperature scaling)."""
 
-    def __init__(self, kernel: TransitionKernel, noise_scale: float = 1.0) -> None:
+    def __init__(self, kernel: TransitionKernel, noise_scale: float = 1.0, teacher: nn.ModuleList | None = None
+                 ) -> None:
         super().__init__()
         self.kernel = kernel
         self.num_steps = kernel.num_steps
+        # the backbone's own transitions T-K+1..T, each (x, key_padding_mask) -> next state; empty: no kernel error
+        self.teacher = nn.ModuleList()
+        self.has_teacher = False  # a plain attribute: a scripted module answers it (a scripted ModuleList has no len)
+        if teacher is not None:
+            self.set_teacher(teacher)
         self.register_buffer("noise_scale", torch.tensor(float(noise_scale)))
         self.register_buffer("step_modulation", torch.zeros(0))
         self.folded = False
+
+    @torch.jit.unused
+    def set_teacher(self, teacher: nn.ModuleList) -> None:
+        """The backbone's own last K transitions (frozen), so that ``forward_scored`` computes the kernel error."""
+        if len(teacher) != self.num_steps:
+            raise ValueError(f"the teacher has {len(teacher)} transitions; the kernel diffuses {self.num_steps}")
+        self.teacher = teacher
+        self.has_teacher = True
 
     def fold_conditioning(self) -> None:
         """Precompute the adaLN modulation of every step into a buffer (inference artifacts)."""
@@ -52,9 +79,43 @@ class StochasticRollout(nn.Module):
         self, x0: torch.Tensor, repeats: torch.Tensor, key_padding_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x0 [B, N, D], repeats [B] -> X_T [sum(repeats), N, D], rows grouped by input in order."""
+        mean, std = self.step(x0, 1, key_padding_mask)  # [B, N, D] once per input
+        return self.sample_from(mean, std, repeats, key_padding_mask)
+
+    def forward_scored(
+        self, x0: torch.Tensor, repeats: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x0 [B, N, D], repeats [B] -> (X_T [sum(repeats), N, D], kernel error [B]), sharing the first step's mean."""
+        mean, std = self.step(x0, 1, key_padding_mask)  # [B, N, D] once per input
+        error = self.kernel_error(x0, mean, key_padding_mask)  # [B]
+        return self.sample_from(mean, std, repeats, key_padding_mask), error
+
+    def kernel_error(
+        self, x0: torch.Tensor, first_mean: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Per input [B] (fp32): the kernel's squared mean error against the teacher's next state, averaged over the K
+        steps along the teacher's trajectory (teacher forcing), real tokens and features. ``first_mean`` [B, N, D] is
+        the kernel's mean at step 1 from x0 [B, N, D]."""
+        if not self.has_teacher:
+            raise RuntimeError("this rollout carries no teacher transitions: it cannot compute the kernel error")
+        error = torch.zeros(x0.shape[0], dtype=torch.float32, device=x0.device)  # [B]
+        x, mean = x0, first_mean
+        t = 1
+        for transition in self.teacher:
+            if t > 1:
+                mean, _ = self.step(x, t, key_padding_mask)  # [B, N, D]
+            x = transition(x, key_padding_mask)  # [B, N, D] the backbone's X_{T-K+t}
+            error = error + per_input_mean((mean.float() - x.float()).square(), key_padding_mask)  # [B]
+            t += 1
+        return error / self.num_steps
+
+    def sample_from(
+        self, mean: torch.Tensor, std: torch.Tensor, repeats: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The first step's mean and std [B, N, D] -> X_T [sum(repeats), N, D]: each input's rows drawn from them,
+        then the later steps on all rows at once."""
         # the one read of ``repeats`` on the host: with ``output_size`` given, no repeat_interleave syncs again
         rows = int(repeats.sum())
-        mean, std = self.step(x0, 1, key_padding_mask)  # [B, N, D] once per input
         mean = torch.repeat_interleave(mean, repeats, dim=0, output_size=rows)  # [R, N, D]
         std = torch.repeat_interleave(std, repeats, dim=0, output_size=rows)  # [R, N, D]
         row_mask: torch.Tensor | None = None
@@ -97,3 +158,10 @@ class ImageDirector(nn.Module):
         repeats = torch.full((batch,), n_samples, dtype=torch.long, device=pixels.device)
         rows = self.sample_rows(pixels, repeats)  # [B*S, C] grouped by input
         return rows.view(batch, n_samples, -1).transpose(0, 1)  # [S, B, C]
+
+    @torch.jit.export
+    def scored_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sample_rows`` and the kernel error of every input [B] in one forward (needs the teacher transitions)."""
+        x_start = self.prefix(self.embedding(pixels), None)  # [B, N, D] deterministic, once per input
+        x_t, error = self.rollout.forward_scored(x_start, repeats, None)  # [R, N, D], [B]
+        return self.readout(x_t), error  # [R, C], [B]

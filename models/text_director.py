@@ -147,6 +147,16 @@ class TextDirector(nn.Module):
         row_mask = torch.repeat_interleave(mask, repeats, dim=0, output_size=x_t.shape[0])  # [R, L]
         return self.readout(x_t, row_mask)  # [R, C]
 
+    @torch.jit.export
+    def scored_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sample_rows`` and the kernel error of every input [B] in one forward (needs the teacher transitions)."""
+        mask = attention_mask > 0  # [B, L] True for real tokens
+        x_start = self.prefix(self.embedding(input_ids), mask)  # [B, L, D] deterministic, once per input
+        x_t, error = self.rollout.forward_scored(x_start, repeats, mask)  # [R, L, D], [B]
+        row_mask = torch.repeat_interleave(mask, repeats, dim=0, output_size=x_t.shape[0])  # [R, L]
+        return self.readout(x_t, row_mask), error  # [R, C], [B]
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_samples: int) -> torch.Tensor:
         batch = input_ids.shape[0]
         repeats = torch.full((batch,), n_samples, dtype=torch.long, device=input_ids.device)

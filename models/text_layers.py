@@ -94,6 +94,14 @@ class TextTransition(nn.Module):
         return self.attention(self.feed_forward(x), key_padding_mask)  # [B, L, D]
 
 
+def text_transition(layers: nn.ModuleList, t: int) -> nn.Module:
+    """Transition t of a BERT encoder's ``layers`` as a plain module (x, key_padding_mask) -> X_t: layer 1's attention
+    sublayer at t = 1, else layer t-1's feed-forward sublayer then layer t's attention."""
+    if t == 1:
+        return TextAttention.from_bert(layers[0])
+    return TextTransition(TextFeedForward.from_bert(layers[t - 2]), TextAttention.from_bert(layers[t - 1]))
+
+
 class TextPrefix(nn.Module):
     """Transitions 1..P of the re-partitioned encoder, deterministic: X_0 [B, L, D] -> X_P [B, L, D], the output of
     layer P's attention sublayer (layers 1..P-1 whole, then layer P's attention). P = 0 is the identity."""
@@ -109,10 +117,8 @@ class TextPrefix(nn.Module):
     def from_bert(cls, layers: nn.ModuleList, num_transitions: int) -> TextPrefix:
         if not 0 <= num_transitions <= len(layers):
             raise ValueError(f"a prefix has 0..{len(layers)} transitions, got {num_transitions}")
-        first = [TextAttention.from_bert(layers[0])] if num_transitions else []
-        transitions = [TextTransition(TextFeedForward.from_bert(layers[t - 2]), TextAttention.from_bert(layers[t - 1]))
-                       for t in range(2, num_transitions + 1)]
-        return cls(first, transitions)
+        first = [text_transition(layers, 1)] if num_transitions else []
+        return cls(first, [text_transition(layers, t) for t in range(2, num_transitions + 1)])
 
     @property
     def num_transitions(self) -> int:

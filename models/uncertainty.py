@@ -77,11 +77,33 @@ def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, 
     return float((conf_sum - correct_sum).abs().sum() / confidence.numel())
 
 
-OOD_SCORES = ("max_softmax", "predictive_entropy", "mutual_information", "energy")
+OOD_SCORES = ("max_softmax", "predictive_entropy", "mutual_information", "energy")  # from sampled logits
+KERNEL_ERROR = "kernel_error"  # from the rollout: an artifact's ``scored_rows`` returns it per input
+COMBINED = "combined"  # a weighted sum of standardised scores (``ScoreTerm``), e.g. energy and the kernel error
+SERVED_SCORES = (*OOD_SCORES, KERNEL_ERROR, COMBINED)
 
 
-def ood_score(summary: UncertaintySummary, name: str) -> torch.Tensor:
-    """One OOD score per input, higher = more out-of-distribution."""
+@dataclass(frozen=True)
+class ScoreTerm:
+    """One term of a combined score: ``weight * (f(score) - center) / scale`` with f = log when ``log`` (the kernel
+    error spans orders of magnitude) and the identity otherwise; center and scale are the in-distribution validation
+    mean and std of f(score), so terms on different scales add up."""
+
+    score: str
+    weight: float
+    center: float
+    scale: float
+    log: bool = False
+
+    def __call__(self, values: torch.Tensor) -> torch.Tensor:
+        values = values.float().clamp_min(1e-30).log() if self.log else values.float()  # [B]
+        return self.weight * (values - self.center) / self.scale  # [B]
+
+
+def ood_score(summary: UncertaintySummary, name: str, kernel_error: torch.Tensor | None = None,
+              terms: tuple[ScoreTerm, ...] = ()) -> torch.Tensor:
+    """One OOD score per input, higher = more out-of-distribution. ``kernel_error`` [B] is the rollout's own error
+    (needed by ``kernel_error`` and by combined scores using it); ``terms`` define ``combined``."""
     if name == "max_softmax":
         return 1.0 - summary.confidence
     if name == "predictive_entropy":
@@ -90,4 +112,17 @@ def ood_score(summary: UncertaintySummary, name: str) -> torch.Tensor:
         return summary.mutual_information
     if name == "energy":
         return summary.energy
-    raise ValueError(f"unknown OOD score {name!r}; choose from {OOD_SCORES}")
+    if name == KERNEL_ERROR:
+        if kernel_error is None:
+            raise ValueError("the kernel_error score needs the rollout's kernel error (an artifact's scored_rows)")
+        return kernel_error.float()
+    if name == COMBINED:
+        if not terms or any(term.score == COMBINED for term in terms):
+            raise ValueError("a combined score needs terms, none of them combined")
+        return torch.stack([term(ood_score(summary, term.score, kernel_error)) for term in terms]).sum(0)  # [B]
+    raise ValueError(f"unknown OOD score {name!r}; choose from {SERVED_SCORES}")
+
+
+def needs_kernel_error(name: str, terms: tuple[ScoreTerm, ...] = ()) -> bool:
+    """Whether the score ``name`` (with its ``terms``) reads the rollout's kernel error."""
+    return name == KERNEL_ERROR or (name == COMBINED and any(term.score == KERNEL_ERROR for term in terms))

@@ -81,6 +81,21 @@ class VitPrefix(nn.Module):
         return x
 
 
+class VitTransition(nn.Module):
+    """One transition t of the re-partitioned ViT as a deterministic module: X_{t-1} [B, N, D] -> X_t = a_t [B, N, D],
+    layer t-1's MLP sublayer (none at t = 1) then layer t's attention sublayer. Shares the backbone's weights."""
+
+    def __init__(self, previous: Block | None, block: Block) -> None:
+        super().__init__()
+        self.previous = nn.ModuleList([previous] if previous is not None else [])
+        self.block = block
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        for prev in self.previous:  # at most one: its MLP sublayer only
+            x = x + prev.ls2(prev.mlp(prev.norm2(x)))  # [B, N, D]
+        return x + self.block.ls1(self.block.attn(self.block.norm1(x)))  # [B, N, D]
+
+
 def _layer_scale_gain(layer_scale: nn.Module) -> torch.Tensor | float:
     """The elementwise gain of timm's LayerScale (1 when the block has none)."""
     return layer_scale.gamma if hasattr(layer_scale, "gamma") else 1.0
@@ -105,6 +120,13 @@ class VitTransitionView(nn.Module):
     def prefix(self, num_transitions: int) -> VitPrefix:
         """Transitions 1..num_transitions as one deterministic module sharing the backbone's weights."""
         return VitPrefix(self.blocks, num_transitions)
+
+    def teacher_steps(self, depth: int) -> nn.ModuleList:
+        """The last ``depth`` transitions T-K+1..T, one deterministic module each (the kernel error's targets)."""
+        if not 1 <= depth <= self.num_steps:
+            raise ValueError(f"depth must be in 1..{self.num_steps}, got {depth}")
+        return nn.ModuleList(VitTransition(self.blocks[t - 2] if t > 1 else None, self.blocks[t - 1])
+                             for t in range(self.num_steps - depth + 1, self.num_steps + 1))
 
     def transition(
         self, t: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None

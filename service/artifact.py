@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from artifact.contract import (
     read_document,
     verify_files,
 )
-from models.uncertainty import OOD_SCORES
+from models.uncertainty import KERNEL_ERROR, OOD_SCORES, SERVED_SCORES, ScoreTerm, needs_kernel_error
 from service.device import Device
 from service.shapes import WARM_CALLS, warm_counts, warm_text_width
 from service.texts import encode, pad_batch, warm_up_texts
@@ -40,6 +41,7 @@ class OodRule:
     threshold: float
     calibrated_samples: int  # the sample count the threshold was set at
     note: str | None = None
+    terms: tuple[ScoreTerm, ...] = ()  # the manifest's combination (score "combined")
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -57,25 +59,41 @@ def validate_manifest(document: dict[str, Any]) -> Manifest:
     except ManifestError as exc:
         raise ArtifactError(str(exc)) from exc
     for count, entry in manifest.ood.thresholds.items():
-        if entry.score not in OOD_SCORES:
+        if entry.score not in SERVED_SCORES:
             raise ArtifactError(f"bad ood.thresholds entry {count!r}: score {entry.score!r} is not one of "
-                                f"{', '.join(OOD_SCORES)}")
+                                f"{', '.join(SERVED_SCORES)}")
+    for term in manifest.ood.combination or []:
+        if term.score not in (*OOD_SCORES, KERNEL_ERROR):
+            raise ArtifactError(f"bad ood.combination term: score {term.score!r} is not one of "
+                                f"{', '.join((*OOD_SCORES, KERNEL_ERROR))}")
     return manifest
+
+
+def score_terms(ood: Ood) -> tuple[ScoreTerm, ...]:
+    """The manifest's combination as ``ScoreTerm``s (empty when it has none)."""
+    return tuple(ScoreTerm(t.score, t.weight, t.center, t.scale, t.log) for t in ood.combination or [])
+
+
+def uses_kernel_error(manifest: Manifest) -> bool:
+    """Whether any of the manifest's OOD rules reads the kernel error (the artifact's ``scored_rows``)."""
+    terms = score_terms(manifest.ood)
+    return any(needs_kernel_error(entry.score, terms) for entry in manifest.ood.thresholds.values())
 
 
 def ood_rule(ood: Ood, n_samples: int) -> OodRule:
     """The manifest's threshold for ``n_samples``; otherwise the nearest calibrated sample count whose score
     is defined at ``n_samples`` (mutual information needs S >= 2), said so in ``note``."""
     entry = ood.thresholds.get(n_samples)
+    terms = score_terms(ood)
     if entry is not None:
-        return OodRule(entry.score, entry.threshold, n_samples)
+        return OodRule(entry.score, entry.threshold, n_samples, terms=terms)
     usable = [(k, v) for k, v in ood.thresholds.items() if n_samples >= 2 or v.score != "mutual_information"]
     if not usable:
         raise ArtifactError(f"no OOD threshold usable at n_samples={n_samples}")
     count, entry = min(usable, key=lambda kv: (abs(kv[0] - n_samples), kv[0]))
     note = (f"no threshold calibrated at n_samples={n_samples}; used the one calibrated at n_samples={count}, "
             "the nearest supported count")
-    return OodRule(entry.score, entry.threshold, count, note)
+    return OodRule(entry.score, entry.threshold, count, note, terms)
 
 
 @dataclass
@@ -86,6 +104,19 @@ class Artifact:
     manifest: Manifest
     module: torch.jit.ScriptModule
     tokenizer: Tokenizer | None = None  # text models only: truncation set from ``text``, no padding
+
+    @cached_property
+    def scored(self) -> bool:
+        """Forwards call ``scored_rows`` (rows and the kernel error) instead of ``sample_rows``."""
+        return uses_kernel_error(self.manifest)
+
+    def rows(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward of the model inputs and ``repeats`` (last): the sampled rows [sum(repeats), C] and, when the
+        OOD score needs it, the kernel error of every input [B] (else None)."""
+        if self.scored:
+            rows, error = self.module.scored_rows(*inputs)
+            return rows, error
+        return self.module.sample_rows(*inputs), None
 
     @property
     def text(self) -> TextInput | None:
@@ -137,6 +168,8 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
     except Exception as exc:  # a corrupt file raises many different errors
         raise ArtifactError(f"torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
     artifact = Artifact(folder, manifest, module)
+    if artifact.scored and not hasattr(module, "scored_rows"):
+        raise ArtifactError("the manifest's OOD score needs the kernel error but the artifact has no scored_rows")
     if artifact.text is not None:
         artifact.tokenizer = load_tokenizer(folder, artifact.text)
     warm_up(artifact, device)
@@ -169,7 +202,7 @@ def error_line(exc: Exception) -> str:
 
 
 def warm_up(artifact: Artifact, device: Device) -> None:
-    """One ``sample_rows`` forward with mixed sample counts (text: a short text and one truncated to max_length,
+    """One forward (``Artifact.rows``) with mixed sample counts (text: a short text and one truncated to max_length,
     padded like a served batch, so the whole position table is used); checks the output shape and values."""
     repeats = torch.tensor([1, artifact.default_samples], dtype=torch.long, device=device.torch_device)
     try:
@@ -181,11 +214,11 @@ def warm_up(artifact: Artifact, device: Device) -> None:
                     raise ArtifactError(f"the tokenizer gave {texts[1].tokens} tokens for a text longer than "
                                         f"max_length {artifact.text.max_length}")
                 ids, mask = pad_batch([t.ids for t in texts], artifact.text.pad_id, artifact.text.max_length)
-                rows = artifact.module.sample_rows(ids.to(device.torch_device), mask.to(device.torch_device), repeats)
+                rows, error = artifact.rows(ids.to(device.torch_device), mask.to(device.torch_device), repeats)
             else:
                 channels, height, width = artifact.input_shape
                 pixels = torch.zeros(2, channels, height, width, device=device.torch_device)
-                rows = artifact.module.sample_rows(pixels, repeats)
+                rows, error = artifact.rows(pixels, repeats)
     except ArtifactError:
         raise
     except Exception as exc:
@@ -195,6 +228,8 @@ def warm_up(artifact: Artifact, device: Device) -> None:
         raise ArtifactError(f"warm-up returned shape {tuple(rows.shape)}, expected {expected}")
     if not torch.isfinite(rows).all():
         raise ArtifactError("warm-up returned non-finite logits")
+    if error is not None and (tuple(error.shape) != (2,) or not torch.isfinite(error).all()):
+        raise ArtifactError(f"warm-up returned a kernel error of shape {tuple(error.shape)} or non-finite, expected 2")
     if device.shapes.buckets:
         warm_up_buckets(artifact, device)
 
@@ -213,11 +248,11 @@ def warm_up_buckets(artifact: Artifact, device: Device) -> None:
                     ids = torch.full((inputs, width), text.pad_id, dtype=torch.long, device=target)  # [inputs, L]
                     mask = torch.ones(inputs, width, dtype=torch.long, device=target)  # [inputs, L]
                     for _ in range(WARM_CALLS):
-                        artifact.module.sample_rows(ids, mask, repeats)
+                        artifact.rows(ids, mask, repeats)
                 else:
                     pixels = torch.zeros(inputs, *artifact.input_shape, device=target)  # [inputs, C, H, W]
                     for _ in range(WARM_CALLS):
-                        artifact.module.sample_rows(pixels, repeats)
+                        artifact.rows(pixels, repeats)
             if device.is_cuda:
                 torch.cuda.synchronize(target)
     except Exception as exc:

@@ -14,6 +14,7 @@ import torch
 
 from artifact.contract import MANIFEST, Manifest, retired_folder, staging_folder
 from training.data import ForwardArgs
+from training.ood_selection import computes_kernel_error
 
 
 def script_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -100,4 +101,10 @@ def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, 
     served_out = served(*probe, n_samples)
     if not torch.allclose(eager_out, served_out, atol=1e-4):
         raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
+    if computes_kernel_error(artifact_module):  # the kernel error, from the artifact's own teacher layers
+        ones = torch.ones(probe[0].shape[0], dtype=torch.long)  # [b]
+        eager_error = artifact_module.scored_rows(*probe, ones)[1]  # [b]
+        served_error = served.scored_rows(*probe, ones)[1]  # [b]
+        if not torch.allclose(eager_error, served_error, rtol=1e-3, atol=1e-7):
+            raise RuntimeError("the scripted artifact's kernel error differs from the eager module's")
     return served

@@ -1,7 +1,8 @@
 """What a method costs at inference: parameters, latency per input and peak memory, measured in the same run
 for every method so they can be reported as ratios to the deterministic backbone.
 
-Latency is one input per forward at the method's sample count (what a lone request pays), median over inputs.
+Latency is one input per forward at the method's sample count (what a lone request pays), median over inputs; a
+DIRECTOR with the backbone's last transitions is timed through ``scored_rows``, the kernel error included.
 Peak memory on CPU is the rise of the process's peak resident set (``VmHWM``) during the forwards, measured in
 a fresh child process that loads the saved model (a TorchScript file, or a pickled eager module for models that
 do not script, such as the transformers-based text baselines) and a saved batch of real inputs; the peak is
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from training.artifact import save_scripted, script_module
+from training.ood_selection import computes_kernel_error
 
 _CHILD = r"""
 import json, re, sys, warnings
@@ -58,14 +60,23 @@ def parameter_count(module: torch.nn.Module) -> int:
 def latency_per_input_ms(model: torch.nn.Module, singles: list[Inputs], n_samples: int, repeats: int = 1) -> float:
     """Median wall time of ``model(*one_input, n_samples)`` over ``singles`` (each a batch of one), after one
     warm-up forward."""
-    model(*singles[0], n_samples)
+    served_forward(model, singles[0], n_samples)
     times = []
     for _ in range(repeats):
         for inputs in singles:
             start = time.perf_counter()
-            model(*inputs, n_samples)
+            served_forward(model, inputs, n_samples)
             times.append(time.perf_counter() - start)
     return 1000.0 * statistics.median(times)
+
+
+def served_forward(model: torch.nn.Module, inputs: Inputs, n_samples: int) -> torch.Tensor:
+    """The forward a server runs: ``scored_rows`` (the sampled rows and the kernel error) for a DIRECTOR that carries
+    the backbone's last transitions, so its latency includes the kernel error's extra layer; ``forward`` otherwise."""
+    if computes_kernel_error(model):
+        repeats = torch.full((inputs[0].shape[0],), n_samples, dtype=torch.long)  # [B]
+        return model.scored_rows(*inputs, repeats)[0]  # [B*S, C]
+    return model(*inputs, n_samples)  # [S, B, C]
 
 
 def save_model_file(model: torch.nn.Module, folder: Path, name: str, script: bool) -> Path:

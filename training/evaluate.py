@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
-from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
+from models.uncertainty import UncertaintySummary, ood_score, summarize
 from training.ablations import ablation_config, ensure_distilled, seed_config
 from training.artifact import git_commit, json_safe
 from training.baseline_models import ensemble_members, member_config
@@ -31,6 +31,7 @@ from training.calibration import fit_temperature
 from training.config import PipelineConfig
 from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
 from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
+from training.export_parts import attach_teacher
 from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
@@ -44,6 +45,7 @@ from training.logit_cache import LogitCache, fingerprint
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.modality import modality_of
 from training.ood import ood_report
+from training.ood_selection import ScoreInputs, choose_ood_score
 from training.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
 from training.runtime import set_threads
 from training.served_statistics import fit_noise_scale
@@ -112,6 +114,7 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     evaluation.add_source("ensemble", contract(EnsembleModel(members)), f"ens-{fingerprint(*member_files)}",
                           len(members))
     director, _ = load_director(run)
+    attach_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
     noisy = copy.deepcopy(director)
@@ -156,51 +159,49 @@ def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) ->
             "accuracy_ci95": accuracy_interval(probs, labels, n_boot), "n": int(labels.shape[0])}
 
 
-def usable_scores(method: Method) -> list[str]:
-    return [n for n in OOD_SCORES if method.n_samples > 1 or n != "mutual_information"]
-
-
 def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int, errors: KernelErrors
                           ) -> dict[str, Any]:
-    """Test-split calibration table and, per OOD set, every usable score of every method."""
+    """Test-split calibration table and, per OOD set, every reported score of every method; each method's own score is
+    chosen on the OOD-validation set as the exporter chooses the manifest's (``training.ood_selection``)."""
     inputs, ev, seed = evaluation.inputs, evaluation.ev, evaluation.cfg.seed
     test, ood_sets, ood_val = inputs.test, inputs.ood, inputs.ood_validation
     director = evaluation.sources["director"].model
-    # DIRECTOR-native scores, reported beside the logit scores: they need the rollout, not logits (the mean predicted
-    # log-variance; the kernel's squared error against the backbone's own next state, which costs one more layer)
-    native = {"mean_logvar": lambda set_name, split: mean_logvar_score(director, split, seed),
-              "kernel_error": lambda set_name, split: errors(set_name, split)[:, 0]}
-    native_scores = {name: {set_name: fn(set_name, split) for set_name, split in
-                            {"test": test, "val": inputs.val, "ood_val": ood_val, **ood_sets}.items()}
-                     for name, fn in native.items()}  # name -> set -> [N]
+    sets = {"test": test, "val": inputs.val, "ood_val": ood_val, **ood_sets}
+    # DIRECTOR-native: the kernel's squared error against the backbone's own next state (a candidate: the artifact
+    # carries the backbone's last K transitions) and the mean predicted log-variance (reported only)
+    kernel_error = {name: errors(name, split)[:, 0] for name, split in sets.items()}  # name -> [N]
+    logvar = {name: mean_logvar_score(director, split, seed) for name, split in sets.items()}  # name -> [N]
     results: dict[str, Any] = {}
     for method in tqdm(methods, desc="test + OOD", leave=False):
+        native = method.family == "director"
+        errors_of = kernel_error if native else None
+
+        def score_inputs(set_name: str, split: AnySplit, draws: int | None = None,
+                         method: Method = method, errors_of: dict[str, torch.Tensor] | None = errors_of
+                         ) -> ScoreInputs:
+            summary = summary_of(evaluation.logits(method.source, set_name, split, draws), method)
+            return ScoreInputs(summary, None if errors_of is None else errors_of[set_name])
+
         draws = draws_test if method.source in ("director", "mc_dropout") else None
-        test_summary = summary_of(evaluation.logits(method.source, "test", test, draws), method)
-        val_summary = summary_of(evaluation.logits(method.source, "val", inputs.val), method)
-        oodv_summary = summary_of(evaluation.logits(method.source, "ood_val", ood_val), method)
-        scores = usable_scores(method)
-        id_scores = {n: ood_score(test_summary, n) for n in scores}
-        # the choice mirrors the exporter's: among the scores the server computes from sampled logits
-        selection = {n: ood_report(ood_score(val_summary, n), ood_score(oodv_summary, n))["auroc"] for n in scores}
-        chosen = max(selection, key=selection.get)
-        if method.source == "director":
-            for name, values in native_scores.items():
-                id_scores[name] = values["test"]
-                selection[name] = ood_report(values["val"], values["ood_val"])["auroc"]
+        test_inputs = score_inputs("test", test, draws)
+        choice = choose_ood_score(score_inputs("val", inputs.val), score_inputs("ood_val", ood_val), method.n_samples)
+        selection = dict(choice.selection_auroc)
+        if native:
+            selection["mean_logvar"] = ood_report(logvar["val"], logvar["ood_val"])["auroc"]
         per_set = {}
         for set_name, split in ood_sets.items():
-            summary = summary_of(evaluation.logits(method.source, set_name, split), method)
-            set_scores = {n: ood_score(summary, n) for n in scores}
-            if method.source == "director":
-                set_scores.update({name: values[set_name] for name, values in native_scores.items()})
-            per_set[set_name] = {n: ood_report(id_scores[n], set_scores[n]) for n in set_scores}
-            per_set[set_name]["mean_mutual_information"] = float(summary.mutual_information.mean())
+            set_inputs = score_inputs(set_name, split)
+            row = {label: ood_report(test_inputs.score(c.name, c.terms), set_inputs.score(c.name, c.terms))
+                   for label, c in choice.reported().items()}
+            if native:
+                row["mean_logvar"] = ood_report(logvar["test"], logvar[set_name])
+            row["mean_mutual_information"] = float(set_inputs.summary.mutual_information.mean())
+            per_set[set_name] = row
         results[method.key] = {
             "label": method.label, "n_samples": method.n_samples, "temperature": method.temperature,
-            "test": {**calibration_block(test_summary.probabilities, test.labels, ev.bootstrap),
-                     "mean_mutual_information": float(test_summary.mutual_information.mean())},
-            "ood_selection_auroc": selection, "ood_score": chosen, "ood": per_set,
+            "test": {**calibration_block(test_inputs.summary.probabilities, test.labels, ev.bootstrap),
+                     "mean_mutual_information": float(test_inputs.summary.mutual_information.mean())},
+            "ood_selection_auroc": selection, "ood_score": choice.label, "ood": per_set,
         }
     return results
 

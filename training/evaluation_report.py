@@ -67,7 +67,9 @@ def ood_tables(results: dict[str, Any]) -> list[str]:
     sets = list(first["ood"])
     selection_set = results.get("ood_validation_set", "sklearn sample-photo patches (OOD validation only)")
     lines = ["Each method's score is chosen, as the exporter chooses the manifest's, among the scores the server "
-             "computes from sampled logits (max softmax, predictive entropy, mutual information, energy) by AUROC on "
+             "computes (from sampled logits: max softmax, predictive entropy, mutual information, energy; for "
+             "DIRECTOR also the kernel error, the kernel's squared error against the backbone's own next state, and "
+             "its standardised combinations with the best logit score) by AUROC on "
              f"the OOD-validation set ({selection_set}, used for nothing else); then on every reported "
              "set: AUROC / AUPR-In / AUPR-Out / FPR at 95% TPR (OOD positive, higher score = more OOD; TPR is the "
              "in-distribution pass rate).", "",
@@ -79,15 +81,16 @@ def ood_tables(results: dict[str, Any]) -> list[str]:
             m = r["ood"][s][r["ood_score"]]
             cells.append(f"{m['auroc']:.3f} / {m['aupr_in']:.3f} / {m['aupr_out']:.3f} / {m['fpr95']:.3f}")
         lines.append(f"| {r['label']} | {r['ood_score']} | " + " | ".join(cells) + " |")
-    scores = ["max_softmax", "predictive_entropy", "mutual_information", "energy", "mean_logvar", "kernel_error"]
+    scores = ["max_softmax", "predictive_entropy", "mutual_information", "energy", "mean_logvar", "kernel_error",
+              "combined"]
     for s in sets:
         lines += ["", f"AUROC of every score on **{s}** (`-`: undefined for the method, e.g. mutual information "
-                      "at S = 1; mean log-variance and kernel error (the kernel's squared error against the backbone's "
-                      "own next state) only for DIRECTOR, not served yet):", "",
+                      "at S = 1; the mean log-variance (reported only), the kernel error and the combination chosen "
+                      "among the weights on OOD validation (`combined`) only for DIRECTOR):", "",
                   "| method | " + " | ".join(scores) + " | mean MI (nats) |",
                   "| --- | " + " | ".join("---" for _ in scores) + " | --- |"]
         for r in results["test_and_ood"].values():
-            row = r["ood"][s]
+            row = {("combined" if k.startswith("combined") else k): v for k, v in r["ood"][s].items()}
             cells = [f"{row[n]['auroc']:.3f}" if n in row else "-" for n in scores]
             lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {row['mean_mutual_information']:.2e} |")
     return lines

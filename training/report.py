@@ -112,8 +112,9 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
         f"Mean mutual information (nats, S={s}): test split {director['mean_mutual_information']:.2e}, "
         + ", ".join(f"{name} {v['mean_mutual_information']:.2e}" for name, v in tm["ood"].items()) + ".",
         "",
-        f"The manifest's OOD score is **{ood['score']}** (fallback **{ood['fallback_score']}** where it is undefined),"
-        f" chosen by AUROC on the OOD validation set ({ood['selection_set']}), which is none of the reported sets:",
+        f"The manifest's OOD score is **{ood.get('selection_choice', ood['score'])}** (fallback "
+        f"**{ood['fallback_score']}** where it is undefined), chosen by AUROC on the OOD validation set "
+        f"({ood['selection_set']}), which is none of the reported sets:",
         "",
         "| score | " + " | ".join(columns) + " |",
         "| --- | " + " | ".join("---" for _ in columns) + " |",
@@ -124,8 +125,11 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
                      + " |")
     lines += [
         "",
-        "`mean_logvar` is the DIRECTOR-native score (the mean predicted log-variance along an S=1 rollout). "
-        "It is reported, not selectable: the artifact returns logits only.",
+        "`kernel_error` is the kernel's squared mean error against the backbone's own next state (the artifact "
+        "carries the backbone's last transitions and returns it from `scored_rows`); a `combined` score is "
+        "w * z(log kernel error) + (1 - w) * z(best logit score), z standardised on validation (terms in the "
+        "manifest's `ood.combination`). `mean_logvar` (the mean predicted log-variance along an S=1 rollout) is "
+        "reported, not selectable.",
         "",
         f"Flagged as OOD at the S={s} threshold (95% of validation inputs pass): test split "
         f"{_pct(director['flagged_rate'])}, "

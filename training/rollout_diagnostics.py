@@ -9,17 +9,10 @@ from typing import Any
 import torch
 from scipy.stats import spearmanr
 
+from models.director import per_input_mean
 from training.data import ForwardArgs, key_padding
 from training.loading import AnySplit, Director, View
 from training.ood import auroc
-
-
-def per_input_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, N, D] -> [B]: the mean over tokens and features, real tokens only (mask [B, N] True for real)."""
-    if mask is None:
-        return values.mean(dim=(1, 2))
-    real = mask.to(values.dtype).unsqueeze(-1)  # [B, N, 1]
-    return (values * real).sum(dim=(1, 2)) / (real.sum(dim=(1, 2)) * values.shape[-1])
 
 
 @torch.no_grad()

@@ -4,19 +4,21 @@ distributions for drift, and the OOD score with its thresholds per sample count 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from models.uncertainty import OOD_SCORES, UncertaintySummary, ood_score, summarize
+from models.uncertainty import UncertaintySummary, summarize
 from training.calibration import fit_temperature
 from training.config import ExportConfig
 from training.data import Dataset, Split, photo_patch_images
 from training.loading import AnySplit, Director, split_sampled_logits
 from training.metrics import classification_report
-from training.ood import auroc, threshold_at_tpr
+from training.ood import threshold_at_tpr
+from training.ood_selection import KernelErrorCache, OodChoice, ScoreInputs, choose_ood_score
 from training.text_inputs import TokenDataset
 
 QUANTILES = 101  # reference distributions are stored as this many evenly spaced quantiles
@@ -103,15 +105,17 @@ class ServedStatistics:
     """What every manifest needs from the artifact that will be served, whatever its method."""
 
     reference: dict[str, Any]
-    ood: dict[str, Any]
+    ood: dict[str, Any]  # the manifest's ``ood`` section
+    choice: OodChoice
+    kernel_errors: KernelErrorCache  # of the served module: "val", "ood_validation" and whatever export adds
 
 
 def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
                       sample_counts: list[int], default_s: int, seed: int, ood_validation: AnySplit | None = None,
                       selection_set: str = IMAGE_OOD_SELECTION_SET, temperature: float = 1.0) -> ServedStatistics:
     """Reference distributions on validation, the OOD score chosen by AUROC on the OOD-validation set
-    (images: sklearn photo patches; none of the reported sets), and its 95%-TPR threshold per sample count, all
-    under the served ``temperature``."""
+    (images: sklearn photo patches; none of the reported sets; ``training.ood_selection``), and its 95%-TPR threshold
+    per sample count, all under the served ``temperature``."""
     val_logits = sample_split(served, data.val, default_s, seed)  # [S, Nv, C]
     val_summary = summarize(val_logits, temperature)
     reference = reference_section(val_summary, data.val.labels, default_s)
@@ -119,25 +123,30 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
         image_shape = tuple(int(s) for s in data.val.images.shape[1:])
         images = photo_patch_images(ecfg.ood_validation_images, image_shape, seed)
         ood_validation = Split(images, torch.zeros(images.shape[0], dtype=torch.long))
-    ood_val_summary = summarize(sample_split(served, ood_validation, default_s, seed), temperature)
-    candidates = [n for n in OOD_SCORES if default_s > 1 or n != "mutual_information"]
-    score_auroc = {name: auroc(ood_score(val_summary, name), ood_score(ood_val_summary, name)) for name in candidates}
-    chosen = max(score_auroc, key=score_auroc.get)
-    fallback = max((n for n in score_auroc if n != "mutual_information"), key=score_auroc.get)
+    kernel_errors = KernelErrorCache(served)
+    val_inputs = ScoreInputs(val_summary, kernel_errors("val", data.val))
+    ood_val_inputs = ScoreInputs(summarize(sample_split(served, ood_validation, default_s, seed), temperature),
+                                 kernel_errors("ood_validation", ood_validation))
+    choice = choose_ood_score(val_inputs, ood_val_inputs, default_s)
 
     thresholds: dict[str, dict[str, Any]] = {}
     # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
     id_subset = data.val.head(ecfg.threshold_images)
     for n_samples in sample_counts:
         if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
-            summary = summarize(val_logits[:, : len(id_subset)], temperature)
-        else:
-            summary = summarize(sample_split(served, id_subset, n_samples, seed), temperature)
-        name = chosen if not (chosen == "mutual_information" and n_samples < 2) else fallback
-        thresholds[str(n_samples)] = {"score": name, "threshold": threshold_at_tpr(ood_score(summary, name))}
+            inputs = val_inputs.head(len(id_subset))
+        else:  # the kernel error does not depend on S
+            inputs = ScoreInputs(summarize(sample_split(served, id_subset, n_samples, seed), temperature),
+                                 val_inputs.head(len(id_subset)).kernel_error)
+        rule = choice.rule_at(n_samples)
+        thresholds[str(n_samples)] = {"score": rule.name, "threshold": threshold_at_tpr(inputs.score(rule.name,
+                                                                                                     rule.terms))}
     default_entry = thresholds[str(default_s)]
-    reference["ood_rate"] = float((ood_score(val_summary, default_entry["score"]) > default_entry["threshold"])
+    reference["ood_rate"] = float((val_inputs.score(default_entry["score"], choice.terms) > default_entry["threshold"])
                                   .float().mean())
-    ood = {"score": chosen, "fallback_score": fallback, "tpr": 0.95, "thresholds": thresholds,
-           "selection_set": selection_set, "selection_auroc": score_auroc}
-    return ServedStatistics(reference, ood)
+    ood = {"score": choice.chosen.name, "fallback_score": choice.fallback.name, "tpr": 0.95, "thresholds": thresholds,
+           "selection_set": selection_set, "selection_auroc": choice.selection_auroc,
+           "selection_choice": choice.label}
+    if choice.terms:
+        ood["combination"] = [dataclasses.asdict(term) for term in choice.terms]
+    return ServedStatistics(reference, ood, choice, kernel_errors)

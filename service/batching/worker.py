@@ -21,7 +21,7 @@ from service.artifact import Artifact
 from service.batching.cost import BatchCost
 from service.batching.slots import QueueFull, Slots, Ticket
 from service.device import Device
-from service.inference import forward_rows, forward_token_rows, summarize_requests
+from service.inference import forward_rows, forward_token_rows, split_errors, summarize_requests
 from service.texts import EncodedText, padded_length
 
 Inputs = torch.Tensor | list[EncodedText]  # pixels [n, C, H, W] float32 in [0, 1], or n tokenised texts
@@ -58,6 +58,7 @@ class WorkItem:
 @dataclass(frozen=True)
 class BatchResult:
     summary: UncertaintySummary  # fields of shape [n]
+    kernel_error: torch.Tensor | None  # [n]: the rollout's own error, when the artifact's OOD score needs it
     queue_s: float
     inference_s: float
     batch_requests: int
@@ -209,28 +210,30 @@ class BatchWorker:
         samples = [item.n_samples for item in batch]
         repeats = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]
         seed = batch[0].seed if len(batch) == 1 else None
-        summaries, tokens = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
+        summaries, errors, tokens = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
         inference_s = time.perf_counter() - started
         waits = [started - item.enqueued for item in batch]
         width = None
         if self.artifact.text is not None:
             width = padded_length(max(item.longest for item in batch), self.artifact.text.max_length)
-        for item, summary, wait in zip(batch, summaries, waits, strict=True):
+        for item, summary, error, wait in zip(batch, summaries, errors, waits, strict=True):
             if not item.future.done():
-                item.future.set_result(BatchResult(summary, wait, inference_s, len(batch), sum(sizes),
+                item.future.set_result(BatchResult(summary, error, wait, inference_s, len(batch), sum(sizes),
                                                    sum(repeats), width))
         if self.on_batch is not None:
             self.on_batch(BatchStats(len(batch), sum(sizes), sum(repeats), inference_s, waits, tokens))
 
     def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
-               seed: int | None) -> tuple[list[UncertaintySummary], int | None]:
+               seed: int | None) -> tuple[list[UncertaintySummary], list[torch.Tensor | None], int | None]:
         tokens = None
         cost = self.batch_cost
         if self.artifact.text is not None:
             ids = [text.ids for item in batch if isinstance(item.inputs, list) for text in item.inputs]
-            rows, tokens = forward_token_rows(self.artifact, self.device, ids, repeats, cost.max_batch_tokens, seed)
+            rows, errors, tokens = forward_token_rows(self.artifact, self.device, ids, repeats, cost.max_batch_tokens,
+                                                      seed)
         else:
             images = [item.inputs for item in batch if isinstance(item.inputs, torch.Tensor)]
             pixels = torch.cat(images)  # [sum(n), C, H, W]
-            rows = forward_rows(self.artifact, self.device, pixels, repeats, cost.max_batch_samples, seed)
-        return summarize_requests(rows, sizes, samples, self.artifact.temperature), tokens
+            rows, errors = forward_rows(self.artifact, self.device, pixels, repeats, cost.max_batch_samples, seed)
+        summaries = summarize_requests(rows, sizes, samples, self.artifact.temperature)
+        return summaries, split_errors(errors, sizes), tokens

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.artifact import Artifact
+from service.artifact import Artifact, read_manifest, validate_manifest
 from service.device import Device, DeviceOutOfMemory, resolve_device
 from service.inference import forward_rows
 from tests.gpu.conftest import needs_cuda
@@ -49,17 +49,23 @@ class Hog(torch.nn.Module):
     def sample_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
         return torch.empty(1 << 46, dtype=torch.uint8, device=pixels.device)
 
+    def scored_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sample_rows(pixels, repeats), torch.zeros(0)
+
 
 def test_a_real_out_of_memory_fails_the_batch_and_the_device_goes_on(cuda_artifact: Path) -> None:
     counted: list[int] = []
     device = resolve_device("cuda", bf16=False, torch_threads=0)
     device.on_out_of_memory = lambda: counted.append(1)
     pixels = torch.rand(2, 1, 28, 28)  # [2, 1, 28, 28]
-    hog = Artifact(cuda_artifact, {"input": {"channels": 1, "height": 28, "width": 28}}, Hog())  # type: ignore[arg-type]
+    manifest = validate_manifest(read_manifest(cuda_artifact))
+    hog = Artifact(cuda_artifact, manifest, Hog())  # type: ignore[arg-type]
     with pytest.raises(DeviceOutOfMemory):
         forward_rows(hog, device, pixels, [2, 2], max_batch_samples=16)
     assert counted == [1]
     module = torch.jit.load(str(cuda_artifact / "director.ts"), map_location="cuda").eval()
-    rows = forward_rows(Artifact(cuda_artifact, {}, module), device, pixels, [2, 3], max_batch_samples=16)
+    rows, errors = forward_rows(Artifact(cuda_artifact, manifest, module), device, pixels, [2, 3],
+                                max_batch_samples=16)
+    assert errors is None or (errors.shape == (2,) and torch.isfinite(errors).all())
     assert rows.shape[0] == 5 and rows.device.type == "cpu" and torch.isfinite(rows).all()
     assert isinstance(device, Device) and not device.lock.locked()

@@ -1,9 +1,19 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
-from models.uncertainty import OOD_SCORES, ood_score, split_rows, summarize
+from models.uncertainty import (
+    COMBINED,
+    KERNEL_ERROR,
+    OOD_SCORES,
+    ScoreTerm,
+    needs_kernel_error,
+    ood_score,
+    split_rows,
+    summarize,
+)
 
 
 def test_summaries_match_numpy_reference() -> None:
@@ -71,3 +81,18 @@ def test_the_one_ece_equals_torchmetrics_binning() -> None:
     confidence, predicted = probs.max(-1)
     expected = float(multiclass_calibration_error(probs, labels, num_classes=4, n_bins=ECE_BINS, norm="l1"))
     assert abs(expected_calibration_error(confidence, predicted == labels) - expected) < 1e-6
+
+
+def test_kernel_error_and_combined_scores() -> None:
+    summary = summarize(torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]))  # [1, 2, 2]: one confident input, one not
+    error = torch.tensor([1e-3, 1e-1])  # [2]
+    torch.testing.assert_close(ood_score(summary, KERNEL_ERROR, error), error)
+    with pytest.raises(ValueError, match="kernel error"):
+        ood_score(summary, KERNEL_ERROR)
+    terms = (ScoreTerm(KERNEL_ERROR, 0.5, math.log(1e-2), 2.0, log=True), ScoreTerm("max_softmax", 0.5, 0.0, 1.0))
+    expected = 0.5 * (torch.log(error) - math.log(1e-2)) / 2.0 + 0.5 * (1 - summary.confidence)
+    torch.testing.assert_close(ood_score(summary, COMBINED, error, terms), expected)
+    with pytest.raises(ValueError, match="needs terms"):
+        ood_score(summary, COMBINED, error)
+    assert needs_kernel_error(KERNEL_ERROR) and needs_kernel_error(COMBINED, terms)
+    assert not needs_kernel_error(COMBINED, terms[1:]) and not needs_kernel_error("energy")

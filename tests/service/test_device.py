@@ -127,11 +127,11 @@ def test_padding_rows_never_reach_the_caller(tmp_path: Path) -> None:
     artifact = image_artifact(module, tmp_path)
     pixels = torch.arange(1, 4, dtype=torch.float32).view(3, 1, 1, 1).expand(3, 1, 2, 2).contiguous()  # [3, 1, 2, 2]
     bucketed = Device(torch.device("cpu"), shapes=BatchShapes(16, 64, buckets=True))
-    rows = forward_rows(artifact, bucketed, pixels, [2, 3, 1], max_batch_samples=16)
-    assert module.calls == [(4, 8)]
+    rows, errors = forward_rows(artifact, bucketed, pixels, [2, 3, 1], max_batch_samples=16)
+    assert module.calls == [(4, 8)] and errors is None  # the manifest's score reads logits only
     expected = [[1, 0], [1, 1], [2, 0], [2, 1], [2, 2], [3, 0]]
     assert rows.tolist() == expected
-    plain = forward_rows(artifact, Device(torch.device("cpu")), pixels, [2, 3, 1], max_batch_samples=16)
+    plain, _ = forward_rows(artifact, Device(torch.device("cpu")), pixels, [2, 3, 1], max_batch_samples=16)
     assert module.calls[-1] == (3, 6) and plain.tolist() == expected
 
 
@@ -162,6 +162,13 @@ class OutOfMemoryOnce(torch.nn.Module):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return self.module.sample_rows(pixels, repeats)
 
+    def scored_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same, for an artifact whose OOD score reads the kernel error."""
+        if not self.raised:
+            self.raised = True
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.module.scored_rows(pixels, repeats)
+
 
 def test_out_of_memory_fails_the_batch_not_the_device(tmp_path: Path) -> None:
     """A mock OOM (no GPU here) becomes ``DeviceOutOfMemory``, counted once; the next forward runs."""
@@ -172,7 +179,7 @@ def test_out_of_memory_fails_the_batch_not_the_device(tmp_path: Path) -> None:
     with pytest.raises(DeviceOutOfMemory, match="out of memory on cpu"):
         forward_rows(artifact, device, pixels, [2], max_batch_samples=8)
     assert counted == [1] and not device.lock.locked()
-    assert forward_rows(artifact, device, pixels, [2], max_batch_samples=8).tolist() == [[1, 0], [1, 1]]
+    assert forward_rows(artifact, device, pixels, [2], max_batch_samples=8)[0].tolist() == [[1, 0], [1, 1]]
 
 
 def test_server_answers_an_out_of_memory_batch_with_503_and_keeps_serving(tiny_repository: Path,

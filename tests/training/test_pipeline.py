@@ -68,6 +68,32 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert len(prov["rollout"]["median_std_over_rms"]) == 2
 
 
+def test_the_kernel_error_competes_for_the_ood_score_from_the_artifacts_own_layers(exported: tuple[Path, Path]
+                                                                                   ) -> None:
+    """The exported file carries the backbone's last transitions: its ``scored_rows`` gives the kernel error, which
+    (with its combinations) was a candidate on OOD validation; a chosen combination is standardised on validation
+    with the kernel errors of that very file."""
+    from training.loading import load_data
+    from training.ood_selection import COMBINATION_WEIGHTS, combination_label, split_kernel_error
+
+    config, folder = exported
+    manifest = json.loads((folder / MANIFEST).read_text())
+    ood = manifest["ood"]
+    assert manifest["artifact"]["scored_rows"].startswith("scored_rows(pixels, repeats")
+    assert {"kernel_error", *map(combination_label, COMBINATION_WEIGHTS)} <= set(ood["selection_auroc"])
+    assert ood["selection_choice"] in ood["selection_auroc"]
+    assert ood["selection_auroc"][ood["selection_choice"]] == max(ood["selection_auroc"].values())
+    errors = split_kernel_error(load_scripted(folder / "director.ts"), load_data(load_config(config)).val)  # [N]
+    assert errors is not None and bool((errors > 0).all())
+    kernel_terms = [t for t in ood.get("combination", []) if t["score"] == "kernel_error"]
+    if ood["score"] == "combined":
+        assert len(kernel_terms) == 1 and kernel_terms[0]["log"]
+        assert abs(kernel_terms[0]["center"] - float(errors.double().log().mean())) < 1e-4
+        assert abs(kernel_terms[0]["scale"] - float(errors.double().log().std())) < 1e-4
+    else:
+        assert "combination" not in ood
+
+
 def check_served_equals_eager(run: Path, folder: Path) -> torch.Tensor:
     """The exported file and the eager module of ``run`` give the same draws under one seed; returns them."""
     eager, _ = load_director(run)
