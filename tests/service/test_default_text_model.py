@@ -1,7 +1,9 @@
 """The committed text models served beside the vision model over real HTTP, as `make serve` serves them:
-movie-reviews-minilm v2 (partial-depth DIRECTOR), its v1 (whole-stack, kept for rollback) and the deterministic
-MiniLM baseline. Real held-out movie-review sentences get the right sentiment, reviews are flagged OOD at the rate
-the threshold was set for, the default version is the newest, and the artifacts stay under their size budgets."""
+movie-reviews-minilm v3 (partial-depth DIRECTOR whose OOD score is the kernel error), v2 (the same kernel scored by
+max softmax) and v1 (whole-stack), kept for rollback, and the deterministic MiniLM baseline. Real held-out
+movie-review sentences get the right sentiment, reviews are flagged OOD at the rate the threshold was set for while
+Python docstrings are mostly flagged, the default version is the newest, and the artifacts stay under their size
+budgets."""
 
 from __future__ import annotations
 
@@ -23,19 +25,20 @@ from tests.service.conftest import (
 )
 
 TEXT_MODEL = REPO_ROOT / "model_repository" / "movie-reviews-minilm"
-TEXT_MODEL_DIR = TEXT_MODEL / "2"
+TEXT_MODEL_DIR = TEXT_MODEL / "3"
 BASELINE_DIR = REPO_ROOT / "model_repository" / "movie-reviews-minilm-deterministic" / "1"
-BUDGET_MIB = {TEXT_MODEL / "1": 25, TEXT_MODEL_DIR: 40, BASELINE_DIR: 40}
+VERSIONS = {"1": TEXT_MODEL / "1", "2": TEXT_MODEL / "2", "3": TEXT_MODEL_DIR}
+BUDGET_MIB = {TEXT_MODEL / "1": 25, TEXT_MODEL / "2": 40, TEXT_MODEL_DIR: 40, BASELINE_DIR: 40}
 
 
 @pytest.fixture(scope="module")
 def text_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    for folder in (TEXT_MODEL / "1", TEXT_MODEL_DIR, BASELINE_DIR):
+    for folder in (*VERSIONS.values(), BASELINE_DIR):
         assert (folder / "manifest.json").is_file(), f"a committed text model is missing: {folder}"
     tmp = tmp_path_factory.mktemp("default-text-model")
     copy_version(DEFAULT_MODEL_DIR, tmp / "repo", "fashion-vit", "1")
-    copy_version(TEXT_MODEL / "1", tmp / "repo", "movie-reviews-minilm", "1")
-    copy_version(TEXT_MODEL_DIR, tmp / "repo", "movie-reviews-minilm", "2")
+    for version, folder in VERSIONS.items():
+        copy_version(folder, tmp / "repo", "movie-reviews-minilm", version)
     copy_version(BASELINE_DIR, tmp / "repo", "movie-reviews-minilm-deterministic", "1")
     with serve(settings_for(tmp / "repo", tmp, default_model="fashion-vit")) as running:
         yield running
@@ -55,12 +58,13 @@ def held_out(n: int) -> tuple[list[str], list[int]]:
     return test.texts, test.labels.tolist()
 
 
-def test_all_committed_models_are_ready_and_v2_is_the_default(text_models: Running) -> None:
+def test_all_committed_models_are_ready_and_v3_is_the_default(text_models: Running) -> None:
     models = {m["name"]: m for m in httpx.get(f"{text_models.url}/models", timeout=10).json()["models"]}
     assert {"fashion-vit", "movie-reviews-minilm", "movie-reviews-minilm-deterministic"} <= set(models)
     assert all(v["state"] == "ready" for m in models.values() for v in m["versions"])
     assert httpx.get(f"{text_models.url}/health/ready", timeout=10).status_code == 200
-    assert predict(text_models, ["a fine film"], seed=0)["model_version"] == "2"
+    answer = predict(text_models, ["a fine film"], seed=0)
+    assert answer["model_version"] == "3" and answer["ood"]["score"] == "kernel_error"
 
 
 @pytest.mark.parametrize("folder", sorted(BUDGET_MIB, key=str), ids=lambda p: f"{p.parent.name}-{p.name}")
@@ -89,3 +93,15 @@ def test_ood_flag_rate_on_reviews_is_what_the_threshold_was_set_for(text_models:
     responses = [predict(text_models, texts[start : start + 50], start) for start in range(0, 200, 50)]
     rate = flagged_share(manifest, responses)
     assert rate <= 0.12, rate  # 5% expected; 12% is far outside 200 draws' sampling error
+
+
+def test_python_docstrings_are_mostly_flagged_by_the_kernel_error(text_models: Running) -> None:
+    """Not movie reviews at all: v3's kernel error flags most of them (91% of 1,000 on its results page), where v2's
+    max softmax flagged 4%."""
+    from training.ood_texts import load_docstring_sentences
+
+    texts = load_docstring_sentences()[:60]
+    answer = predict(text_models, texts, seed=0)
+    assert answer["ood"]["score"] == "kernel_error"
+    rate = sum(p["is_ood"] for p in answer["predictions"]) / len(texts)
+    assert rate >= 0.6, rate
