@@ -130,6 +130,15 @@ def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts
     return TestFigures(metrics, probabilities, backbone_t)
 
 
+def reproduce_command(cfg: PipelineConfig, payload: dict[str, Any], backbone_payload: dict[str, Any]) -> str:
+    """How the export is reproduced: the whole pipeline, or (a run rebuilt by ``training.restore_run`` from committed
+    artifacts) the restore and the export."""
+    if "restored" not in payload:
+        return f"python -m training all --config {cfg.source}"
+    return (f"python -m training.restore_run --config {cfg.source} --director {payload['source']} "
+            f"--backbone {backbone_payload['source']}\npython -m training export --config {cfg.source}")
+
+
 def export(cfg: PipelineConfig) -> Path:
     t_start = time.perf_counter()
     set_threads(cfg.threads)
@@ -180,6 +189,8 @@ def export(cfg: PipelineConfig) -> Path:
         step_statistics={k: [float(x) for x in v] for k, v in payload["stats"].items()},
         distil_history=payload["history"],
         distil_kept_epoch=payload["kept_epoch"],
+        **({"restored_from": {"director": payload["source"], "backbone": backbone_payload["source"]}}
+           if "restored" in payload else {}),
     )
     manifest = Manifest(
         format_version=FORMAT_VERSION, name=ecfg.name, version=str(ecfg.version), method="director",
@@ -199,7 +210,7 @@ def export(cfg: PipelineConfig) -> Path:
     (run_dir / "export_report.json").write_text(json.dumps(document, indent=2) + "\n")
     docs_dir = Path(ecfg.docs_dir)
     png = reliability_diagram(figures.probabilities, data.test.labels, docs_dir / f"{ecfg.name}-reliability.png")
-    write_results(document, docs_dir, f"python -m training all --config {cfg.source}", png)
+    write_results(document, docs_dir, reproduce_command(cfg, payload, backbone_payload), png)
     progress.update()
     progress.close()
     metrics = figures.metrics

@@ -1,0 +1,46 @@
+"""A lost image run rebuilt from its committed artifacts gives the same backbone and DIRECTOR as the run that exported
+them, and refuses to overwrite a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import export_tiny, tiny_config_dict
+from training.cli import main
+from training.config import load_config
+from training.loading import load_backbone, load_director
+from training.restore_run import restore_run
+
+
+def test_a_restored_run_equals_the_one_that_exported_the_artifacts(tmp_path: Path) -> None:
+    config, folder = export_tiny(tmp_path, tiny_config_dict(tmp_path))
+    assert main(["export-baseline", "--config", str(config), "--method", "deterministic"]) == 0
+    baseline = tmp_path / "repo" / "tiny-deterministic" / "1"
+    original = load_config(config)
+    restored_cfg = load_config(config, {"run_dir": str(tmp_path / "restored")})
+    run = restore_run(restored_cfg, folder, baseline)
+
+    pixels = torch.rand(5, 1, 28, 28)  # [5, 1, 28, 28]
+    with torch.no_grad():
+        torch.testing.assert_close(load_backbone(run)(pixels), load_backbone(original.run_dir)(pixels), rtol=0, atol=0)
+        a, payload = load_director(run)
+        b, source = load_director(original.run_dir)
+        a.rollout.noise_scale.fill_(0.0)
+        b.rollout.noise_scale.fill_(0.0)
+        torch.testing.assert_close(a(pixels, 1), b(pixels, 1), rtol=0, atol=0)
+    assert payload["tau"] == source["tau"] and payload["kept_epoch"] == source["kept_epoch"]
+    assert payload["history"] == source["history"] and payload["depth"] == source["depth"]
+    # re-exported as a new version: the manifest and the results page say how it was made
+    assert main(["export", "--config", str(config), "--set", f"run_dir={run}", "--set", "export.version=2"]) == 0
+    manifest = json.loads((tmp_path / "repo" / "tiny" / "2" / "manifest.json").read_text())
+    assert manifest["provenance"]["restored_from"] == {"director": str(folder), "backbone": str(baseline)}
+    page = (tmp_path / "docs" / "tiny.md").read_text()
+    assert "python -m training.restore_run --config" in page and "python -m training export --config" in page
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        restore_run(restored_cfg, folder, baseline)
+    with pytest.raises(ValueError, match="not a deterministic image artifact"):
+        restore_run(load_config(config, {"run_dir": str(tmp_path / "other")}), folder, folder)
