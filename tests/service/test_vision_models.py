@@ -1,7 +1,8 @@
-"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v2
-(partial-depth DIRECTOR, the default version), its v1 (whole-stack, kept for rollback) and the deterministic
-backbone baseline. Held-out Fashion-MNIST images get their labels from each, the default version is the newest,
-test images are flagged OOD at about the rate the threshold was set for, and the artifacts stay small."""
+"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v3
+(partial-depth DIRECTOR with the backbone's last transition, the default version), v2 (the same weights, scored by
+energy) and v1 (whole-stack), kept for rollback, and the deterministic backbone baseline. Held-out Fashion-MNIST
+images get their labels from each, the default version is the newest, test images are flagged OOD at about the rate
+the threshold was set for, and the artifacts stay small."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from tests.service.conftest import REPO_ROOT, Running, copy_version, flagged_sha
 VISION_MODEL = REPO_ROOT / "model_repository" / "fashion-vit"
 BASELINE_DIR = REPO_ROOT / "model_repository" / "fashion-vit-deterministic" / "1"
 FOLDERS = {("fashion-vit", "1"): VISION_MODEL / "1", ("fashion-vit", "2"): VISION_MODEL / "2",
-           ("fashion-vit-deterministic", "1"): BASELINE_DIR}
+           ("fashion-vit", "3"): VISION_MODEL / "3", ("fashion-vit-deterministic", "1"): BASELINE_DIR}
+DEFAULT_VERSION = "3"
 BUDGET_MIB = 5
 
 
@@ -46,12 +48,12 @@ def predict(server: Running, images: np.ndarray, seed: int, model: str = "fashio
     return response.json()
 
 
-def test_every_version_is_ready_and_v2_is_the_default(vision_models: Running) -> None:
+def test_every_version_is_ready_and_v3_is_the_default(vision_models: Running) -> None:
     models = {m["name"]: m for m in httpx.get(f"{vision_models.url}/models", timeout=10).json()["models"]}
     assert {"fashion-vit", "fashion-vit-deterministic"} <= set(models)
     assert all(v["state"] == "ready" for m in models.values() for v in m["versions"])
     images, _ = held_out(1)
-    assert predict(vision_models, images, seed=0)["model_version"] == "2"
+    assert predict(vision_models, images, seed=0)["model_version"] == DEFAULT_VERSION
 
 
 @pytest.mark.parametrize("folder", sorted(FOLDERS.values(), key=str), ids=lambda p: f"{p.parent.name}-{p.name}")
@@ -63,7 +65,8 @@ def test_artifact_size_budget(folder: Path) -> None:
 @pytest.mark.parametrize("model", ["fashion-vit", "fashion-vit-deterministic"])
 def test_held_out_images_get_their_labels(vision_models: Running, model: str) -> None:
     images, labels = held_out(200)
-    manifest = json.loads((FOLDERS[(model, "2" if model == "fashion-vit" else "1")] / "manifest.json").read_text())
+    folder = FOLDERS[(model, DEFAULT_VERSION if model == "fashion-vit" else "1")]
+    manifest = json.loads((folder / "manifest.json").read_text())
     predictions = [p for start in range(0, 200, 50)
                    for p in predict(vision_models, images[start : start + 50], seed=start, model=model)["predictions"]]
     accuracy = sum(p["label"] == manifest["labels"][y] for p, y in zip(predictions, labels, strict=True)) / 200
@@ -75,7 +78,7 @@ def test_held_out_images_get_their_labels(vision_models: Running, model: str) ->
 
 def test_ood_flag_rate_on_test_images_is_what_the_threshold_was_set_for(vision_models: Running) -> None:
     """The threshold passes 95% of in-distribution validation inputs, so test images are flagged at about 5%."""
-    manifest = json.loads((VISION_MODEL / "2" / "manifest.json").read_text())
+    manifest = json.loads((VISION_MODEL / DEFAULT_VERSION / "manifest.json").read_text())
     images, _ = held_out(200)
     responses = [predict(vision_models, images[start : start + 50], start) for start in range(0, 200, 50)]
     rate = flagged_share(manifest, responses)
