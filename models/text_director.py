@@ -199,11 +199,13 @@ def fold_for_artifact(director: TextDirector, table_dtype: str | None = None, ma
                       layer_dtype: str = "float32") -> TextDirector:
     """A copy for export, in eval mode: the adaLN modulation folded into per-step buffers and its MLPs dropped; the
     word table re-stored as ``table_dtype`` (default: unchanged), the position table cut to ``max_positions`` and,
-    with ``layer_dtype`` float16, the prefix's and the readout's linear layers stored in half precision."""
+    with ``layer_dtype`` float16, the linear layers of the prefix, the teacher transitions (if any) and the readout
+    stored in half precision."""
     folded = copy.deepcopy(director).eval().requires_grad_(False)  # an inference artifact
     folded.embedding = restore_embedding(folded.embedding, table_dtype, max_positions)
     if layer_dtype == "float16":
         store_linears_in_half(folded.prefix)
+        store_linears_in_half(folded.rollout.teacher)
         store_linears_in_half(folded.readout.feed_forward)
     elif layer_dtype != "float32":
         raise ValueError(f"layer_dtype must be float32 or float16, got {layer_dtype!r}")

@@ -31,7 +31,7 @@ from training.calibration import fit_temperature
 from training.config import PipelineConfig
 from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
 from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
-from training.export_parts import attach_teacher
+from training.export_parts import with_teacher
 from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
@@ -114,7 +114,7 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     evaluation.add_source("ensemble", contract(EnsembleModel(members)), f"ens-{fingerprint(*member_files)}",
                           len(members))
     director, _ = load_director(run)
-    attach_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
+    director = with_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
     noisy = copy.deepcopy(director)

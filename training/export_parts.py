@@ -27,7 +27,6 @@ from artifact.contract import (
     TextInput,
     Truncation,
 )
-from models.half_storage import store_linears_in_half
 from models.text_director import TextDirector, fold_for_artifact
 from training.artifact import script_and_verify
 from training.config import PipelineConfig, config_dict
@@ -56,11 +55,12 @@ class ExportParts:
     artifact_details: dict[str, Any] = field(default_factory=dict)
 
 
-def attach_teacher(artifact_module: Director, view: View) -> None:
-    """Give the artifact's rollout the backbone's own last K transitions (frozen copies), so that its ``scored_rows``
-    returns the kernel error, an OOD score the exporter can choose."""
-    teacher = copy.deepcopy(view.teacher_steps(artifact_module.rollout.num_steps))
-    artifact_module.rollout.set_teacher(teacher.eval().requires_grad_(False))
+def with_teacher(director: Director, view: View) -> Director:
+    """A frozen copy of ``director`` whose rollout carries the backbone's own last K transitions, so that its
+    ``scored_rows`` returns the kernel error, an OOD score the exporter can choose."""
+    scored = copy.deepcopy(director).eval().requires_grad_(False)
+    scored.rollout.set_teacher(copy.deepcopy(view.teacher_steps(scored.rollout.num_steps)).requires_grad_(False))
+    return scored
 
 
 def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportParts:
@@ -69,9 +69,8 @@ def image_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> Export
     image_shape = tuple(int(s) for s in data.test.images.shape[1:])
 
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
-        artifact_module = copy.deepcopy(director).eval().requires_grad_(False)  # adaLN folded into per-step buffers
-        artifact_module.rollout.fold_conditioning()
-        attach_teacher(artifact_module, modality_of("image").view(backbone))
+        artifact_module = with_teacher(director, modality_of("image").view(backbone))
+        artifact_module.rollout.fold_conditioning()  # adaLN folded into per-step buffers
         return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
 
     labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
@@ -124,10 +123,8 @@ def text_export_parts(cfg: PipelineConfig, backbone: torch.nn.Module) -> ExportP
 
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         assert isinstance(director, TextDirector)
-        artifact_module = fold_for_artifact(director, tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
-        attach_teacher(artifact_module, modality_of("text").view(backbone))
-        if tcfg.layer_dtype == "float16":  # stored like the prefix's layers
-            store_linears_in_half(artifact_module.rollout.teacher)
+        artifact_module = fold_for_artifact(with_teacher(director, modality_of("text").view(backbone)),
+                                            tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
         served = script_and_verify(artifact_module, artifact_module, data.val.first_args(8), path)
         table = artifact_module.embedding.word_table
         details["word_table"] = {

@@ -10,10 +10,12 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from models.backbones import VitConfig, build_vit
 from models.bert_view import BertTransitionView
 from models.director import ImageDirector, StochasticRollout
+from models.half_storage import HalfStoredLinear
 from models.kernel import TransitionKernel
 from models.text_director import fold_for_artifact, text_director_from_view
 from models.vit_view import VitTransitionView
@@ -59,8 +61,8 @@ def test_text_scored_rows_give_the_diagnostics_error_whatever_the_padding(depth:
     director = text_director_from_view(view, lively_kernel(view.dim, view.num_heads, depth)).eval()
     ids, mask = _padded_batch([5, 9, 3], 100, seed=2)  # [3, 9] each
     expected = error_and_variance(director, view, (ids, mask))[:, 0]  # [3]
+    director.rollout.set_teacher(view.teacher_steps(depth))  # before folding, as the exporter does
     artifact = fold_for_artifact(director, "float32", max_positions=64)
-    artifact.rollout.set_teacher(view.teacher_steps(depth))
     scripted = script_module(artifact)
     ones = torch.ones(3, dtype=torch.long)
     _, error = scripted.scored_rows(ids, mask, ones)
@@ -68,6 +70,20 @@ def test_text_scored_rows_give_the_diagnostics_error_whatever_the_padding(depth:
     wider = torch.cat([ids, torch.zeros(3, 4, dtype=torch.long)], dim=1)  # [3, 13] four more padding columns
     _, padded_error = scripted.scored_rows(wider, torch.cat([mask, torch.zeros(3, 4, dtype=torch.long)], 1), ones)
     torch.testing.assert_close(padded_error, error, rtol=1e-4, atol=1e-8)
+
+
+def test_a_half_precision_text_artifact_stores_the_teacher_in_half_too() -> None:
+    view = BertTransitionView(_tiny_classifier(seed=0))
+    torch.manual_seed(0)
+    director = text_director_from_view(view, lively_kernel(view.dim, view.num_heads, 1)).eval()
+    director.rollout.set_teacher(view.teacher_steps(1))
+    ids, mask = _padded_batch([5, 9, 3], 100, seed=2)  # [3, 9] each
+    expected = error_and_variance(director, view, (ids, mask))[:, 0]  # [3]
+    artifact = fold_for_artifact(director, "float32", max_positions=64, layer_dtype="float16")
+    linears = [m for m in artifact.rollout.teacher.modules() if isinstance(m, (nn.Linear, HalfStoredLinear))]
+    assert linears and all(isinstance(m, HalfStoredLinear) for m in linears)
+    _, error = script_module(artifact).scored_rows(ids, mask, torch.ones(3, dtype=torch.long))
+    torch.testing.assert_close(error, expected, rtol=2e-2, atol=1e-6)  # half-precision weights move it a little
 
 
 def test_a_rollout_without_the_teacher_refuses_to_score_and_a_wrong_teacher_is_refused() -> None:
