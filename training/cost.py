@@ -1,7 +1,8 @@
 """What a method costs at inference: parameters, latency per input and peak memory, measured in the same run
 for every method so they can be reported as ratios to the deterministic backbone.
 
-Latency is one input per forward at the method's sample count (what a lone request pays), median over inputs; a
+Latency is one input per forward at the method's sample count (what a lone request pays), median over inputs, the
+methods timed in turn on each input; a
 DIRECTOR with the backbone's last transitions is timed through ``scored_rows``, the kernel error included.
 Peak memory on CPU is the rise of the process's peak resident set (``VmHWM``) during the forwards, measured in
 a fresh child process that loads the saved model (a TorchScript file, or a pickled eager module for models that
@@ -18,7 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Hashable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -48,6 +51,7 @@ print(json.dumps({"peak_bytes": max(0, status("VmHWM") - before)}))
 """
 
 Inputs = tuple[torch.Tensor, ...]
+K = TypeVar("K", bound=Hashable)  # what names a timed entry
 
 
 def parameter_count(module: torch.nn.Module) -> int:
@@ -57,17 +61,21 @@ def parameter_count(module: torch.nn.Module) -> int:
 
 
 @torch.inference_mode()
-def latency_per_input_ms(model: torch.nn.Module, singles: list[Inputs], n_samples: int, repeats: int = 1) -> float:
-    """Median wall time of ``model(*one_input, n_samples)`` over ``singles`` (each a batch of one), after one
-    warm-up forward."""
-    served_forward(model, singles[0], n_samples)
-    times = []
+def latencies_per_input_ms(timed: Mapping[K, tuple[torch.nn.Module, int]], singles: list[Inputs],
+                           repeats: int = 1) -> dict[K, float]:
+    """Median wall time of one served forward of one input, per ``timed`` entry (a model and its sample count),
+    after one warm-up forward each. The entries are timed in turn on each input rather than one after another, so
+    a machine that slows down or speeds up during the timings moves every entry alike and the ratios hold."""
+    for model, n_samples in timed.values():
+        served_forward(model, singles[0], n_samples)
+    times: dict[K, list[float]] = {key: [] for key in timed}
     for _ in range(repeats):
         for inputs in singles:
-            start = time.perf_counter()
-            served_forward(model, inputs, n_samples)
-            times.append(time.perf_counter() - start)
-    return 1000.0 * statistics.median(times)
+            for key, (model, n_samples) in timed.items():
+                start = time.perf_counter()
+                served_forward(model, inputs, n_samples)
+                times[key].append(time.perf_counter() - start)
+    return {key: 1000.0 * statistics.median(values) for key, values in times.items()}
 
 
 def served_forward(model: torch.nn.Module, inputs: Inputs, n_samples: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ from training.artifact import git_commit, json_safe
 from training.baseline_models import ensemble_members, member_config
 from training.calibration import fit_temperature
 from training.config import PipelineConfig
-from training.cost import latency_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
+from training.cost import latencies_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
 from training.eval_data import EvalInputs, load_eval_inputs, shift_sets
 from training.export_parts import with_teacher
 from training.loading import (
@@ -243,18 +243,16 @@ def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) 
     ev, inputs, cfg = evaluation.ev, evaluation.inputs, evaluation.cfg
     singles = inputs.singles(inputs.test, ev.latency_images)
     batch = inputs.test.first_args(ev.latency_images)
+    keys = list(dict.fromkeys((m.source, m.n_samples) for m in methods))  # [(source, S)] each timed once
+    latencies = latencies_per_input_ms({(src, s): (evaluation.sources[src].model, s) for src, s in keys}, singles,
+                                       ev.latency_repeats)
     measured: dict[tuple[str, int], dict[str, float]] = {}
-    for method in tqdm(methods, desc="cost", leave=False):
-        key = (method.source, method.n_samples)
-        if key in measured:
-            continue
-        source = evaluation.sources[method.source]
-        script = modality_of(cfg.modality).scriptable
-        path = save_model_file(source.model, folder, source.model_id, script)
-        measured[key] = {
-            "parameters": parameter_count(source.model),
-            "latency_ms": latency_per_input_ms(source.model, singles, method.n_samples, ev.latency_repeats),
-            "peak_memory_bytes": peak_memory_bytes(path, batch, method.n_samples, cfg.threads or 1),
+    for source_name, n_samples in tqdm(keys, desc="cost", leave=False):
+        source = evaluation.sources[source_name]
+        path = save_model_file(source.model, folder, source.model_id, modality_of(cfg.modality).scriptable)
+        measured[(source_name, n_samples)] = {
+            "parameters": parameter_count(source.model), "latency_ms": latencies[(source_name, n_samples)],
+            "peak_memory_bytes": peak_memory_bytes(path, batch, n_samples, cfg.threads or 1),
         }
     base = measured[("deterministic", 1)]
     out: dict[str, Any] = {}
@@ -269,16 +267,17 @@ def evaluate_sweep(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
     estimates are the first S of the cached test draws (draws are i.i.d., so any S of them are an S-draw)."""
     inputs, ev = evaluation.inputs, evaluation.ev
     singles = inputs.singles(inputs.test, ev.latency_images)
+    sources = ("director", "mc_dropout")
+    latencies = latencies_per_input_ms({(src, s): (evaluation.sources[src].model, s) for src in sources
+                                        for s in ev.sweep_samples}, singles, ev.latency_repeats)
     out: dict[str, Any] = {}
-    for source in ("director", "mc_dropout"):
+    for source in sources:
         logits = evaluation.logits(source, "test", inputs.test, draws_test)  # [S_max, N, C]
         rows = {}
         for s in ev.sweep_samples:
-            probs = summarize(logits[:s]).probabilities
-            report = classification_report(probs, inputs.test.labels)
+            report = classification_report(summarize(logits[:s]).probabilities, inputs.test.labels)
             rows[str(s)] = {"accuracy": report["accuracy"], "ece": report["ece"], "nll": report["nll"],
-                            "latency_ms": latency_per_input_ms(evaluation.sources[source].model, singles, s,
-                                                               ev.latency_repeats)}
+                            "latency_ms": latencies[(source, s)]}
         out[source] = rows
     return out
 
