@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results = measure(args.artifact, args.batches, args.samples, args.min_seconds)
     if args.data is not None:
-        from training.data import load_fashion_mnist_split
+        from training.data.images import load_fashion_mnist_split
 
         manifest = json.loads((args.artifact / "manifest.json").read_text())
         test = load_fashion_mnist_split(args.data, "test").head(args.quality_images)

@@ -1,4 +1,4 @@
-"""Baseline methods behind the same artifact contract as DIRECTOR (DESIGN.md section 4), so the server and
+"""Baseline methods behind the same artifact contract as DIRECTOR (docs/architecture.md), so the server and
 the evaluation treat every method alike: ``forward(pixels, n_samples) -> [S, B, C]`` logits and
 ``sample_rows(pixels, repeats) -> [sum(repeats), C]`` with rows grouped by input. All are scriptable.
 """

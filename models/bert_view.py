@@ -1,10 +1,11 @@
 """A post-LN BERT-family encoder (transformers ``BertModel``) re-read as T transitions that each end with
-attention (DESIGN.md s.2).
+attention (docs/method.md).
 
 ``X_0`` is the token + position + segment embedding after its LayerNorm; transition 1 is layer 1's attention
 sublayer including its residual LayerNorm; transition t > 1 runs layer t-1's feed-forward sublayer (intermediate
 dense + activation, output dense, residual LayerNorm) then layer t's attention sublayer, so ``X_t`` is the
-output of layer t's attention sublayer. The readout is the last feed-forward sublayer, pooling and the head.
+output of layer t's attention sublayer. The readout is the last feed-forward sublayer, pooling and the head (linear,
+or the dense -> activation -> linear head of a converted Hugging Face classifier).
 Dropout is never applied: the view is the frozen teacher in eval mode.
 """
 
@@ -16,7 +17,7 @@ from transformers import BertModel
 from transformers.models.bert.modeling_bert import BertLayer
 
 from models.observed_variance import mixture_attention, post_layernorm_variance
-from models.text_backbones import TextClassifier, pool_tokens
+from models.text_backbones import ClassifierHead, TextClassifier, pool_tokens
 from models.text_layers import TextPrefix, text_transition
 
 
@@ -50,14 +51,15 @@ def feed_forward(layer: BertLayer, x: torch.Tensor) -> torch.Tensor:
 
 
 class BertReadout(nn.Module):
-    """X_T [B, L, D] -> logits [B, C]: the last feed-forward sublayer, pooling over real tokens, head."""
+    """X_T [B, L, D] -> logits [B, C]: the last feed-forward sublayer, pooling over real tokens, head (the classifier's
+    own module, shared: an ``nn.Linear`` or a ``ClassifierHead`` with its dense layer and activation)."""
 
     def __init__(self, classifier: TextClassifier) -> None:
         super().__init__()
         self.last_layer: BertLayer = classifier.encoder.encoder.layer[-1]
         self.pooling = classifier.pooling
         self.dropout = classifier.dropout
-        self.head = classifier.head
+        self.head: nn.Linear | ClassifierHead = classifier.head
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         h = feed_forward(self.last_layer, x)  # [B, L, D] = last_hidden_state

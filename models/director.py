@@ -1,7 +1,7 @@
 """The DIRECTOR module: embed -> deterministic prefix -> K sampled kernel steps -> readout, scriptable with
 torch.jit.script.
 
-Partial depth (DESIGN.md s.2): the first T - K transitions run as the real backbone layers once per input (the
+Partial depth (docs/method.md): the first T - K transitions run as the real backbone layers once per input (the
 prefix; none when K = T) and the kernel diffuses the last K steps. The first diffused step's mean and variance are
 computed once per input and then expanded to that input's own sample count; the other steps run on all sample rows
 at once. The rollout numbers its steps 1..K; the kernel's step k imitates the backbone's transition T - K + k.

@@ -65,10 +65,12 @@ class TransitionKernel(nn.Module):
         logvar_min: torch.Tensor | None = None,
         logvar_max: torch.Tensor | None = None,
         frequency_embedding_size: int = 64,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         self.dim = dim
         self.num_steps = num_steps
+        self.causal = causal  # a decoder's kernel: token i attends to tokens j <= i only, like its teacher
         self.t_embedder = TimestepEmbedder(dim, frequency_embedding_size)
         # 6 block modulations (DiT) + shift/scale of the output norm shared by both heads
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 8 * dim))
@@ -86,7 +88,7 @@ class TransitionKernel(nn.Module):
         self.initialize_weights(logvar_init)
 
     def initialize_weights(self, logvar_init: float) -> None:
-        """Fresh kernel = identity mean map and the observed variance level (DESIGN.md section 2)."""
+        """Fresh kernel = identity mean map and the observed variance level (docs/method.md)."""
 
         def _basic_init(module: nn.Module) -> None:
             if isinstance(module, nn.Linear):
@@ -122,6 +124,10 @@ class TransitionKernel(nn.Module):
         attn_mask: torch.Tensor | None = None
         if key_padding_mask is not None:
             attn_mask = key_padding_mask[:, None, None, :]  # [R, 1, 1, N] True = attend
+        if self.causal:
+            tokens = x.shape[1]
+            past = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).tril()[None, None]  # [1, 1, N, N]
+            attn_mask = past if attn_mask is None else attn_mask & past  # [R or 1, 1, N, N]
         h = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), attn_mask)
         h = h + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(h), shift_mlp, scale_mlp))  # [R, N, D]
         h = modulate(self.norm_final(h), shift_out, scale_out)  # [R, N, D]

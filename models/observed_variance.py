@@ -1,4 +1,4 @@
-"""The observed transition variance: softmax attention read as a kernel smoother (DESIGN.md section 2).
+"""The observed transition variance: softmax attention read as a kernel smoother (docs/method.md).
 
 Token i's attention output is the mean of a mixture over tokens j with weights A_ij; its spread is the
 variance of that mixture (hard attention J ~ Cat(A_i)), taken exactly through the output projection.
@@ -37,9 +37,11 @@ def mixture_attention(
     w_out: torch.Tensor,
     scale: float,
     key_padding_mask: torch.Tensor | None = None,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention over per-head ``q, k, v`` [B, H, N, hd] and the variance of its hard-attention
-    mixture taken through the output projection ``w_out`` [D, H*hd] (an ``nn.Linear`` weight).
+    mixture taken through the output projection ``w_out`` [D, H*hd] (an ``nn.Linear`` weight). A decoder passes
+    ``causal=True`` (token i attends to keys j <= i only) and its k/v already repeated to the query heads (GQA).
 
     Returns the heads' concatenated soft-attention output ``A @ v`` [B, N, H*hd] in fp32 (the caller applies
     its output projection and bias) and the variance [B, N, D]. ``key_padding_mask`` is [B, N] bool, True
@@ -54,6 +56,9 @@ def mixture_attention(
     scores = (q.float() * scale) @ k.float().transpose(-2, -1)  # [B, H, N, N]
     if key_padding_mask is not None:
         scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        future = torch.ones(tokens, tokens, dtype=torch.bool, device=scores.device).triu(1)  # [N, N] keys j > i
+        scores = scores.masked_fill(future, float("-inf"))  # [B, H, N, N]
     weights = scores.softmax(dim=-1)  # [B, H, N, N]
     mixed = (weights @ v.float()).transpose(1, 2).reshape(batch, tokens, heads * head_dim)  # [B, N, H*hd]
 

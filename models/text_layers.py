@@ -1,9 +1,9 @@
-"""A post-LN BERT encoder's sublayers as plain, scriptable modules with copied weights (DESIGN.md s.4).
+"""A post-LN BERT encoder's sublayers as plain, scriptable modules with copied weights (docs/architecture.md).
 
 transformers modules do not script reliably, so the text artifact carries these instead: ``TextFeedForward`` (the
 feed-forward sublayer with its residual LayerNorm), ``TextAttention`` (the attention sublayer with its residual
 LayerNorm) and ``TextPrefix``, the first transitions of the re-partitioned stack run deterministically (partial
-depth, DESIGN.md s.2). Each equals its transformers counterpart in eval mode (no dropout).
+depth, docs/method.md). Each equals its transformers counterpart in eval mode (no dropout).
 """
 
 from __future__ import annotations

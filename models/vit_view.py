@@ -1,4 +1,4 @@
-"""A timm ``VisionTransformer`` re-read as T transitions that each end with attention (DESIGN.md s.2).
+"""A timm ``VisionTransformer`` re-read as T transitions that each end with attention (docs/method.md).
 
 ``X_0`` is the patch + position embedding; transition 1 is layer 1's attention sublayer; transition
 t > 1 runs layer t-1's MLP sublayer then layer t's attention sublayer, so ``X_t = a_t``; the readout
@@ -61,7 +61,7 @@ class VitReadout(nn.Module):
 
 
 class VitPrefix(nn.Module):
-    """The first ``num_transitions`` transitions run as the real backbone (partial depth, DESIGN.md s.2):
+    """The first ``num_transitions`` transitions run as the real backbone (partial depth, docs/method.md):
     X_0 [B, N, D] -> X_{T-K} = a_{T-K} [B, N, D], deterministic. Transitions end with attention, so this is
     layers 1..T-K-1 whole and then layer T-K's attention sublayer; zero transitions is the identity."""
 

@@ -1,4 +1,4 @@
-"""DIRECTOR serving: a FastAPI server for model-repository artifacts (DESIGN.md sections 4 and 5).
+"""DIRECTOR serving: a FastAPI server for model-repository artifacts (docs/architecture.md and docs/api.md).
 
 Imports torch, ``tokenizers`` (text models), ``models.uncertainty`` and ``artifact`` (the contract) only: never
 timm, transformers or ``training``."""

@@ -1,5 +1,5 @@
-"""Command line of the offline pipeline: fit-backbone, distil, export, evaluate, export-baseline (each driven by a
-YAML config)."""
+"""Command line of the offline pipeline: calibrate (a user's pretrained checkpoint and data to a served model in one
+command), and the stages fit-backbone, distil, export, evaluate, export-baseline (each driven by a YAML config)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,32 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="your pretrained checkpoint + labelled data -> a served DIRECTOR model",
+                       description="Convert a pretrained classifier, distil it at a few depths, keep the best on "
+                                   "validation and export it into the model repository (docs/your-own-model.md).")
+    p.add_argument("--backbone", help="a Hugging Face checkpoint folder or hub id, or timm:<model name>")
+    p.add_argument("--checkpoint", help="the weights file of a timm:<model name> backbone")
+    p.add_argument("--data", help="an image folder (one sub-folder per class), a CSV / JSONL / Parquet file or a "
+                                  "folder of them, or a datasets folder / hub id")
+    p.add_argument("--name", required=True, help="the model's name in the repository")
+    p.add_argument("--dry-run", action="store_true", help="print the data summary and the plan, then stop")
+    p.add_argument("--config", help="a base config to start from (default: configs/calibrate/<modality>.yaml)")
+    p.add_argument("--text-column", help="the texts' column (default: text)")
+    p.add_argument("--label-column", help="the labels' column (default: label)")
+    p.add_argument("--repository", help="the model repository to export into (default: model_repository)")
+    p.add_argument("--version", type=int, help="the version to export (default: one past the highest)")
+    p.add_argument("--run-dir", help="where the run's files go (default: runs/<name>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set distil.epochs=2")
+    p.add_argument("--force", action="store_true", help="start even when the plan says it will not fit")
+    p.add_argument("--no-resume", action="store_true", help="start from scratch instead of resuming")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_calibrate(sub)
     for name, help_text in [
         ("fit-backbone", "train the backbone classifier"),
         ("distil", "distil the backbone into the DIRECTOR transition kernel"),
@@ -41,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config value, e.g. --set distil.epochs=1")
         p.add_argument("--no-resume", action="store_true", help="start from scratch instead of resuming")
         if name == "export-baseline":
-            from training.baseline_models import BASELINES
+            from training.baselines.models import BASELINES
 
             p.add_argument("--method", required=True, choices=BASELINES)
             p.add_argument("--repository", help="model repository to write into (default: export.repository)")
@@ -51,26 +74,43 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", message=".*torch.jit.*deprecated.*", category=FutureWarning)
+    if args.command == "calibrate":
+        return run_calibrate(args)
     cfg = load_config(args.config, _overrides(args.set))
     resume = not args.no_resume
     if args.command in ("fit-backbone", "all"):
-        from training.fit_backbone import fit_backbone
+        from training.fit.backbone import fit_backbone
 
         fit_backbone(cfg, resume=resume)
     if args.command in ("distil", "all"):
-        from training.distil import distil
+        from training.distil.stage import distil
 
         distil(cfg, resume=resume)
     if args.command in ("export", "all"):
-        from training.export import export
+        from training.export.stage import export
 
         export(cfg)
     if args.command == "evaluate":
-        from training.evaluate import evaluate
+        from training.evaluate.stage import evaluate
 
         evaluate(cfg, "python -m training " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
     if args.command == "export-baseline":
-        from training.baselines import export_baseline
+        from training.baselines.export import export_baseline
 
         export_baseline(cfg, args.method, args.repository)
     return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``calibrate``, with a user's mistakes (an unsupported checkpoint, bad data, a config that cannot work) told in
+    one line on stderr and exit status 2, never a traceback."""
+    from training.calibrate.stage import CalibrateError, calibrate
+    from training.data.sources import DataError
+    from training.families.checkpoint import CheckpointError
+    from training.families.registry import UnsupportedBackbone
+
+    try:
+        return calibrate(args, _overrides(args.set))
+    except (CalibrateError, CheckpointError, DataError, UnsupportedBackbone) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,13 @@ import yaml
 from models.backbones import VitConfig
 
 MODALITIES = ("image", "text")
-HUB_TEXT_DATASETS = ("imdb", "cola")  # training.hub_text
-TEXT_DATASETS = ("movie_reviews", *HUB_TEXT_DATASETS)
+HUB_TEXT_DATASETS = ("imdb", "cola")  # training.data.hub_text
+USER_IMAGE_DATASET = "image_folder"  # a user's folder of images, one sub-folder per class (training.data.sources)
+USER_TEXT_DATASET = "table"  # a user's CSV / JSONL / Parquet file, folder of them, or datasets folder / hub id
+TEXT_DATASETS = ("movie_reviews", *HUB_TEXT_DATASETS, USER_TEXT_DATASET)
+FIT_TRAIN = ("all", "head")
 L2_TARGETS = ("labels", "teacher")
-UNLABELED_CORPUS_NAMES = ("debian_descriptions",)  # training.unlabeled.UNLABELED_CORPORA
+UNLABELED_CORPUS_NAMES = ("debian_descriptions",)  # training.data.unlabeled.UNLABELED_CORPORA
 
 
 @dataclass
@@ -29,6 +33,24 @@ class DataConfig:
     labels: list[str] = field(default_factory=list)
     # imdb / cola: local copies of the hub splits ({"train": file, "test": file}; parquet, jsonl or csv), else the hub
     files: dict[str, str] | None = None
+    # a user's data (dataset image_folder | table, at ``root``): its columns, and the seeded validation and test
+    # fractions carved when the data has no such split; images are converted to ``image_shape`` [C, H, W]
+    text_column: str = "text"
+    label_column: str = "label"
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    image_shape: list[int] | None = None
+
+
+@dataclass
+class PretrainedConfig:
+    """A user's pretrained classifier (``python -m training calibrate``): ``source`` is a Hugging Face checkpoint
+    folder or hub id, or ``timm:<model name>`` with ``checkpoint`` its weights file. None: the pipeline fits its own
+    backbone (the built-in tasks)."""
+
+    source: str | None = None
+    checkpoint: str | None = None
+    model_args: dict[str, Any] = field(default_factory=dict)  # timm.create_model's keyword arguments (other sizes)
 
 
 @dataclass
@@ -42,6 +64,9 @@ class FitConfig:
     augment: bool = True
     max_steps: int | None = None
     grad_clip: float | None = None  # max gradient norm (None: no clipping)
+    # what fit-backbone trains: the whole backbone, or the head alone on the frozen body (a pretrained checkpoint
+    # without a classification head)
+    train: str = "all"
 
 
 @dataclass
@@ -53,8 +78,10 @@ class KernelConfig:
 @dataclass
 class DistilConfig:
     # K, the transitions the kernel diffuses: the first T - K run as the real layers once per input (partial depth,
-    # DESIGN.md s.2); None = the whole stack (K = T)
+    # docs/method.md); None = the whole stack (K = T)
     depth: int | None = None
+    # calibrate: the depths distilled and compared on validation (the best NLL is exported); empty: depth alone
+    depth_candidates: list[int] = field(default_factory=list)
     epochs: int = 4
     batch_size: int = 128
     lr: float = 1e-3
@@ -79,13 +106,15 @@ class DistilConfig:
     finetune_readout: bool = False
     # perturbed copies of the training inputs distilled against the teacher's outputs (needs l2_target teacher)
     unlabeled_copies: int = 0
-    # text models: an unlabeled corpus distilled the same way (a name in training.unlabeled.UNLABELED_CORPORA)
+    # text models: an unlabeled corpus distilled the same way (a name in training.data.unlabeled.UNLABELED_CORPORA)
     unlabeled_corpus: str | None = None
     ema_decay: float = 0.0  # EMA of the kernel's (and readout's) weights, validated and kept; 0 = none
     keep_best: bool = True  # keep the epoch with the best validation NLL (False: the last epoch)
     val_samples: int = 8
     val_images: int = 2000
     max_steps: int | None = None
+    # the cached start states X_{T-K} past this many bytes (float32) go to a file in half precision under the run
+    start_states_memory_bytes: int | None = 4 * 2**30
     kernel: KernelConfig = field(default_factory=KernelConfig)
 
 
@@ -120,7 +149,7 @@ class EvaluateConfig:
     noise_scale_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])
     corruption_images: int = 2000
     shift_texts: int | None = None  # texts per shifted domain (drawn under the seed); None: all of them
-    corruptions: list[str] = field(default_factory=list)  # empty: all of training.corruptions.CORRUPTIONS
+    corruptions: list[str] = field(default_factory=list)  # empty: all of training.data.corruptions.CORRUPTIONS
     severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     ood_images: int = 1000
     ablations: list[str] = field(default_factory=lambda: ["both", "floor", "l1_only", "l2_only",
@@ -156,8 +185,8 @@ class TextConfig:
     ``data_cache``: where the VADER corpus is cached (None: DIRECTOR_DATA_CACHE or ~/.cache/director).
     """
 
-    backbone: str = "minilm"  # minilm | tiny
-    tokenizer: str = "minilm"  # minilm | wordpiece | path/to/tokenizer.json
+    backbone: str = "minilm"  # minilm | tiny | pretrained (the checkpoint of ``pretrained.source``)
+    tokenizer: str = "minilm"  # minilm | wordpiece | pretrained | path/to/tokenizer.json
     vocab_size: int = 1000  # wordpiece only
     max_length: int = 64
     max_characters: int = 1000
@@ -180,6 +209,7 @@ class PipelineConfig:
     bf16: bool = False  # bf16 autocast of the training forwards on CUDA (ignored on the CPU)
     threads: int | None = None
     data: DataConfig = field(default_factory=DataConfig)
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     backbone: VitConfig = field(default_factory=VitConfig)
     fit: FitConfig = field(default_factory=FitConfig)
     distil: DistilConfig = field(default_factory=DistilConfig)
@@ -194,18 +224,18 @@ class PipelineConfig:
 
 
 def _build(cls: type, values: dict[str, Any] | None, where: str) -> Any:
+    """``cls(**values)`` with nested sections built from their dicts (the field's type says which), naming the first
+    unknown key."""
     values = values or {}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(values) - set(fields)
     if unknown:
         raise ValueError(f"unknown keys in {where}: {sorted(unknown)}")
+    hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, value in values.items():
-        ftype = fields[name].type
-        nested = {"DataConfig": DataConfig, "VitConfig": VitConfig, "FitConfig": FitConfig,
-                  "DistilConfig": DistilConfig, "ExportConfig": ExportConfig, "KernelConfig": KernelConfig,
-                  "EvaluateConfig": EvaluateConfig, "TextConfig": TextConfig, "TinyBertConfig": TinyBertConfig}
-        kwargs[name] = _build(nested[ftype], value, f"{where}.{name}") if ftype in nested else value
+        nested = hints[name]
+        kwargs[name] = _build(nested, value, f"{where}.{name}") if dataclasses.is_dataclass(nested) else value
     return cls(**kwargs)
 
 
@@ -242,6 +272,15 @@ def check_config(cfg: PipelineConfig) -> None:
         raise ValueError(f"distil.ema_decay must be in [0, 1), got {cfg.distil.ema_decay}")
     if cfg.modality not in MODALITIES:
         raise ValueError(f"modality must be one of {MODALITIES}, got {cfg.modality!r}")
+    if cfg.fit.train not in FIT_TRAIN:
+        raise ValueError(f"fit.train must be one of {FIT_TRAIN}, got {cfg.fit.train!r}")
+    if cfg.is_text and (cfg.pretrained.source is not None) != (cfg.text.backbone == "pretrained"):
+        raise ValueError("a text model with pretrained.source has text.backbone: pretrained, and only then")
+    if not (0.0 <= cfg.data.val_fraction < 1.0 and 0.0 <= cfg.data.test_fraction < 1.0
+            and cfg.data.val_fraction + cfg.data.test_fraction < 1.0):
+        raise ValueError("data.val_fraction and data.test_fraction must each be in [0, 1) and sum to less than 1")
+    if cfg.data.dataset == USER_IMAGE_DATASET and (cfg.data.image_shape is None or len(cfg.data.image_shape) != 3):
+        raise ValueError("data.dataset image_folder needs data.image_shape [channels, height, width]")
     if cfg.data.files is not None and cfg.data.dataset not in HUB_TEXT_DATASETS:
         raise ValueError(f"data.files are local copies of a hub task {HUB_TEXT_DATASETS}; "
                          f"{cfg.data.dataset} does not read them")
@@ -249,10 +288,13 @@ def check_config(cfg: PipelineConfig) -> None:
         text = cfg.text
         if cfg.data.dataset not in TEXT_DATASETS:
             raise ValueError(f"data.dataset for modality text must be one of {TEXT_DATASETS}, got {cfg.data.dataset!r}")
-        if text.backbone not in ("minilm", "tiny"):
-            raise ValueError(f"text.backbone must be minilm or tiny, got {text.backbone!r}")
+        if text.backbone not in ("minilm", "tiny", "pretrained"):
+            raise ValueError(f"text.backbone must be minilm, tiny or pretrained, got {text.backbone!r}")
         if text.backbone == "minilm" and text.tokenizer != "minilm":
             raise ValueError("text.backbone minilm needs its own tokenizer (text.tokenizer: minilm)")
+        if (text.backbone == "pretrained") != (text.tokenizer == "pretrained"):
+            raise ValueError("text.backbone pretrained and text.tokenizer pretrained go together "
+                             "(the checkpoint's own tokenizer)")
         if text.pooling not in ("mean", "cls"):
             raise ValueError(f"text.pooling must be mean or cls, got {text.pooling!r}")
         if text.table_dtype not in ("float32", "float16", "int8"):

@@ -13,53 +13,54 @@ from models.backbones import ImageClassifier
 from models.kernel import TransitionKernel
 from models.text_backbones import TextClassifier
 from training.config import PipelineConfig
-from training.data import Dataset, Split
-from training.modality import Director, Modality, View, modality_of
+from training.data.images import Dataset, Split
+from training.data.tokens import TokenDataset, TokenSplit
+from training.families.base import Director, Family, View
+from training.families.registry import modality_family, payload_family
 from training.runtime import load_checkpoint
-from training.text_inputs import TokenDataset, TokenSplit
 
 BACKBONE_FILE = "backbone.pt"
 DIRECTOR_FILE = "director.pt"
 AnySplit = Split | TokenSplit
-__all__ = ["BACKBONE_FILE", "DIRECTOR_FILE", "AnySplit", "Director", "View", "load_backbone", "load_data", "load_view",
-           "load_director", "split_sampled_logits"]
+__all__ = ["BACKBONE_FILE", "DIRECTOR_FILE", "AnySplit", "Director", "View", "load_backbone", "run_family",
+           "load_data", "load_view", "load_director", "split_sampled_logits"]
 
 
-def run_modality(run_dir: str | Path) -> tuple[Modality, dict[str, Any]]:
-    """The modality a run's backbone was fitted for (from its checkpoint) and the checkpoint itself."""
+def run_family(run_dir: str | Path) -> tuple[Family, dict[str, Any]]:
+    """The family of a run's fitted backbone (from its checkpoint) and the checkpoint itself."""
     payload = load_checkpoint(Path(run_dir) / BACKBONE_FILE)
-    return modality_of(payload.get("modality", "image")), payload
+    return payload_family(payload), payload
 
 
 def load_backbone(run_dir: str | Path, device: torch.device | str = "cpu") -> ImageClassifier | TextClassifier:
     """The fitted backbone of a run, frozen in eval mode."""
-    modality, payload = run_modality(run_dir)
-    return modality.build_backbone(payload).to(device).eval().requires_grad_(False)
+    family, payload = run_family(run_dir)
+    return family.build_backbone(payload).to(device).eval().requires_grad_(False)
 
 
 def load_data(cfg: PipelineConfig) -> Dataset | TokenDataset:
     """The run's dataset: images, or texts tokenised with the run's own tokenizer (written by fit-backbone)."""
-    return modality_of(cfg.modality).load_data(cfg)
+    return modality_family(cfg.modality).load_data(cfg)
 
 
 def load_view(run_dir: str | Path, device: torch.device | str = "cpu") -> View:
     """The frozen transition view of a run's fitted backbone (eval mode)."""
-    modality, payload = run_modality(run_dir)
-    return modality.view(modality.build_backbone(payload).to(device).eval().requires_grad_(False))
+    family, payload = run_family(run_dir)
+    return family.view(family.build_backbone(payload).to(device).eval().requires_grad_(False))
 
 
 def load_director(run_dir: str | Path, device: torch.device | str = "cpu") -> tuple[Director, dict[str, Any]]:
     """The distilled DIRECTOR module of a run (eager, eval mode) and its saved payload."""
     payload = load_checkpoint(Path(run_dir) / DIRECTOR_FILE)
-    modality, _ = run_modality(run_dir)
+    family, _ = run_family(run_dir)
     view = load_view(run_dir, device)
     kernel = TransitionKernel(**payload["kernel_args"])
     kernel.load_state_dict(payload["kernel"])
-    readout = modality.default_readout(view)
+    readout = family.default_readout(view)
     if payload.get("readout") is not None:
         readout = copy.deepcopy(readout)
         readout.load_state_dict(payload["readout"])
-    return modality.director(view, kernel.to(device), readout).eval(), payload
+    return family.director(view, kernel.to(device), readout).eval(), payload
 
 
 def split_sampled_logits(model: torch.nn.Module, split: AnySplit, n_samples: int,

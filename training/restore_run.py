@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from artifact.contract import ARTIFACT, MANIFEST
-from training.artifact import load_scripted
 from training.config import PipelineConfig, config_dict, load_config
+from training.export.writing import load_scripted
+from training.families.registry import family_of
 from training.loading import BACKBONE_FILE, DIRECTOR_FILE
-from training.modality import modality_of
 from training.runtime import save_checkpoint
 
 RESTORED = "restored from committed artifacts"
@@ -41,7 +41,7 @@ def backbone_payload(cfg: PipelineConfig, folder: Path, seconds: float) -> dict[
         raise ValueError(f"{folder} is not a deterministic image artifact")
     weights = prefixed(load_scripted(folder / ARTIFACT).state_dict(), "classifier.")
     payload = {"backbone_config": config_dict(cfg)["backbone"], "state_dict": weights}
-    modality_of("image").build_backbone(payload)  # the weights fit the config's backbone, key for key
+    family_of("vit").build_backbone(payload)  # the weights fit the config's backbone, key for key
     return {**payload, "config": config_dict(cfg), "history": [], "test": {}, "seconds": seconds,
             "restored": RESTORED, "source": str(folder)}
 

@@ -52,7 +52,7 @@ from tests.deploy.promql import (
     substitute,
     variables,
 )
-from training.data import load_fashion_mnist_split
+from training.data.images import load_fashion_mnist_split
 
 FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
 PHASE_IMAGES = 64  # per phase; 8 per request at the default 16 samples

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import FASHION_ROOT, export_tiny, tiny_config_dict
 from tests.service.conftest import copy_version, with_noise_scale
-from training.data import load_fashion_mnist_split
+from training.data.images import load_fashion_mnist_split
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

@@ -48,7 +48,7 @@ def test_example_images_get_their_labels(default_server: Running) -> None:
 
 
 def test_fashion_mnist_test_images_get_the_right_labels(default_server: Running) -> None:
-    from training.data import load_fashion_mnist_split
+    from training.data.images import load_fashion_mnist_split
 
     test = load_fashion_mnist_split("/usr/share/datasets/fashion-mnist", "test")
     n = 200
@@ -77,7 +77,7 @@ def flagged(server: Running, pixels: np.ndarray, seed: int) -> list[bool]:
 
 
 def test_uniform_noise_is_flagged_ood_far_more_often_than_test_images(default_server: Running) -> None:
-    from training.data import load_fashion_mnist_split, uniform_noise_images
+    from training.data.images import load_fashion_mnist_split, uniform_noise_images
 
     test = load_fashion_mnist_split("/usr/share/datasets/fashion-mnist", "test")
     before = httpx.get(f"{default_server.url}/metrics").text

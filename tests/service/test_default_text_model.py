@@ -52,7 +52,7 @@ def predict(server: Running, texts: list[str], seed: int, model: str = "movie-re
 
 
 def held_out(n: int) -> tuple[list[str], list[int]]:
-    from training.text_data import load_movie_reviews
+    from training.data.texts import load_movie_reviews
 
     test = load_movie_reviews(val_size=1000, split_seed=0).test.head(n)  # the models' own held-out split
     return test.texts, test.labels.tolist()
@@ -98,7 +98,7 @@ def test_ood_flag_rate_on_reviews_is_what_the_threshold_was_set_for(text_models:
 def test_python_docstrings_are_mostly_flagged_by_the_kernel_error(text_models: Running) -> None:
     """Not movie reviews at all: v3's kernel error flags most of them (91% of 1,000 on its results page), where v2's
     max softmax flagged 4%."""
-    from training.ood_texts import load_docstring_sentences
+    from training.data.ood_texts import load_docstring_sentences
 
     texts = load_docstring_sentences()[:60]
     answer = predict(text_models, texts, seed=0)

@@ -35,7 +35,7 @@ def vision_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]
 
 
 def held_out(n: int) -> tuple[np.ndarray, list[int]]:
-    from training.data import load_fashion_mnist_split
+    from training.data.images import load_fashion_mnist_split
 
     test = load_fashion_mnist_split("/usr/share/datasets/fashion-mnist", "test")
     return (test.images[:n, 0].numpy() * 255).round().astype(np.uint8), test.labels[:n].tolist()

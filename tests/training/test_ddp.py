@@ -16,7 +16,7 @@ from training.cli import main
 RANK_SCRIPT = """
 import os, sys, torch
 from training.config import load_config
-from training.distil import distil
+from training.distil.stage import distil
 cfg = load_config(sys.argv[1])
 rank = int(os.environ["RANK"])
 result = distil(cfg, resume=False)

@@ -10,8 +10,8 @@ import torch
 
 from artifact.contract import ARTIFACT, MANIFEST, major_version, parse_manifest, verify_files
 from models.uncertainty import summarize
-from training.artifact import load_scripted
-from training.data import digits_images, load_fashion_mnist_split, uniform_noise_images
+from training.data.images import digits_images, load_fashion_mnist_split, uniform_noise_images
+from training.export.writing import load_scripted
 
 DEFAULT = Path("model_repository/fashion-vit/1")
 

@@ -12,8 +12,8 @@ import torch
 
 from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_files
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
-from training.artifact import load_scripted
 from training.config import load_config
+from training.export.writing import load_scripted
 from training.loading import load_director
 from training.runtime import load_checkpoint
 
@@ -73,8 +73,8 @@ def test_the_kernel_error_competes_for_the_ood_score_from_the_artifacts_own_laye
     """The exported file carries the backbone's last transitions: its ``scored_rows`` gives the kernel error, which
     (with its combinations) was a candidate on OOD validation; a chosen combination is standardised on validation
     with the kernel errors of that very file."""
+    from training.export.ood_selection import COMBINATION_WEIGHTS, combination_label, split_kernel_error
     from training.loading import load_data
-    from training.ood_selection import COMBINATION_WEIGHTS, combination_label, split_kernel_error
 
     config, folder = exported
     manifest = json.loads((folder / MANIFEST).read_text())
@@ -147,8 +147,8 @@ def test_results_page_and_plot_are_written(exported: tuple[Path, Path]) -> None:
 
 def test_a_one_point_noise_grid_sets_the_buffer(exported: tuple[Path, Path]) -> None:
     """``noise_scale_grid: [0.0]`` must switch the noise off in the module, not only in the manifest."""
-    from training.data import load_dataset
-    from training.served_statistics import fit_noise_scale
+    from training.data.images import load_dataset
+    from training.export.served_statistics import fit_noise_scale
 
     config, _ = exported
     cfg = load_config(config)

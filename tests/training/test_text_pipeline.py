@@ -15,13 +15,13 @@ from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_file
 from models.text_director import fold_for_artifact
 from tests.conftest import export_tiny, tiny_text_config_dict
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
-from training.artifact import load_scripted
 from training.config import load_config
-from training.distil import unlabeled_inputs
-from training.loading import load_data, load_director
+from training.data.tokens import TokenSplit, encode, load_run_tokenizer, token_batches
+from training.data.unlabeled import load_package_descriptions
+from training.distil.stage import unlabeled_inputs
+from training.export.writing import load_scripted
+from training.loading import load_data, load_director, run_family
 from training.runtime import load_checkpoint
-from training.text_inputs import TokenSplit, encode, load_run_tokenizer, token_batches
-from training.unlabeled import load_package_descriptions
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +61,12 @@ def test_distillation_reads_the_unlabeled_corpus_after_the_perturbed_copies(expo
     cfg = load_config(exported[0], {"distil.l2_target": "teacher", "distil.unlabeled_copies": 1,
                                     "distil.unlabeled_corpus": "debian_descriptions"})
     data = load_data(cfg)
-    split = unlabeled_inputs(cfg, data)
+    family = run_family(cfg.run_dir)[0]
+    split = unlabeled_inputs(cfg, family, data)
     corpus = load_package_descriptions()
     assert split is not None and len(split) == len(data.train) + len(corpus) > len(data.train)
     assert split.texts[len(data.train):] == corpus and int(split.mask.sum(dim=1).max()) <= cfg.text.max_length
-    assert unlabeled_inputs(load_config(exported[0]), data) is None  # neither asked for
+    assert unlabeled_inputs(load_config(exported[0]), family, data) is None  # neither asked for
 
 
 def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> None:

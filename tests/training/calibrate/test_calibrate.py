@@ -1,0 +1,180 @@
+"""``python -m training calibrate`` end to end, as a user runs it: a tiny checkpoint of every family saved as users keep
+them, a CSV or an image folder, one command each, and the exported models served over HTTP by a real server
+(``/predict`` and the Open Inference Protocol). Also the dry run and the errors a user meets first."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+from artifact.contract import MANIFEST, parse_manifest
+from tests.service.conftest import Running, serve, settings_for
+from tests.training.calibrate.tiny_checkpoints import (
+    CLASSES,
+    image,
+    save_text_checkpoint,
+    save_vit_checkpoint,
+    texts,
+    write_csv,
+    write_image_folder,
+)
+from training.cli import main
+
+TINY = ["--set", "distil.epochs=1", "--set", "distil.batch_size=32", "--set", "distil.warmup_steps=2",
+        "--set", "distil.tau_images=40", "--set", "distil.stats_batches=1", "--set", "distil.val_images=40",
+        "--set", "distil.val_samples=2", "--set", "export.threshold_images=40",
+        "--set", "export.ood_validation_images=30", "--set", "export.sample_counts=[1,2,4]",
+        "--set", "export.default_samples=2", "--set", "export.max_samples=8", "--set", "export.eval_samples=2",
+        "--set", "export.noise_scale_grid=[1.0]", "--set", "evaluate.ood_images=30", "--set", "threads=1",
+        "--set", "fit.epochs=1"]
+TEXT_FAMILIES = {"tiny-bert": "bert", "tiny-roberta": "roberta", "tiny-distilbert": "distilbert",
+                 "tiny-qwen2": "qwen2", "tiny-llama": "llama"}
+COLOURS = ["red", "green", "blue"]
+
+
+def calibrate(tmp: Path, name: str, backbone: str, data: Path, *extra: str) -> None:
+    args = ["calibrate", "--backbone", backbone, "--data", str(data), "--name", name, "--run-dir",
+            str(tmp / "runs" / name), "--repository", str(tmp / "repo"), "--set", f"export.docs_dir={tmp / 'docs'}",
+            *TINY, *extra]
+    assert main(args) == 0
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every family calibrated into one repository: five text checkpoints (one BERT without a head, so a head is
+    fitted), a Hugging Face ViT and a timm ViT on an image folder."""
+    tmp = tmp_path_factory.mktemp("calibrate")
+    reviews = write_csv(tmp / "reviews.csv", texts(150, 1))
+    for name, kind in TEXT_FAMILIES.items():
+        depths = "[1,2]" if kind == "bert" else "[1]"
+        calibrate(tmp, name, str(save_text_checkpoint(tmp / "ckpt" / name, kind)), reviews,
+                  "--set", f"distil.depth_candidates={depths}")
+    bare = save_text_checkpoint(tmp / "ckpt" / "bare-bert", "bert", head=False)
+    calibrate(tmp, "tiny-bare-bert", str(bare), reviews, "--set", "distil.depth_candidates=[1]")
+    folder = write_image_folder(tmp / "images", per_class=30)
+    calibrate(tmp, "tiny-vit", str(save_vit_checkpoint(tmp / "ckpt" / "vit")), folder)
+    torch.manual_seed(0)
+    vit = timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=3)
+    torch.save(vit.state_dict(), tmp / "ckpt" / "timm-vit.pth")
+    calibrate(tmp, "tiny-timm-vit", "timm:vit_tiny_patch16_224", folder, "--checkpoint",
+              str(tmp / "ckpt" / "timm-vit.pth"), "--set", "distil.depth_candidates=[1]",
+              "--set", "pretrained.model_args={img_size: 16, patch_size: 4, embed_dim: 32, depth: 2, num_heads: 4}",
+              "--set", "data.labels=[red,green,blue]")  # a timm head names no classes: given in its order
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def server(calibrated: Path) -> Iterator[Running]:
+    settings = settings_for(calibrated / "repo", calibrated, default_model="tiny-bert", max_inputs_per_request=16)
+    with serve(settings) as running:
+        yield running
+
+
+def png(label: int) -> str:
+    buffer = io.BytesIO()
+    image(label, np.random.default_rng(label), (24, 20)).save(buffer, "PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.mark.parametrize("name", [*TEXT_FAMILIES, "tiny-bare-bert"])
+def test_a_calibrated_text_model_is_served(server: Running, name: str) -> None:
+    body = {"model": name, "inputs": [{"text": t} for t, _ in texts(4, 9)], "n_samples": 3}
+    response = httpx.post(f"{server.url}/predict", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert out["model"] == name and out["model_version"] == "1" and out["n_samples"] == 3
+    for prediction in out["predictions"]:
+        assert prediction["label"] in CLASSES and set(prediction["probabilities"]) == set(CLASSES)
+        assert abs(sum(prediction["probabilities"].values()) - 1.0) < 1e-4
+        assert prediction["mutual_information"] >= 0.0 and isinstance(prediction["is_ood"], bool)
+    oip = httpx.post(f"{server.url}/v2/models/{name}/infer", timeout=60, json={
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a great film", "dull plot"]}]})
+    assert oip.status_code == 200, oip.text
+    outputs = {o["name"]: o for o in oip.json()["outputs"]}
+    assert outputs["probabilities"]["shape"] == [2, 3] and set(outputs["label"]["data"]) <= set(CLASSES)
+
+
+@pytest.mark.parametrize("name", ["tiny-vit", "tiny-timm-vit"])
+def test_a_calibrated_image_model_is_served(server: Running, name: str) -> None:
+    response = httpx.post(f"{server.url}/predict", timeout=60, json={
+        "model": name, "inputs": [{"image_base64": png(i)} for i in range(3)], "n_samples": 2})
+    assert response.status_code == 200, response.text
+    assert all(p["label"] in COLOURS for p in response.json()["predictions"])
+    pixels = np.random.default_rng(0).random((2, 3, 16, 16)).astype(np.float32)
+    oip = httpx.post(f"{server.url}/v2/models/{name}/infer", timeout=60, json={
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 3, 16, 16],
+                    "data": pixels.ravel().tolist()}]})
+    assert oip.status_code == 200, oip.text
+
+
+def test_manifests_record_the_family_depth_and_checkpoint(calibrated: Path) -> None:
+    selection = json.loads((calibrated / "runs" / "tiny-bert" / "depth_selection.json").read_text())
+    assert set(selection["validation_nll"]) == {"1", "2"} and selection["chosen"] in (1, 2)
+    for name in [*TEXT_FAMILIES, "tiny-bare-bert", "tiny-vit", "tiny-timm-vit"]:
+        manifest = parse_manifest(json.loads((calibrated / "repo" / name / "1" / MANIFEST).read_text()))
+        assert manifest.labels == (COLOURS if "vit" in name else CLASSES)
+        assert manifest.sampling.depth >= 1
+    bert = parse_manifest(json.loads((calibrated / "repo" / "tiny-bert" / "1" / MANIFEST).read_text()))
+    assert bert.sampling.depth == selection["chosen"]
+    assert "tiny-bert" in str(bert.provenance.backbone["kind"]) or "ckpt" in str(bert.provenance.backbone["kind"])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "training", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path: Path) -> None:
+    checkpoint = save_text_checkpoint(tmp_path / "ckpt", "qwen2")
+    data = write_csv(tmp_path / "reviews.csv", texts(60, 2))
+    done = run_cli("calibrate", "--backbone", str(checkpoint), "--data", str(data), "--name", "plan",
+                   "--run-dir", str(tmp_path / "run"), "--repository", str(tmp_path / "repo"), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    for expected in ("family            decoder (text), 2 layers", "depth candidates  K in [1, 2]", "tokens",
+                     "time (estimate)", "memory (estimate)", "disk (estimate)", "negative", "dry run"):
+        assert expected in done.stdout, (expected, done.stdout)
+    assert not (tmp_path / "run" / "backbone.pt").exists() and not (tmp_path / "repo").exists()
+
+
+def test_an_unsupported_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    GPT2ForSequenceClassification(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=50)).save_pretrained(tmp_path)
+    done = run_cli("calibrate", "--backbone", str(tmp_path), "--data", "x.csv", "--name", "gpt", "--dry-run")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "model_type 'gpt2' is not supported" in done.stderr and "decoder: qwen2, llama" in done.stderr
+
+
+def test_data_that_does_not_fit_the_head_is_refused_before_training(tmp_path: Path) -> None:
+    checkpoint = save_text_checkpoint(tmp_path / "ckpt", "bert")
+    unknown = write_csv(tmp_path / "unknown.csv", [*texts(30, 3), ("a fine film", "mixed")])
+    done = run_cli("calibrate", "--backbone", str(checkpoint), "--data", str(unknown), "--name", "bad",
+                   "--run-dir", str(tmp_path / "run"), "--dry-run")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "mixed" in done.stderr and "row 31" in done.stderr
+    two = write_csv(tmp_path / "two.csv", [(t, "a" if i % 2 else "b") for i, (t, _) in enumerate(texts(30, 4))])
+    bare = save_text_checkpoint(tmp_path / "generic", "bert")
+    config = json.loads((bare / "config.json").read_text())
+    config["id2label"] = {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}
+    (bare / "config.json").write_text(json.dumps(config))
+    done = run_cli("calibrate", "--backbone", str(bare), "--data", str(two), "--name", "bad2",
+                   "--run-dir", str(tmp_path / "run2"), "--dry-run")
+    assert done.returncode == 2 and "3 classes" in done.stderr, done.stderr
+
+
+def test_image_folder_is_converted_as_the_server_converts_uploads(calibrated: Path) -> None:
+    manifest = json.loads((calibrated / "repo" / "tiny-vit" / "1" / MANIFEST).read_text())
+    assert manifest["input"]["height"] == 16 and manifest["input"]["channels"] == 3
+    assert "bilinear" in manifest["input"]["convert"]["resize"]
+    assert Image.open(io.BytesIO(base64.b64decode(png(0)))).size == (24, 20)

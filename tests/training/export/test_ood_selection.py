@@ -1,0 +1,60 @@
+"""The OOD score choice shared by the exporter and the evaluation: the kernel error and its combinations are
+candidates only when it is known, a combination is standardised on in-distribution validation, ties go to the simpler
+score, and mutual information falls back at S = 1."""
+
+from __future__ import annotations
+
+import torch
+
+from models.uncertainty import COMBINED, KERNEL_ERROR, summarize
+from training.export.ood_selection import COMBINATION_WEIGHTS, ScoreInputs, choose_ood_score, combination_label
+
+
+def inputs(n: int, logit_scale: float, error_level: float, seed: int) -> ScoreInputs:
+    """n inputs whose logits are confident by ``logit_scale`` and whose kernel errors are around ``error_level``."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, n, 3, generator=gen) * 0.1  # [S, n, C]
+    logits[..., 0] += logit_scale
+    error = error_level * torch.exp(0.3 * torch.randn(n, generator=gen))  # [n] log-normal around the level
+    return ScoreInputs(summarize(logits), error)
+
+
+def test_the_kernel_error_wins_where_only_it_separates() -> None:
+    val, ood_val = inputs(200, 3.0, 0.01, 0), inputs(200, 3.0, 0.1, 1)  # same confidence, 10x the error
+    choice = choose_ood_score(val, ood_val, n_samples=4)
+    assert choice.label == KERNEL_ERROR and choice.chosen.name == KERNEL_ERROR and choice.terms == ()
+    assert choice.selection_auroc[KERNEL_ERROR] > 0.99
+    assert set(choice.selection_auroc) == {"max_softmax", "predictive_entropy", "mutual_information", "energy",
+                                           KERNEL_ERROR, *map(combination_label, COMBINATION_WEIGHTS)}
+    reported = choice.reported()
+    assert sum(label.startswith(COMBINED) for label in reported) == 1 and choice.combined in reported
+
+
+def test_a_combination_is_standardised_on_validation() -> None:
+    val, ood_val = inputs(300, 3.0, 0.01, 0), inputs(300, 1.0, 0.02, 1)
+    choice = choose_ood_score(val, ood_val, n_samples=4)
+    combined = choice.candidates[combination_label(0.5)]
+    assert combined.name == COMBINED and [t.score for t in combined.terms] == [KERNEL_ERROR, "max_softmax"]
+    values = val.score(COMBINED, combined.terms)  # [300] two standardised terms, weights 0.5 each
+    assert abs(float(values.mean())) < 1e-4
+    kernel_term, logit_term = combined.terms
+    assert kernel_term.log and not logit_term.log and kernel_term.weight == logit_term.weight == 0.5
+    torch.testing.assert_close(kernel_term(val.kernel_error).std(), torch.tensor(0.5), rtol=1e-4, atol=1e-6)
+
+
+def test_without_kernel_errors_only_logit_scores_compete_and_ties_go_to_the_simpler() -> None:
+    val, ood_val = inputs(100, 3.0, 0.01, 0), inputs(100, 3.0, 0.01, 1)
+    plain = choose_ood_score(ScoreInputs(val.summary), ScoreInputs(ood_val.summary), n_samples=1)
+    assert set(plain.selection_auroc) == {"max_softmax", "predictive_entropy", "energy"} and plain.combined is None
+    same = ScoreInputs(val.summary, torch.ones(100))
+    tied = choose_ood_score(same, ScoreInputs(val.summary, torch.ones(100)), n_samples=2)
+    assert tied.selection_auroc[KERNEL_ERROR] == 0.5 and tied.label == "max_softmax"  # all 0.5: the first wins
+
+
+def test_mutual_information_falls_back_where_it_is_undefined() -> None:
+    gen = torch.Generator().manual_seed(0)
+    val_logits = torch.randn(1, 200, 3, generator=gen).expand(8, -1, -1).clone()  # [8, 200, 3] samples agree
+    ood_logits = torch.randn(8, 200, 3, generator=gen) * 3  # [8, 200, 3] samples disagree
+    choice = choose_ood_score(ScoreInputs(summarize(val_logits)), ScoreInputs(summarize(ood_logits)), n_samples=8)
+    assert choice.chosen.name == "mutual_information" and choice.fallback.name != "mutual_information"
+    assert choice.rule_at(1) == choice.fallback and choice.rule_at(2) == choice.chosen

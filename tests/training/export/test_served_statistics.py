@@ -1,0 +1,53 @@
+"""The sampling and temperature choices an export records, on a small artifact-contract model with known noise."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from training.data.images import Split
+from training.export.served_statistics import choose_default_samples, per_input_nll, served_temperature
+
+
+class NoisyLinear(nn.Module):
+    """Artifact contract ``forward(pixels, n_samples) -> [S, B, C]``: a fixed linear map plus Gaussian logit noise."""
+
+    def __init__(self, noise: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 3)
+        self.noise = noise
+
+    def forward(self, pixels: torch.Tensor, n_samples: int) -> torch.Tensor:
+        logits = self.linear(pixels.flatten(1))  # [B, C]
+        return logits + self.noise * torch.randn(n_samples, *logits.shape)  # [S, B, C]
+
+
+def _split(n: int = 400) -> Split:
+    gen = torch.Generator().manual_seed(1)
+    images = torch.rand(n, 1, 2, 2, generator=gen)
+    return Split(images, torch.randint(0, 3, (n,), generator=gen))
+
+
+def test_noise_free_model_needs_one_sample() -> None:
+    chosen, table = choose_default_samples(NoisyLinear(0.0), _split(), [1, 2, 4, 8], 8, seed=0)
+    assert chosen == 1 and abs(table["1"]["minus_reference"]) < 1e-6
+
+
+def test_noisy_model_needs_more_samples_and_the_table_says_why() -> None:
+    chosen, table = choose_default_samples(NoisyLinear(6.0), _split(), [1, 2, 4, 8, 16], 16, seed=0)
+    assert chosen > 1
+    assert table["1"]["minus_reference"] > 2 * table["1"]["stderr"]  # S = 1 is measurably worse than S = 16
+    assert str(chosen) in table
+
+
+def test_temperature_served_only_when_it_wins_on_held_out_validation() -> None:
+    gen = torch.Generator().manual_seed(2)
+    true_logits = 2.0 * torch.randn(4000, 3, generator=gen)  # [N, C]
+    labels = torch.multinomial(true_logits.softmax(-1), 1, generator=gen).squeeze(1)  # drawn from the model itself
+    calibrated, _ = served_temperature(true_logits.unsqueeze(0), labels)
+    overconfident, fit = served_temperature(3.0 * true_logits.unsqueeze(0), labels)
+    assert abs(overconfident - 3.0) < 0.3 and fit["nll_fitted"] < fit["nll_t1"]
+    assert abs(calibrated - 1.0) < 0.15
+    nll = per_input_nll(3.0 * true_logits.unsqueeze(0), labels, overconfident)
+    assert float(nll.mean()) < float(per_input_nll(3.0 * true_logits.unsqueeze(0), labels).mean())

@@ -1,0 +1,1 @@
+"""Baselines on the pipeline's own backbone and stage ``export-baseline``."""

@@ -1,0 +1,88 @@
+"""The user's data read once before anything is trained: the summary printed with the plan, the inputs' size for the
+estimates, and the label checks against the checkpoint's head (class count, and class names when the head has
+none), so a mismatch is reported before a long run rather than after it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig
+from training.data.sources import DataError, check_class_count
+from training.families.checkpoint import Checkpoint, checkpoint_tokenizer
+
+TEXT_INPUT_BYTES = 2 * 8  # ids and mask, int64 per token
+# a built-in dataset's training and test sizes, for the estimates made before it is read
+BUILT_IN_SIZES = {"cifar10": (50_000, 10_000), "cifar100": (50_000, 10_000), "fashion_mnist": (60_000, 10_000),
+                  "cola": (8_551, 1_043), "imdb": (25_000, 25_000), "movie_reviews": (7_605, 2_000)}
+
+
+@dataclass
+class DataPreview:
+    summary: str
+    labels: list[str]
+    train_inputs: int
+    tokens: int  # per input
+    input_bytes: int  # every split held in memory
+
+
+def check_labels(checkpoint: Checkpoint, labels: list[str], named: bool) -> None:
+    """The data's classes against the checkpoint's head: as many classes, and, when neither the head nor the config
+    (``named``: ``data.labels``) names its classes, integer labels that are the head's indices."""
+    if not checkpoint.has_head or checkpoint.num_classes is None:
+        return
+    check_class_count(labels, checkpoint.num_classes, checkpoint.source)
+    if not named and labels != [str(i) for i in range(checkpoint.num_classes)]:
+        raise DataError(f"{checkpoint.source}: its head does not name its classes (a timm head, or transformers' "
+                        f"LABEL_0, LABEL_1, ...), so the data's labels must be its indices "
+                        f"0..{checkpoint.num_classes - 1}, got {labels[:5]}; or name the classes in the head's order "
+                        "with --set data.labels=[...]")
+
+
+def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
+    data = cfg.data
+    labels = data.labels or None
+    if data.dataset == USER_IMAGE_DATASET:
+        from training.data.sources import load_image_folder
+
+        channels, height, width = data.image_shape or (0, 0, 0)
+        dataset, summary = load_image_folder(Path(data.root), channels, height, width, labels, data.val_fraction,
+                                             data.test_fraction, data.split_seed)
+        inputs = len(dataset.train) + len(dataset.val) + len(dataset.test)
+        patch = int(checkpoint.config.get("patch_size") or 16)
+        tokens = (height // patch) * (width // patch) + 1
+        preview = DataPreview(summary.render(), dataset.labels, len(dataset.train), tokens,
+                              inputs * channels * height * width * 4)
+    elif data.dataset == USER_TEXT_DATASET:
+        from training.data.sources import load_text_table
+
+        tokenizer = checkpoint_tokenizer(checkpoint, cfg.text.max_length)
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+
+        def count_tokens(texts: list[str]) -> list[int]:
+            return [len(e.ids) for e in tokenizer.encode_batch(texts)]
+
+        texts, summary = load_text_table(data.root, data.text_column, data.label_column, labels, data.val_fraction,
+                                         data.test_fraction, data.split_seed, cfg.text.max_characters, count_tokens,
+                                         cfg.text.max_length)
+        inputs = len(texts.train) + len(texts.val) + len(texts.test)
+        if checkpoint.max_positions is not None and cfg.text.max_length > checkpoint.max_positions:
+            raise DataError(f"text.max_length {cfg.text.max_length} exceeds the checkpoint's "
+                            f"{checkpoint.max_positions} positions: --set text.max_length={checkpoint.max_positions}")
+        preview = DataPreview(summary.render(), texts.labels, len(texts.train), cfg.text.max_length,
+                              inputs * cfg.text.max_length * TEXT_INPUT_BYTES)
+    else:  # a built-in dataset (the hub-backed configs in configs/calibrate/): read when the run starts
+        train, test = BUILT_IN_SIZES.get(data.dataset, (50_000, 10_000))
+        train = min(data.train_limit or train, train - data.val_size)
+        inputs = train + data.val_size + min(data.test_limit or test, test)
+        if checkpoint.family.modality == "image":
+            channels, height, width = data.image_shape or checkpoint.image_shape or (3, 224, 224)
+            patch = int(checkpoint.config.get("patch_size") or 16)
+            tokens, per_input = (height // patch) * (width // patch) + 1, channels * height * width * 4
+        else:
+            tokens, per_input = cfg.text.max_length, cfg.text.max_length * TEXT_INPUT_BYTES
+        return DataPreview(f"data: the built-in dataset {data.dataset!r} (read when the run starts; about {inputs} "
+                           "inputs assumed for the estimates)", data.labels, train, tokens, inputs * per_input)
+    check_labels(checkpoint, preview.labels, bool(cfg.data.labels))
+    return preview

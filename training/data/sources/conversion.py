@@ -1,0 +1,43 @@
+"""The image conversion, shared with the server: training may not import ``service``, so this is a copy of
+``service/images.py``'s rule, and the tests hold the two equal."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGE_FORMATS = ["PNG", "JPEG"]  # what the server decodes
+RESIZE = "bilinear to height x width, aspect ratio not kept"
+IMAGE_CONVERSION = (
+    "PNG or JPEG decoded with Pillow (EXIF orientation not applied); transparency (RGBA, LA, PA, a palette with a "
+    "transparent colour) composited onto black; converted with PIL to L (1 channel, ITU-R 601 luma) or RGB "
+    "(3 channels), 16-bit grey clipped at 255 by PIL; resized with PIL bilinear to height x width when the size "
+    "differs (aspect ratio not kept); divided by 255 to float32 in [0, 1], channels first"
+)
+
+
+def convert_image(image: Image.Image, channels: int, height: int, width: int) -> torch.Tensor:
+    """A decoded image as the model's input [C, H, W] float32 in [0, 1], by the server's rule (``IMAGE_CONVERSION``,
+    ``service.images.image_to_tensor``): the same PIL calls in the same order, so training sees what serving sees."""
+    image = _flatten_alpha(image)
+    image = image.convert("L" if channels == 1 else "RGB")
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.float32) / 255.0  # [H, W] or [H, W, 3]
+    tensor = torch.from_numpy(array.copy())
+    return tensor.unsqueeze(0) if channels == 1 else tensor.permute(2, 0, 1).contiguous()  # [C, H, W]
+
+
+def _flatten_alpha(image: Image.Image) -> Image.Image:
+    if image.mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    if image.mode in ("RGBA", "LA", "PA"):
+        background = Image.new("RGBA", image.size, (0, 0, 0, 255))
+        return Image.alpha_composite(background, image.convert("RGBA")).convert("RGB")
+    return image
+
+
+def image_convert_fields(channels: int) -> dict[str, str]:
+    """The conversion as the manifest's ``input.convert`` section (``artifact.contract.ImageConvert`` fields)."""
+    return {"color": "L" if channels == 1 else "RGB", "resize": RESIZE, "note": IMAGE_CONVERSION}

@@ -1,0 +1,1 @@
+"""Stage ``distil``: the frozen teacher, the DIRECTOR objective and the distillation loop."""

@@ -1,0 +1,317 @@
+"""Renders the evaluation JSON as ``docs/results/<task>.md`` with its plots. Every sentence that compares
+methods is computed from the numbers, so a rerun cannot leave stale prose behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.evaluate.plots import domain_shift_plot, reliability_grid, shift_plot, sweep_plot
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.2f}"
+
+
+def _ci(block: dict[str, Any]) -> str:
+    low, high = block["ece_ci95"]
+    return f"{pct(block['ece'])} [{pct(low)}, {pct(high)}]"
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.1f}"
+
+
+def main_table(results: dict[str, Any]) -> list[str]:
+    costs = results.get("cost")
+    head = ("| method | S | acc % [95% CI] | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC "
+            "| misclass. AUROC |")
+    if costs:
+        head += " weights (x) | latency ms (x) | peak MiB (x) |"
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for key, r in results["test_and_ood"].items():
+        t = r["test"]
+        acc = pct(t["accuracy"]) + (f" [{pct(t['accuracy_ci95'][0])}, {pct(t['accuracy_ci95'][1])}]"
+                                     if "accuracy_ci95" in t else "")
+        row = (f"| {r['label']} | {r['n_samples']} | {acc} | {t['nll']:.4f} | {t['brier']:.4f} "
+               f"| {_ci(t)} | {pct(t['adaptive_ece'])} | {pct(t['mce'])} | {t['aurc']:.4f} "
+               f"| {t['misclassification_auroc']:.4f} |")
+        if costs:
+            c = costs[key]
+            row += (f" {c['parameters']:,} ({c['parameters_ratio']:.1f}) | {c['latency_ms']:.2f} "
+                    f"({c['latency_ms_ratio']:.1f}) | {_mib(c['peak_memory_bytes'])} "
+                    f"({c['peak_memory_bytes_ratio']:.1f}) |")
+        lines.append(row)
+    return lines
+
+
+def paired_table(results: dict[str, Any]) -> list[str]:
+    """DIRECTOR minus each baseline on the same test inputs, with paired bootstrap intervals."""
+    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    lines = ["| DIRECTOR method - baseline | accuracy (points) | ECE (points) | NLL |", "| --- | --- | --- | --- |"]
+    for pair, d in results.get("paired", {}).items():
+        a, b = pair.split(" - ")
+        acc, ece, nll = d["accuracy"], d["ece"], d["nll"]
+        lines.append(f"| {labels[a]} - {labels[b]} | {100 * acc['difference']:+.2f} [{100 * acc['ci95'][0]:+.2f}, "
+                     f"{100 * acc['ci95'][1]:+.2f}] | {100 * ece['difference']:+.2f} [{100 * ece['ci95'][0]:+.2f}, "
+                     f"{100 * ece['ci95'][1]:+.2f}] | {nll['difference']:+.4f} [{nll['ci95'][0]:+.4f}, "
+                     f"{nll['ci95'][1]:+.4f}] |")
+    return lines
+
+
+def ood_tables(results: dict[str, Any]) -> list[str]:
+    first = next(iter(results["test_and_ood"].values()))
+    sets = list(first["ood"])
+    selection_set = results.get("ood_validation_set", "sklearn sample-photo patches (OOD validation only)")
+    lines = ["Each method's score is chosen, as the exporter chooses the manifest's, among the scores the server "
+             "computes (from sampled logits: max softmax, predictive entropy, mutual information, energy; for "
+             "DIRECTOR also the kernel error, the kernel's squared error against the backbone's own next state, and "
+             "its standardised combinations with the best logit score) by AUROC on "
+             f"the OOD-validation set ({selection_set}, used for nothing else); then on every reported "
+             "set: AUROC / AUPR-In / AUPR-Out / FPR at 95% TPR (OOD positive, higher score = more OOD; TPR is the "
+             "in-distribution pass rate).", "",
+             "| method | chosen score | " + " | ".join(sets) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in sets) + " |"]
+    for r in results["test_and_ood"].values():
+        cells = []
+        for s in sets:
+            m = r["ood"][s][r["ood_score"]]
+            cells.append(f"{m['auroc']:.3f} / {m['aupr_in']:.3f} / {m['aupr_out']:.3f} / {m['fpr95']:.3f}")
+        lines.append(f"| {r['label']} | {r['ood_score']} | " + " | ".join(cells) + " |")
+    scores = ["max_softmax", "predictive_entropy", "mutual_information", "energy", "mean_logvar", "kernel_error",
+              "combined"]
+    for s in sets:
+        lines += ["", f"AUROC of every score on **{s}** (`-`: undefined for the method, e.g. mutual information "
+                      "at S = 1; the mean log-variance (reported only), the kernel error and the combination chosen "
+                      "among the weights on OOD validation (`combined`) only for DIRECTOR):", "",
+                  "| method | " + " | ".join(scores) + " | mean MI (nats) |",
+                  "| --- | " + " | ".join("---" for _ in scores) + " | --- |"]
+        for r in results["test_and_ood"].values():
+            row = {("combined" if k.startswith("combined") else k): v for k, v in r["ood"][s].items()}
+            cells = [f"{row[n]['auroc']:.3f}" if n in row else "-" for n in scores]
+            lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {row['mean_mutual_information']:.2e} |")
+    return lines
+
+
+def shift_table(results: dict[str, Any]) -> list[str]:
+    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    severities = sorted(next(iter(results["shift"].values()))["by_severity"], key=int)
+    lines = ["| method | " + " | ".join(f"sev {s}: acc / ECE / NLL" for s in severities) + " |",
+             "| --- | " + " | ".join("---" for _ in severities) + " |"]
+    for key, r in results["shift"].items():
+        cells = [f"{pct(r['by_severity'][s]['accuracy'])} / {pct(r['by_severity'][s]['ece'])} / "
+                 f"{r['by_severity'][s]['nll']:.3f}" for s in severities]
+        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def sweep_table(results: dict[str, Any]) -> list[str]:
+    sweep = results["sweep"]
+    counts = sorted(next(iter(sweep.values())), key=int)
+    lines = ["| S | DIRECTOR acc % / ECE % / NLL / ms | MC dropout acc % / ECE % / NLL / ms |", "| --- | --- | --- |"]
+    for s in counts:
+        cells = [f"{pct(sweep[src][s]['accuracy'])} / {pct(sweep[src][s]['ece'])} / {sweep[src][s]['nll']:.4f} / "
+                 f"{sweep[src][s]['latency_ms']:.2f}" for src in ("director", "mc_dropout")]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def domain_shift_table(results: dict[str, Any]) -> list[str]:
+    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    first = next(iter(results["shift"].values()))
+    domains = list(first["by_domain"])
+    lines = ["| method | " + " | ".join(f"{d} (n={first['by_domain'][d]['n']:,}): acc / ECE / NLL" for d in domains)
+             + " | mean: acc / ECE / NLL |",
+             "| --- | " + " | ".join("---" for _ in domains) + " | --- |"]
+    for key, r in results["shift"].items():
+        cells = [f"{pct(e['accuracy'])} / {pct(e['ece'])} / {e['nll']:.3f}"
+                 for e in [*(r["by_domain"][d] for d in domains), r["mean"]]]
+        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def shifted(result: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """The hardest shift a method's shift result holds: the top severity, or the mean over text domains."""
+    if "by_domain" in result:
+        return "on the shifted domains (mean)", result["mean"]
+    sev = max(result["by_severity"], key=int)
+    return f"at severity {sev}", result["by_severity"][sev]
+
+
+def variance_table(results: dict[str, Any]) -> list[str]:
+    """The kernel's squared error against the backbone's next state beside its predicted variance, per set."""
+    if "variance" not in results:
+        return [PENDING]
+    lines = ["Per input, averaged over the diffused steps along the backbone's own trajectory, tokens and features: "
+             "the kernel's squared mean error against the backbone's next state and its predicted variance (without "
+             "the noise temperature). Spearman: their rank correlation over the set's inputs. AUROC against the test "
+             "split: the error's is what a variance head that predicted the error exactly would reach as an OOD score.",
+             "", "| set | mean squared error | mean predicted variance | Spearman | AUROC of the error | "
+             "AUROC of the variance |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, e in results["variance"].items():
+        spearman = "-" if e["spearman"] is None else f"{e['spearman']:.3f}"
+        aurocs = [f"{e[k]:.3f}" if k in e else "-" for k in ("auroc_error", "auroc_variance")]
+        lines.append(f"| {name} | {e['mean_error']:.3e} | {e['mean_variance']:.3e} | {spearman} | "
+                     + " | ".join(aurocs) + " |")
+    return lines
+
+
+def auroc_cell(entry: dict[str, Any], key: str) -> str:
+    """An AUROC of the ablation table; ``-`` where the evaluation that wrote it did not measure it."""
+    return f"{entry[key]:.3f}" if key in entry else "-"
+
+
+def ablation_table(results: dict[str, Any]) -> list[str]:
+    ab = results["ablations"]
+    if not ab["ablation"] and not ab["seed"]:
+        return ["Not run in this evaluation (`evaluate.ablations` and `evaluate.distil_seeds` were empty)."]
+    sets = [k.removeprefix("mi_") for k in next(iter({**ab["ablation"], **ab["seed"]}.values())) if k.startswith("mi_")]
+    samples = results["settings"]["samples"]
+    scores = {"mi": "MI", "max_softmax": "max-softmax", "energy": "energy"}
+    head = (f"| variant | depth K | observed variance | tau | epochs | acc % (S={samples}) | acc % (S=1) | ECE % | NLL "
+            "| mean MI test | " + " | ".join(f"{label} AUROC {s}" for label in scores.values() for s in sets) + " |")
+    lines = [head, "| " + " | ".join("---" for _ in range(10 + len(scores) * len(sets))) + " |"]
+    for group in ("ablation", "seed"):
+        for name, e in ab[group].items():
+            lines.append(f"| {name} | {e.get('depth') or '-'} | {e['observed_variance']} | {e['tau']} | {e['epochs']} "
+                         f"| {pct(e['accuracy'])} | "
+                         f"{pct(e['accuracy_s1'])} | {pct(e['ece'])} | {e['nll']:.4f} | "
+                         f"{e['mean_mutual_information']:.2e} | "
+                         + " | ".join(auroc_cell(e, f"auroc_{score}_{s}") for score in scores for s in sets) + " |")
+    ms = ab.get("seed_mean_std")
+    if ms is None:
+        return lines
+    if len(ab["seed"]) < 2:
+        return [*lines, "", "Distillation seeds: only the main run so far, so no spread yet; the extra seeds of "
+                "`evaluate.distil_seeds` train (full recipe, cached) when that list is non-empty."]
+    lines += ["", f"Distillation seeds ({len(ab['seed'])} runs, full recipe): accuracy "
+                  f"{pct(ms['accuracy']['mean'])} +- {pct(ms['accuracy']['std'])} %, ECE {pct(ms['ece']['mean'])} "
+                  f"+- {pct(ms['ece']['std'])} %, NLL {ms['nll']['mean']:.4f} +- {ms['nll']['std']:.4f}, S=1 accuracy "
+                  f"{pct(ms['accuracy_s1']['mean'])} +- {pct(ms['accuracy_s1']['std'])} %, mean MI "
+                  f"{ms['mean_mutual_information']['mean']:.2e} +- {ms['mean_mutual_information']['std']:.2e} nats."]
+    return lines
+
+
+PENDING = ("Not run: this stage is not in this run's `evaluate.stages` (the config's list, or `--set` on the "
+           "command line); add it there to fill this section.")
+
+
+def findings(results: dict[str, Any]) -> list[str]:
+    """Computed comparisons of DIRECTOR at the default S against the baselines."""
+    rows = results["test_and_ood"]
+    s = results["settings"]["samples"]
+    d = rows[f"director_s{s}"]
+    out = []
+    for key in ("deterministic", "temperature_scaling", "mc_dropout", "ensemble"):
+        b = rows[key]
+        dl, dh = d["test"]["ece_ci95"]
+        bl, bh = b["test"]["ece_ci95"]
+        if dh < bl:
+            verdict = "lower, with disjoint intervals"
+        elif bh < dl:
+            verdict = "higher, with disjoint intervals"
+        else:
+            verdict = "intervals overlap"
+        ood_d = sum(d["ood"][k][d["ood_score"]]["auroc"] for k in d["ood"]) / len(d["ood"])
+        ood_b = sum(b["ood"][k][b["ood_score"]]["auroc"] for k in b["ood"]) / len(b["ood"])
+        parts = [f"ECE {pct(d['test']['ece'])}% vs {pct(b['test']['ece'])}% ({verdict})",
+                 f"accuracy {pct(d['test']['accuracy'])}% vs {pct(b['test']['accuracy'])}%",
+                 f"NLL {d['test']['nll']:.4f} vs {b['test']['nll']:.4f}",
+                 f"mean OOD AUROC (own chosen score) {ood_d:.3f} vs {ood_b:.3f}"]
+        if "shift" in results:
+            where, ours = shifted(results["shift"][f"director_s{s}"])
+            parts.append(f"ECE {where} {pct(ours['ece'])}% vs {pct(shifted(results['shift'][key])[1]['ece'])}%")
+        if "cost" in results:
+            parts.append(f"latency {results['cost'][f'director_s{s}']['latency_ms']:.2f} vs "
+                         f"{results['cost'][key]['latency_ms']:.2f} ms")
+        out.append(f"- vs {b['label']}: " + "; ".join(parts) + ".")
+    return out
+
+
+def _shift_cut(settings: dict[str, Any]) -> str:
+    n = settings.get("shift_texts")
+    return f"; each domain cut to {n:,} sentences drawn under the seed" if n else ""
+
+
+def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], labels: torch.Tensor, out_dir: Path,
+                     command: str) -> Path:
+    """The page; a stage missing from ``results`` (not in ``evaluate.stages``) is marked pending."""
+    task = results["task"]
+    labels_by_key = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    reliability = reliability_grid(probs, labels, out_dir / f"{task}-reliability.png")
+    first = next(iter(results["test_and_ood"].values()))["test"]
+    st = results["settings"]
+    binning = "; ".join(f"{k}: {v}" for k, v in results["binning"].items())
+    cost_note = ("Costs are measured in the same run on this machine: weights are the stored parameters and buffers "
+                 "(embedding tables included); latency is one input per forward at the "
+                 "method's S (median), peak memory the rise of resident memory during one forward of "
+                 f"{st['latency_images']} inputs in a fresh process; (x) is the ratio to the deterministic backbone; "
+                 "1-minute load average during the timings: "
+                 f"{results['load_average_1m'].get('cost', float('nan')):.2f} on {os.cpu_count()} cores. "
+                 if "cost" in results else "Costs: " + PENDING + " ")
+    lines = [
+        f"# {task}: uncertainty methods compared", "",
+        f"Produced {results['date']} from commit `{results['git_commit']}` (torch {results['torch']}, "
+        f"{results['threads']} CPU threads) with:", "", "```bash", command, "```", "",
+        "Every number below is in the JSON beside this page. Trained baselines, ablation kernels and sampled "
+        "logits are cached under the run folder, so the command resumes and a rerun only re-renders. "
+        f"Stage times: {', '.join(f'{k} {v / 60:.1f} min' for k, v in results['seconds'].items())}.", "",
+        f"## Test split ({first['n']:,} {results.get('unit', 'images')})", "",
+        f"Calibration binning: {binning}. ECE interval: 95% percentile bootstrap ({st['bootstrap']} resamples); "
+        "binned ECE is biased upward under resampling, so for a well-calibrated method the interval can sit above "
+        "the point estimate: compare methods by their intervals, not their third digit. "
+        + cost_note + "Temperatures are fitted on the validation split; the noise temperature scales every DIRECTOR "
+        f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}.", "",
+        *main_table(results), "", f"![reliability]({reliability.name})", "",
+        "### Where DIRECTOR (default S) stands", "", *findings(results), "",
+        *(["### DIRECTOR against each baseline, paired", "",
+            f"Differences on the same test inputs; 95% intervals from {st['bootstrap']} paired bootstrap resamples "
+            "(an interval that excludes 0 is a difference this test split can see).", "", *paired_table(results), ""]
+          if results.get("paired") else []),
+        "## Out-of-distribution detection", "", *ood_tables(results), "",
+        "### Does DIRECTOR's predicted variance follow its own error?", "", *variance_table(results), "",
+    ]
+    text_shift = "shift" in results and "by_domain" in next(iter(results["shift"].values()))
+    if text_shift:
+        shift = domain_shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
+        lines += ["## Shift: other domains of the same corpus", "",
+                  "Sentences from other sources, labelled by the same rule as the training data (mean human rating "
+                  f"above +0.5 positive, below -0.5 negative){_shift_cut(st)}.", "",
+                  *domain_shift_table(results), "", f"![shift]({shift.name})", ""]
+    elif "shift" in results:
+        lines += [f"## Shift: corrupted test images ({st['corruption_images']} per type and severity, mean over the "
+                  "types)", ""]
+        shift = shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
+        lines += ["Types: " + ", ".join(next(iter(results["shift"].values()))["by_type"]) + ". Per type in the JSON.",
+                  "", *shift_table(results), "", f"![shift]({shift.name})", ""]
+    else:
+        lines += ["## Shift", "", PENDING, ""]
+    lines += ["## ECE against latency over sample counts", ""]
+    if "sweep" in results:
+        sweep = sweep_plot(results["sweep"], out_dir / f"{task}-ece-latency.png")
+        lines += [f"S-sample figures use the first S of the same {results['test_draws']} test draws per input; "
+                  "latency is one input per forward (1-minute load average during these timings: "
+                  f"{results['load_average_1m']['sweep']:.2f} on {os.cpu_count()} cores).", "",
+                  *sweep_table(results), "", f"![ece-latency]({sweep.name})", ""]
+    else:
+        lines += [PENDING, ""]
+    lines += ["## Ablations", ""]
+    if "ablations" in results:
+        lines += [f"Variants train {st['ablation_epochs']} distillation epochs from the same frozen backbone (`both` "
+                  "is the reference at that budget); tau is the main run's except in the tau variants and the depth "
+                  "variants (selected again for each K); `floor` uses "
+                  "only the per-step floor as observed variance; `unlabeled` adds one perturbed copy of every training "
+                  "input and `corpus` also the sentences of an unlabeled corpus (Debian package descriptions), both "
+                  "distilled against the teacher's outputs. AUROC columns: mutual information, max softmax and "
+                  "energy as the OOD score, test split vs the set. Seed rows use the full recipe. Every row is "
+                  "measured on the first "
+                  f"{results['ablations'].get('test_inputs', first['n']):,} test {results.get('unit', 'images')} at "
+                  f"S = {st['samples']}.", "", *ablation_table(results), ""]
+    else:
+        lines += [PENDING, ""]
+    page = out_dir / f"{task}.md"
+    page.write_text("\n".join(lines))
+    return page

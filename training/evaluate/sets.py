@@ -1,0 +1,131 @@
+"""The input sets of an evaluation, per modality: validation and test splits, the reported OOD sets, the
+OOD-validation set (score choice only) and the shifted sets, all as splits (``Split`` of images or
+``TokenSplit`` of tokenised texts) so the evaluation samples and scores them alike.
+
+Images (Fashion-MNIST): OOD uniform noise, upsampled sklearn digits and rendered letters; OOD validation sklearn
+photo patches; shift the corrupted test subsets (type x severity). Texts (movie reviews): OOD quotes of the Debian
+``fortunes`` package and Python standard-library docstrings; OOD validation Debian software-licence sentences; shift
+the tweets, NYT editorial and Amazon review sentences of the same corpus (one level each: a domain, not a severity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from training.config import PipelineConfig
+from training.data.corruptions import CORRUPTIONS, corrupt, corruption_seed, corruption_subset
+from training.data.images import (
+    Dataset,
+    ForwardArgs,
+    Split,
+    digits_images,
+    letter_images,
+    photo_patch_images,
+    uniform_noise_images,
+)
+from training.data.tokens import TEXT_OOD_SELECTION_SET, TokenDataset, encode, load_run_tokenizer, text_ood_splits
+from training.export.served_statistics import IMAGE_OOD_SELECTION_SET
+from training.loading import AnySplit, load_data
+
+
+@dataclass(frozen=True)
+class ShiftSet:
+    group: str  # corruption type or text domain
+    level: int | None  # corruption severity; None for a domain
+    set_name: str  # logit-cache key
+    split: AnySplit
+
+
+@dataclass
+class EvalInputs:
+    val: AnySplit
+    test: AnySplit
+    ood: dict[str, AnySplit]  # reported OOD sets
+    ood_validation: AnySplit  # picks the OOD score; none of the reported sets
+    ood_validation_name: str
+    unit: str  # "images" | "texts"
+
+    def singles(self, split: AnySplit, n: int) -> list[ForwardArgs]:
+        """The first ``n`` inputs of ``split``, each as a batch of one."""
+        return [split.forward_args(torch.tensor([i])) for i in range(min(n, len(split)))]
+
+
+def unlabelled(images: torch.Tensor) -> Split:
+    return Split(images, torch.zeros(images.shape[0], dtype=torch.long))
+
+
+def image_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:
+    ev, seed = cfg.evaluate, cfg.seed
+    assert isinstance(data, Dataset)
+    shape = tuple(int(s) for s in data.test.images.shape[1:])
+    ood = {"uniform_noise": unlabelled(uniform_noise_images(ev.ood_images, shape, seed + 1)),
+           "sklearn_digits": unlabelled(digits_images(shape)[: ev.ood_images]),
+           "letters": unlabelled(letter_images(ev.ood_images, shape, seed + 2))}
+    ood_val = unlabelled(photo_patch_images(cfg.export.ood_validation_images, shape, seed))
+    return EvalInputs(data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
+
+
+def text_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    ood, ood_val = text_ood_splits(tokenizer, cfg.text, cfg.evaluate.ood_images, cfg.export.ood_validation_images,
+                                   cfg.seed)
+    return EvalInputs(data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
+
+
+def image_shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
+    """Corrupted test subsets: a fixed subset, the same for every type and severity."""
+    ev, test = cfg.evaluate, inputs.test
+    assert isinstance(test, Split)
+    index = corruption_subset(len(test), min(ev.corruption_images, len(test)), seed=cfg.seed)
+    clean, labels = test.images[index], test.labels[index]
+    out = []
+    for name in ev.corruptions or list(CORRUPTIONS):
+        for severity in ev.severities:
+            images = corrupt(clean, name, severity, corruption_seed(name, severity, cfg.seed))
+            out.append(ShiftSet(name, severity, f"c-{name}-{severity}-n{len(index)}", Split(images, labels)))
+    return out
+
+
+def text_shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
+    """The shifted text domains, each cut to ``evaluate.shift_texts`` sentences drawn under the seed, when set."""
+    from training.data.hub_text import HUB_TEXT_TASKS
+    from training.data.texts import load_shift_sets
+
+    ev = cfg.evaluate
+    task = HUB_TEXT_TASKS.get(cfg.data.dataset)
+    if task is not None and not task.sentiment:
+        raise ValueError(f"the text shift sets are labelled by sentiment and do not apply to {cfg.data.dataset}: "
+                         "leave `shift` out of evaluate.stages")
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    out = []
+    for name, domain in load_shift_sets(cfg.text.data_cache).items():
+        if ev.shift_texts is not None and ev.shift_texts < len(domain):
+            order = torch.randperm(len(domain), generator=torch.Generator().manual_seed(cfg.seed))
+            domain = domain.subset(torch.sort(order[: ev.shift_texts]).values)
+        split = encode(tokenizer, domain.texts, cfg.text.max_characters, domain.labels)
+        out.append(ShiftSet(name, None, f"shift-{name}-n{len(split)}", split))
+    return out
+
+
+@dataclass(frozen=True)
+class EvalSets:
+    """What the evaluation reads for one modality."""
+
+    inputs: Callable[[PipelineConfig, Dataset | TokenDataset], EvalInputs]
+    shift: Callable[[PipelineConfig, EvalInputs], list[ShiftSet]]
+
+
+EVAL_SETS = {"image": EvalSets(image_eval_inputs, image_shift_sets),
+             "text": EvalSets(text_eval_inputs, text_shift_sets)}
+
+
+def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
+    return EVAL_SETS[cfg.modality].inputs(cfg, load_data(cfg))
+
+
+def shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
+    """Corrupted test subsets (images) or the shifted text domains (texts)."""
+    return EVAL_SETS[cfg.modality].shift(cfg, inputs)

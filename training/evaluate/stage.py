@@ -1,0 +1,400 @@
+"""Stage 4: the evaluation table. Every method runs on the same backbone and data; sampled logits
+are cached (``training.evaluate.logit_cache``), trained baselines and ablation kernels are cached checkpoints, so the
+command resumes where it stopped and a rerun only re-renders.
+
+Methods: deterministic backbone, temperature scaling, MC dropout, deep ensemble, DIRECTOR at S = 1 and S,
+DIRECTOR + temperature scaling, DIRECTOR + noise temperature. Sets: validation (fitting only), test, the
+OOD-validation set (score choice only), three reported OOD sets, and the corrupted test subsets.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
+from models.uncertainty import UncertaintySummary, ood_score, summarize
+from training.baselines.models import ensemble_members, member_config
+from training.config import PipelineConfig
+from training.evaluate.ablations import ablation_config, ensure_distilled, seed_config
+from training.evaluate.cost import latencies_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
+from training.evaluate.logit_cache import LogitCache, fingerprint
+from training.evaluate.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
+from training.evaluate.sets import EvalInputs, load_eval_inputs, shift_sets
+from training.evaluate.targets import RESULTS, write_targets
+from training.export.calibration import fit_temperature
+from training.export.ood_selection import ScoreInputs, choose_ood_score
+from training.export.parts import with_teacher
+from training.export.served_statistics import fit_noise_scale
+from training.export.writing import git_commit, json_safe
+from training.loading import (
+    BACKBONE_FILE,
+    DIRECTOR_FILE,
+    AnySplit,
+    load_backbone,
+    load_director,
+    load_view,
+    run_family,
+    split_sampled_logits,
+)
+from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
+from training.ood_metrics import ood_report
+from training.runtime import set_threads
+
+
+@dataclass(frozen=True)
+class Method:
+    key: str  # stable id in the JSON
+    label: str  # name in the tables
+    source: str  # which model's cached logits it reads
+    n_samples: int
+    temperature: float = 1.0
+    family: str = "director"  # deterministic | mc_dropout | ensemble | director
+
+
+@dataclass
+class Source:
+    """A model behind the artifact contract and the fingerprint of what it was built from."""
+
+    model: torch.nn.Module
+    model_id: str
+    draws: int  # samples drawn per input on every set (test draws max(sweep) for the sweep)
+
+
+def summary_of(logits: torch.Tensor, method: Method) -> UncertaintySummary:
+    return summarize(logits[: method.n_samples], method.temperature)
+
+
+class Evaluation:
+    """Holds the input sets, the models and the logit cache of one evaluation run."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.ev = cfg.evaluate
+        self.run_dir = Path(cfg.run_dir)
+        self.inputs: EvalInputs = load_eval_inputs(cfg)
+        self.cache = LogitCache(self.run_dir / "eval" / "logits")
+        self.sources: dict[str, Source] = {}
+
+    # --- models -----------------------------------------------------------------------------------------
+    def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
+        self.sources[name] = Source(model.eval(), model_id, draws)
+
+    def logits(self, source: str, set_name: str, split: AnySplit, draws: int | None = None) -> torch.Tensor:
+        src = self.sources[source]
+        n = draws or src.draws
+        return self.cache.get(src.model_id, set_name, n,
+                              lambda: split_sampled_logits(src.model, split, n,
+                                                           rows_per_forward=self.ev.rows_per_forward))  # [S, N, C]
+
+
+def build_sources(evaluation: Evaluation) -> dict[str, Any]:
+    """The models every method reads from; returns fitted settings (noise scale) for the record."""
+    cfg, ev, run = evaluation.cfg, evaluation.ev, evaluation.run_dir
+    draws_test = max([*ev.sweep_samples, ev.samples])
+    family, _ = run_family(run)  # the same three baseline modules serve every family
+    classifier, contract = family.classifier, family.contract
+    backbone = classifier(load_backbone(run))
+    backbone_id = fingerprint(run / BACKBONE_FILE)
+    evaluation.add_source("deterministic", contract(DeterministicModel(backbone)), f"det-{backbone_id}", 1)
+    evaluation.add_source("mc_dropout", contract(MCDropoutModel(backbone)), f"mcd-{backbone_id}", ev.samples)
+    members = [classifier(m) for m in ensemble_members(cfg, ev.ensemble_members)]
+    member_files = [Path(member_config(cfg, s).run_dir) / BACKBONE_FILE
+                    for s in range(cfg.seed, cfg.seed + ev.ensemble_members)]
+    evaluation.add_source("ensemble", contract(EnsembleModel(members)), f"ens-{fingerprint(*member_files)}",
+                          len(members))
+    director, _ = load_director(run)
+    director = with_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
+    director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
+    evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
+    noisy = copy.deepcopy(director)
+    # the fit samples the validation split once per grid value: keep its result so a rerun samples nothing
+    fits_path = evaluation.run_dir / "eval" / "noise_scale_fits.json"
+    fits = json.loads(fits_path.read_text()) if fits_path.exists() else {}
+    fit_key = f"{director_id}|{ev.noise_scale_grid}|S={ev.samples}|n={cfg.export.threshold_images}|seed={cfg.seed}"
+    if fit_key in fits:
+        scale, nll_by_scale = fits[fit_key]["scale"], fits[fit_key]["val_nll"]
+        noisy.rollout.noise_scale.fill_(scale)
+    else:
+        scale, nll_by_scale = fit_noise_scale(noisy, evaluation.inputs.val.head(cfg.export.threshold_images),
+                                              ev.noise_scale_grid, ev.samples, cfg.seed)
+        fits[fit_key] = {"scale": scale, "val_nll": nll_by_scale}
+        fits_path.write_text(json.dumps(fits, indent=2) + "\n")
+    evaluation.add_source("director_noise", noisy, f"dir-{director_id}-noise{scale}", ev.samples)
+    return {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
+
+
+def build_methods(evaluation: Evaluation) -> list[Method]:
+    """The compared methods; temperatures are fitted on validation NLL of the method's own sampled logits."""
+    ev, val = evaluation.ev, evaluation.inputs.val
+    s, m = ev.samples, ev.ensemble_members
+    det_t = fit_temperature(evaluation.logits("deterministic", "val", val), val.labels)
+    dir_t = fit_temperature(evaluation.logits("director", "val", val), val.labels)
+    return [
+        Method("deterministic", "Deterministic (max softmax)", "deterministic", 1, family="deterministic"),
+        Method("temperature_scaling", f"Temperature scaling (T={det_t:.2f})", "deterministic", 1, det_t,
+               family="deterministic"),
+        Method("mc_dropout", f"MC dropout (S={s})", "mc_dropout", s, family="mc_dropout"),
+        Method("ensemble", f"Deep ensemble (M={m})", "ensemble", m, family="ensemble"),
+        Method("director_s1", "DIRECTOR (S=1)", "director", 1),
+        Method(f"director_s{s}", f"DIRECTOR (S={s})", "director", s),
+        Method(f"director_s{s}_ts", f"DIRECTOR (S={s}) + TS (T={dir_t:.2f})", "director", s, dir_t),
+        Method(f"director_s{s}_noise", f"DIRECTOR (S={s}) + noise temperature", "director_noise", s),
+    ]
+
+
+def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) -> dict[str, Any]:
+    _, low, high = ece_bootstrap(probs, labels, n_boot=n_boot)
+    return {**classification_report(probs, labels), "ece_ci95": [low, high],
+            "accuracy_ci95": accuracy_interval(probs, labels, n_boot), "n": int(labels.shape[0])}
+
+
+def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int, errors: KernelErrors
+                          ) -> dict[str, Any]:
+    """Test-split calibration table and, per OOD set, every reported score of every method; each method's own score is
+    chosen on the OOD-validation set as the exporter chooses the manifest's (``training.export.ood_selection``)."""
+    inputs, ev, seed = evaluation.inputs, evaluation.ev, evaluation.cfg.seed
+    test, ood_sets, ood_val = inputs.test, inputs.ood, inputs.ood_validation
+    director = evaluation.sources["director"].model
+    sets = {"test": test, "val": inputs.val, "ood_val": ood_val, **ood_sets}
+    # DIRECTOR-native: the kernel's squared error against the backbone's own next state (a candidate: the artifact
+    # carries the backbone's last K transitions) and the mean predicted log-variance (reported only)
+    kernel_error = {name: errors(name, split)[:, 0] for name, split in sets.items()}  # name -> [N]
+    logvar = {name: mean_logvar_score(director, split, seed) for name, split in sets.items()}  # name -> [N]
+    results: dict[str, Any] = {}
+    for method in tqdm(methods, desc="test + OOD", leave=False):
+        native = method.family == "director"
+        errors_of = kernel_error if native else None
+
+        def score_inputs(set_name: str, split: AnySplit, draws: int | None = None,
+                         method: Method = method, errors_of: dict[str, torch.Tensor] | None = errors_of
+                         ) -> ScoreInputs:
+            summary = summary_of(evaluation.logits(method.source, set_name, split, draws), method)
+            return ScoreInputs(summary, None if errors_of is None else errors_of[set_name])
+
+        draws = draws_test if method.source in ("director", "mc_dropout") else None
+        test_inputs = score_inputs("test", test, draws)
+        choice = choose_ood_score(score_inputs("val", inputs.val), score_inputs("ood_val", ood_val), method.n_samples)
+        selection = dict(choice.selection_auroc)
+        if native:
+            selection["mean_logvar"] = ood_report(logvar["val"], logvar["ood_val"])["auroc"]
+        per_set = {}
+        for set_name, split in ood_sets.items():
+            set_inputs = score_inputs(set_name, split)
+            row = {label: ood_report(test_inputs.score(c.name, c.terms), set_inputs.score(c.name, c.terms))
+                   for label, c in choice.reported().items()}
+            if native:
+                row["mean_logvar"] = ood_report(logvar["test"], logvar[set_name])
+            row["mean_mutual_information"] = float(set_inputs.summary.mutual_information.mean())
+            per_set[set_name] = row
+        results[method.key] = {
+            "label": method.label, "n_samples": method.n_samples, "temperature": method.temperature,
+            "test": {**calibration_block(test_inputs.summary.probabilities, test.labels, ev.bootstrap),
+                     "mean_mutual_information": float(test_inputs.summary.mutual_information.mean())},
+            "ood_selection_auroc": selection, "ood_score": choice.label, "ood": per_set,
+        }
+    return results
+
+
+def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, Any]:
+    """Accuracy, ECE and NLL per shifted set. Images: per corruption type and severity, and per severity averaged
+    over the types (``by_type``, ``by_severity``); texts: per domain and averaged over the domains (``by_domain``)."""
+    per_method: dict[str, Any] = {m.key: {} for m in methods}
+    for shifted in tqdm(shift_sets(evaluation.cfg, evaluation.inputs), desc="shift", leave=False):
+        for method in methods:
+            summary = summary_of(evaluation.logits(method.source, shifted.set_name, shifted.split), method)
+            report = classification_report(summary.probabilities, shifted.split.labels)
+            entry = {k: report[k] for k in ("accuracy", "ece", "nll")}
+            entry["mean_mutual_information"] = float(summary.mutual_information.mean())
+            entry["n"] = len(shifted.split)
+            result = per_method[method.key]
+            if shifted.level is None:
+                result.setdefault("by_domain", {})[shifted.group] = entry
+            else:
+                result.setdefault("by_type", {}).setdefault(shifted.group, {})[str(shifted.level)] = entry
+    for result in per_method.values():
+        if "by_domain" in result:
+            result["mean"] = mean_entry(list(result["by_domain"].values()))
+            continue
+        result["by_severity"] = {str(severity): mean_entry([by_level[str(severity)]
+                                                            for by_level in result["by_type"].values()])
+                                 for severity in evaluation.ev.severities}
+    return per_method
+
+
+def mean_entry(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k != "n"}
+
+
+def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) -> dict[str, Any]:
+    """Parameters, latency per input (batch of one) and peak memory per method, and ratios to deterministic.
+    Text models are measured as pickled eager modules (the baselines hold transformers modules, which do not
+    script; DIRECTOR is measured the same way so the ratios compare like with like)."""
+    ev, inputs, cfg = evaluation.ev, evaluation.inputs, evaluation.cfg
+    scriptable = run_family(evaluation.run_dir)[0].scriptable
+    singles = inputs.singles(inputs.test, ev.latency_images)
+    batch = inputs.test.first_args(ev.latency_images)
+    keys = list(dict.fromkeys((m.source, m.n_samples) for m in methods))  # [(source, S)] each timed once
+    latencies = latencies_per_input_ms({(src, s): (evaluation.sources[src].model, s) for src, s in keys}, singles,
+                                       ev.latency_repeats)
+    measured: dict[tuple[str, int], dict[str, float]] = {}
+    for source_name, n_samples in tqdm(keys, desc="cost", leave=False):
+        source = evaluation.sources[source_name]
+        path = save_model_file(source.model, folder, source.model_id, scriptable)
+        measured[(source_name, n_samples)] = {
+            "parameters": parameter_count(source.model), "latency_ms": latencies[(source_name, n_samples)],
+            "peak_memory_bytes": peak_memory_bytes(path, batch, n_samples, cfg.threads or 1),
+        }
+    base = measured[("deterministic", 1)]
+    out: dict[str, Any] = {}
+    for method in methods:
+        m = measured[(method.source, method.n_samples)]
+        out[method.key] = {**m, **{f"{k}_ratio": m[k] / max(base[k], 1e-12) for k in m}}
+    return out
+
+
+def evaluate_sweep(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
+    """ECE, NLL and accuracy against latency over sample counts, for DIRECTOR and MC dropout. S-sample
+    estimates are the first S of the cached test draws (draws are i.i.d., so any S of them are an S-draw)."""
+    inputs, ev = evaluation.inputs, evaluation.ev
+    singles = inputs.singles(inputs.test, ev.latency_images)
+    sources = ("director", "mc_dropout")
+    latencies = latencies_per_input_ms({(src, s): (evaluation.sources[src].model, s) for src in sources
+                                        for s in ev.sweep_samples}, singles, ev.latency_repeats)
+    out: dict[str, Any] = {}
+    for source in sources:
+        logits = evaluation.logits(source, "test", inputs.test, draws_test)  # [S_max, N, C]
+        rows = {}
+        for s in ev.sweep_samples:
+            report = classification_report(summarize(logits[:s]).probabilities, inputs.test.labels)
+            rows[str(s)] = {"accuracy": report["accuracy"], "ece": report["ece"], "nll": report["nll"],
+                            "latency_ms": latencies[(source, s)]}
+        out[source] = rows
+    return out
+
+
+def evaluate_ablations(evaluation: Evaluation) -> dict[str, Any]:
+    """Each ablation variant (and each extra distillation seed) on the test split at S and S = 1."""
+    cfg, ev = evaluation.cfg, evaluation.ev
+    test = evaluation.inputs.test.head(ev.ablation_inputs)
+    test_name = "test" if len(test) == len(evaluation.inputs.test) else f"test-n{len(test)}"
+    ood_sets = evaluation.inputs.ood
+    variants: list[tuple[str, str, PipelineConfig]] = [("ablation", name, ablation_config(cfg, name))
+                                                      for name in ev.ablations]
+    variants += [("seed", f"seed{s}", seed_config(cfg, s)) for s in [cfg.seed, *ev.distil_seeds]]
+    out: dict[str, Any] = {"ablation": {}, "seed": {}, "test_inputs": len(test)}
+    if not ev.ablations and not ev.distil_seeds:
+        return out  # the main run alone says nothing about seed variance: report no ablations at all
+    for group, name, variant in tqdm(variants, desc="ablations", leave=False):
+        run = ensure_distilled(cfg, variant)
+        director, payload = load_director(run)
+        model_id = f"dir-{fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)}"
+        evaluation.add_source(model_id, director, model_id, ev.samples)
+        logits = evaluation.logits(model_id, test_name, test)
+        summary = summarize(logits)
+        entry = {k: v for k, v in classification_report(summary.probabilities, test.labels).items()
+                 if k in ("accuracy", "ece", "nll", "brier")}
+        entry["accuracy_s1"] = classification_report(summarize(logits[:1]).probabilities, test.labels)["accuracy"]
+        entry["mean_mutual_information"] = float(summary.mutual_information.mean())
+        entry["tau"] = payload["tau"]
+        entry["depth"] = payload.get("depth")
+        entry["observed_variance"] = payload["observed_variance"]
+        entry["epochs"] = len(payload["history"])
+        for set_name, split in ood_sets.items():
+            ood = summarize(evaluation.logits(model_id, set_name, split))
+            entry[f"mi_{set_name}"] = float(ood.mutual_information.mean())
+            entry[f"auroc_mi_{set_name}"] = ood_report(summary.mutual_information, ood.mutual_information)["auroc"]
+            for score in ("max_softmax", "energy"):  # what the served OOD scores make of the variant
+                entry[f"auroc_{score}_{set_name}"] = ood_report(ood_score(summary, score),
+                                                                ood_score(ood, score))["auroc"]
+        out[group][name] = entry
+    seeds = list(out["seed"].values())
+    if not seeds:
+        return out
+    out["seed_mean_std"] = {k: {"mean": float(torch.tensor([s[k] for s in seeds]).mean()),
+                                "std": float(torch.tensor([s[k] for s in seeds]).std()) if len(seeds) > 1 else 0.0}
+                            for k in ("accuracy", "ece", "nll", "accuracy_s1", "mean_mutual_information")}
+    return out
+
+
+def paired_differences(methods: list[Method], probs: dict[str, torch.Tensor], labels: torch.Tensor, n_boot: int,
+                       seed: int) -> dict[str, dict[str, Any]]:
+    """Every DIRECTOR method minus every baseline on the test split (accuracy, ECE, NLL) with paired bootstrap
+    intervals, keyed ``"<director key> - <baseline key>"``."""
+    directors = [m for m in methods if m.family == "director"]
+    baselines = [m for m in methods if m.family != "director"]
+    return {f"{d.key} - {b.key}": paired_bootstrap(probs[d.key], probs[b.key], labels, n_boot, seed)
+            for d in directors for b in baselines}
+
+
+Stage = Callable[[], Any]
+
+
+def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
+    """Run (or resume) the whole evaluation and write ``docs/results/<task>.{md,json}`` and the plots."""
+    from training.evaluate.page import write_evaluation
+
+    start = time.perf_counter()
+    set_threads(cfg.threads)
+    evaluation = Evaluation(cfg)
+    fitted = build_sources(evaluation)
+    errors = KernelErrors(evaluation.sources["director"].model, load_view(evaluation.run_dir))
+    methods = build_methods(evaluation)
+    draws_test = fitted["draws_test"]
+    results: dict[str, Any] = {
+        "task": cfg.evaluate.task, "config": cfg.source, "git_commit": git_commit(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "torch": torch.__version__,
+        "threads": cfg.threads, "binning": BINNING, "settings": asdict(cfg.evaluate),
+        "noise_scale": fitted["noise_scale"], "noise_scale_val_nll": fitted["noise_scale_val_nll"],
+        "test_draws": draws_test, "modality": cfg.modality, "unit": evaluation.inputs.unit,
+        "ood_validation_set": evaluation.inputs.ood_validation_name,
+        "methods": [asdict(m) for m in methods],
+    }
+    stages: list[tuple[str, Stage]] = [
+        ("test_and_ood", lambda: evaluate_test_and_ood(evaluation, methods, draws_test, errors)),
+        ("shift", lambda: evaluate_shift(evaluation, methods)),
+        ("sweep", lambda: evaluate_sweep(evaluation, draws_test)),
+        ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),
+        ("ablations", lambda: evaluate_ablations(evaluation)),
+        ("variance", lambda: variance_report(errors, evaluation.inputs.test, evaluation.inputs.ood)),
+    ]
+    unknown = set(cfg.evaluate.stages) - {name for name, _ in stages}
+    if unknown or "test_and_ood" not in cfg.evaluate.stages:
+        raise ValueError(f"evaluate.stages must include test_and_ood and name only {[n for n, _ in stages]}, "
+                         f"got {cfg.evaluate.stages}")
+    for name, stage in stages:
+        if name not in cfg.evaluate.stages:
+            continue
+        t0 = time.perf_counter()
+        print(f"evaluate: {name}")
+        results[name] = stage()
+        results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        # other work on the machine inflates the latencies: record how busy it was
+        results.setdefault("load_average_1m", {})[name] = os.getloadavg()[0]
+    test = evaluation.inputs.test
+    probs = {m.key: summary_of(evaluation.logits(m.source, "test", test,
+                                                  draws_test if m.source in ("director", "mc_dropout") else None),
+                               m).probabilities for m in methods}
+    results["paired"] = paired_differences(methods, probs, test.labels, cfg.evaluate.bootstrap, cfg.seed)
+    results["seconds"]["total"] = round(time.perf_counter() - start, 1)
+    out_dir = Path(cfg.export.docs_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{cfg.evaluate.task}.json"
+    json_path.write_text(json.dumps(json_safe(results), indent=2, allow_nan=False) + "\n")
+    labelled = {m.label: probs[m.key] for m in methods}
+    page = write_evaluation(results, labelled, test.labels, out_dir,
+                            command or f"python -m training evaluate --config {cfg.source}")
+    print(f"wrote {page} and {json_path} in {results['seconds']['total'] / 60:.1f} min")
+    if out_dir.resolve() == RESULTS.resolve():  # the project's own results: the targets page follows them
+        print(f"wrote {write_targets()}")
+    return page

@@ -1,0 +1,185 @@
+"""Issue 12's targets checked against the pipeline's own results: ``python -m training.evaluate.targets``.
+
+Reads what `make evaluate` / `make text-evaluate` wrote (``docs/results/<task>.json``), the served artifact's manifest
+(its default sample count S) and the serving benchmark's budget run (``docs/benchmarks.json``), and writes
+``docs/results/targets.md``: every target with DIRECTOR's figure, the reference it is held against and whether it is
+met. Nothing is measured here; a target whose result is missing is reported as not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path("docs/results")
+REPOSITORY = Path("model_repository")
+BENCHMARK = Path("docs/benchmarks.json")
+DETERMINISTIC = "deterministic"
+BASELINES = ("deterministic", "temperature_scaling", "mc_dropout", "ensemble")
+
+
+@dataclass(frozen=True)
+class TaskTargets:
+    task: str  # docs/results/<task>.json
+    model: str  # the served DIRECTOR: model_repository/<model>/<version>/
+    version: int
+    make: str  # the command that writes the task's results
+    accuracy_margin: float  # accuracy >= the backbone's - margin (a fraction)
+    shift_margin: float  # accuracy under shift >= the backbone's - margin: every severity (images), the mean (texts)
+    ood_reference: str  # "best baseline" (the best AUROC of BASELINES on each set) or "backbone"
+    ece_at_most_temperature_scaling: bool
+    latency_ratio: float = 3.0  # the default S at <= this times the backbone's latency
+    budget_ratio: float | None = None  # S=16 under the p99 budget >= this times the deterministic model's rate
+
+
+# the version whose run the task's evaluation measured (its manifest gives the default S)
+TARGETS = (
+    TaskTargets("fashion-mnist", "fashion-vit", 3, "make evaluate", 0.003, 0.005, "best baseline", False, 3.0, 0.3),
+    TaskTargets("movie-reviews", "movie-reviews-minilm", 3, "make text-evaluate", 0.005, 0.01, "backbone", True),
+)
+
+
+@dataclass
+class Check:
+    target: str
+    director: str
+    reference: str
+    met: bool | None  # None: not measured
+
+    def row(self) -> str:
+        verdict = {True: "met", False: "**missed**", None: "not measured"}[self.met]
+        return f"| {self.target} | {self.director} | {self.reference} | {verdict} |"
+
+
+def at_least(value: float, bound: float) -> bool:
+    """``value >= bound`` up to float rounding (an accuracy exactly at its margin meets it)."""
+    return value >= bound - 1e-9
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.2f}%"
+
+
+def default_samples(spec: TaskTargets, repository: Path) -> int:
+    manifest = json.loads((repository / spec.model / str(spec.version) / "manifest.json").read_text())
+    return int(manifest["sampling"]["default_samples"])
+
+
+def ood_checks(results: dict[str, Any], key: str, spec: TaskTargets) -> list[Check]:
+    """DIRECTOR's AUROC (its own chosen score) against the reference's on every reported OOD set."""
+    methods = results["test_and_ood"]
+    own = methods[key]
+    references = BASELINES if spec.ood_reference == "best baseline" else (DETERMINISTIC,)
+    checks = []
+    for set_name, scores in own["ood"].items():
+        mine = scores[own["ood_score"]]["auroc"]
+        best = max(references, key=lambda m: methods[m]["ood"][set_name][methods[m]["ood_score"]]["auroc"])
+        theirs = methods[best]["ood"][set_name][methods[best]["ood_score"]]["auroc"]
+        checks.append(Check(f"OOD AUROC on {set_name} >= the {spec.ood_reference}'s",
+                            f"{mine:.3f} ({own['ood_score']})",
+                            f"{theirs:.3f} ({methods[best]['label']}, {methods[best]['ood_score']})",
+                            at_least(mine, theirs)))
+    return checks
+
+
+def shift_checks(results: dict[str, Any], key: str, spec: TaskTargets) -> list[Check]:
+    shift = results.get("shift")
+    if not shift or key not in shift:
+        return [Check("accuracy under shift", "-", "-", None)]
+    mine, base = shift[key], shift[DETERMINISTIC]
+    margin = f"- {100 * spec.shift_margin:.1f} point"
+    if "by_severity" in mine:
+        return [Check(f"accuracy under corruption, severity {sev} >= the backbone's {margin}",
+                      pct(mine["by_severity"][sev]["accuracy"]), pct(base["by_severity"][sev]["accuracy"]),
+                      at_least(mine["by_severity"][sev]["accuracy"],
+                               base["by_severity"][sev]["accuracy"] - spec.shift_margin))
+                for sev in sorted(mine["by_severity"], key=int)]
+    return [Check(f"mean shifted-domain accuracy >= the backbone's {margin}", pct(mine["mean"]["accuracy"]),
+                  pct(base["mean"]["accuracy"]),
+                  at_least(mine["mean"]["accuracy"], base["mean"]["accuracy"] - spec.shift_margin))]
+
+
+def budget_check(benchmark: dict[str, Any] | None, spec: TaskTargets) -> list[Check]:
+    if spec.budget_ratio is None:
+        return []
+    target = f"S = 16 under a 50 ms p99 >= {spec.budget_ratio}x the deterministic model's requests per second"
+    rows = (benchmark or {}).get("budget", {}).get("rows", [])
+    rate = {(r["method"], r["n_samples"]): r["max_rps"] for r in rows if r["batching"] == "batching"}
+    if ("director", 16) not in rate or (DETERMINISTIC, 1) not in rate:
+        return [Check(target, "-", "-", None)]
+    ratio = rate[("director", 16)] / rate[(DETERMINISTIC, 1)]
+    return [Check(target, f"{rate[('director', 16)]:.1f} rps ({ratio:.2f}x)", f"{rate[(DETERMINISTIC, 1)]:.1f} rps",
+                  at_least(ratio, spec.budget_ratio))]
+
+
+def task_checks(spec: TaskTargets, results: dict[str, Any], samples: int, benchmark: dict[str, Any] | None
+                ) -> list[Check]:
+    key = f"director_s{samples}"
+    test = {name: entry["test"] for name, entry in results["test_and_ood"].items()}
+    mine, base = test[key], test[DETERMINISTIC]
+    checks = [Check(f"accuracy >= the backbone's - {100 * spec.accuracy_margin:.1f} point", pct(mine["accuracy"]),
+                    pct(base["accuracy"]), at_least(mine["accuracy"], base["accuracy"] - spec.accuracy_margin))]
+    if spec.ece_at_most_temperature_scaling:
+        ts = test["temperature_scaling"]
+        checks.append(Check("ECE <= temperature scaling's", pct(mine["ece"]), pct(ts["ece"]),
+                            at_least(ts["ece"], mine["ece"])))
+    checks += shift_checks(results, key, spec)
+    checks += ood_checks(results, key, spec)
+    cost = results.get("cost", {})
+    if key in cost:
+        ratio = cost[key]["latency_ms_ratio"]
+        checks.append(Check(f"latency at the default S <= {spec.latency_ratio:g}x the backbone's",
+                            f"{cost[key]['latency_ms']:.2f} ms ({ratio:.1f}x)",
+                            f"{cost[DETERMINISTIC]['latency_ms']:.2f} ms", at_least(spec.latency_ratio, ratio)))
+    return checks + budget_check(benchmark, spec)
+
+
+def render(sections: list[tuple[TaskTargets, int, dict[str, Any], list[Check]]]) -> str:
+    lines = ["# DIRECTOR against its targets", "",
+             "Written by `python -m training.evaluate.targets` from the evaluation results below "
+             "(nothing is measured by it). "
+             "DIRECTOR is the served artifact's default sample count S; OOD uses each method's own chosen score.", ""]
+    for spec, samples, results, checks in sections:
+        missed = sum(c.met is False for c in checks)
+        lines += [f"## {spec.model} version {spec.version} ({spec.task}, S = {samples})", "",
+                  f"From [`{spec.task}.md`]({spec.task}.md) (`{spec.make}`, commit {results.get('git_commit', '?')}, "
+                  f"{results.get('date', '?')}): {len(checks) - missed} of {len(checks)} targets met.", "",
+                  "| target | DIRECTOR | reference | |", "| --- | --- | --- | --- |", *[c.row() for c in checks], ""]
+    return "\n".join(lines)
+
+
+def targets_page(results_dir: Path = RESULTS, repository: Path = REPOSITORY, benchmark: Path = BENCHMARK) -> str:
+    """The page's text, from the results in ``results_dir``, the manifests and the benchmark file."""
+    bench = json.loads(benchmark.read_text()) if benchmark.exists() else None
+    sections = []
+    for spec in TARGETS:
+        path = results_dir / f"{spec.task}.json"
+        if not path.exists():  # that task not evaluated here yet
+            continue
+        results = json.loads(path.read_text())
+        samples = default_samples(spec, repository)
+        sections.append((spec, samples, results, task_checks(spec, results, samples, bench)))
+    return render(sections)
+
+
+def write_targets(results_dir: Path = RESULTS, repository: Path = REPOSITORY, benchmark: Path = BENCHMARK) -> Path:
+    page = results_dir / "targets.md"
+    page.write_text(targets_page(results_dir, repository, benchmark))
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.evaluate.targets", description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--repository", type=Path, default=REPOSITORY)
+    parser.add_argument("--benchmark", type=Path, default=BENCHMARK)
+    args = parser.parse_args(argv)
+    print(f"wrote {write_targets(args.results, args.repository, args.benchmark)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

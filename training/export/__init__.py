@@ -1,0 +1,1 @@
+"""Stage ``export``: script the DIRECTOR module, record what the manifest needs, write the artifact."""

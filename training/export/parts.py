@@ -1,0 +1,180 @@
+"""What each modality contributes to an export (``ExportParts``): its data, how its artifact is built and verified,
+its OOD sets, its manifest ``input`` section and signatures.
+
+Image: OOD validation on sklearn photo patches, reported OOD sets uniform noise and upsampled digits. Text: the
+artifact also ships the run's ``tokenizer.json``; its word table is stored as ``text.table_dtype`` and the adaLN MLPs
+are dropped once folded; OOD validation on Debian software-licence sentences, the reported OOD sets are quotes from
+the Debian ``fortunes`` package and Python standard-library docstrings (``training.data.ood_texts``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from artifact.contract import (
+    ARTIFACT,
+    TOKENIZER,
+    ArtifactInfo,
+    ImageConvert,
+    ImageInput,
+    Padding,
+    TextInput,
+    Truncation,
+)
+from models.text_director import TextDirector
+from training.config import USER_IMAGE_DATASET, PipelineConfig
+from training.data.images import Dataset, Split, digits_images, uniform_noise_images
+from training.data.tokens import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits
+from training.export.ood_selection import computes_kernel_error
+from training.export.served_statistics import IMAGE_OOD_SELECTION_SET
+from training.export.writing import script_and_verify
+from training.families.base import Family
+from training.loading import AnySplit, Director, View
+
+
+@dataclass
+class ExportParts:
+    """What export needs from a modality."""
+
+    data: Dataset | TokenDataset
+    backbone_logits: Callable[[AnySplit], torch.Tensor]  # a split -> the backbone's logits [N, C]
+    build_artifact: Callable[[Director, Path], tuple[torch.nn.Module, torch.jit.ScriptModule]]  # -> (eager, served)
+    reported_ood: dict[str, AnySplit]
+    ood_validation: AnySplit | None  # None: the image default (photo patches)
+    selection_set: str
+    input_section: ImageInput | TextInput
+    signatures: dict[str, str]  # artifact "forward", "sample_rows" and "scored_rows"
+    backbone_description: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)  # extra artifact files: name -> source
+    artifact_details: dict[str, Any] = field(default_factory=dict)
+
+
+def with_teacher(director: Director, view: View) -> Director:
+    """A frozen copy of ``director`` whose rollout carries the backbone's own last K transitions, so that its
+    ``scored_rows`` returns the kernel error, an OOD score the exporter can choose."""
+    scored = copy.deepcopy(director).eval().requires_grad_(False)
+    scored.rollout.set_teacher(copy.deepcopy(view.teacher_steps(scored.rollout.num_steps)).requires_grad_(False))
+    return scored
+
+
+def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module) -> ExportParts:
+    data = family.load_data(cfg)
+    image_shape = tuple(int(s) for s in data.test.images.shape[1:])
+
+    def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
+        artifact_module = family.artifact_module(with_teacher(director, family.view(backbone)), cfg)
+        return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
+
+    labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
+    noise = uniform_noise_images(1000, image_shape, cfg.seed + 1)
+    digits = digits_images(image_shape)
+    return ExportParts(
+        data=data,
+        backbone_logits=lambda split: split.map(backbone, 512),
+        build_artifact=build_artifact,
+        reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
+                      "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
+        ood_validation=None,
+        selection_set=IMAGE_OOD_SELECTION_SET,
+        input_section=ImageInput(
+            channels=image_shape[0], height=image_shape[1], width=image_shape[2], dtype="float32", range=(0.0, 1.0),
+            layout="NCHW",
+            convert=image_convert(cfg, image_shape[0])),
+        signatures={"forward": "forward(pixels: Tensor[B, C, H, W] float32 in [0, 1], n_samples: int) "
+                               "-> Tensor[n_samples, B, num_classes]",
+                    "sample_rows": "sample_rows(pixels, repeats: Tensor[B] int64) "
+                                   "-> Tensor[sum(repeats), num_classes]",
+                    "scored_rows": "scored_rows(pixels, repeats: Tensor[B] int64) "
+                                   "-> (Tensor[sum(repeats), num_classes], kernel error Tensor[B] float32)"},
+        backbone_description=family.describe(backbone, cfg),
+    )
+
+
+def image_convert(cfg: PipelineConfig, channels: int) -> ImageConvert:
+    """How the server turns an uploaded image into the artifact's pixels: the same conversion the data was read with."""
+    color = "L" if channels == 1 else "RGB"
+    if cfg.data.dataset == USER_IMAGE_DATASET:
+        from training.data.sources import IMAGE_CONVERSION
+
+        return ImageConvert(color=color, resize=IMAGE_CONVERSION, note="as the training images were read")
+    return ImageConvert(color=color, resize="bilinear to height x width, aspect ratio not kept",
+                        note="Fashion-MNIST convention: a light object on a dark background")
+
+
+@torch.no_grad()
+def table_effect(director: TextDirector, artifact_module: TextDirector, split: TokenSplit) -> dict[str, float]:
+    """How much storing the word table and the layers in the artifact's dtypes moves the logits, with the noise off."""
+    exact, stored = copy.deepcopy(director).eval(), copy.deepcopy(artifact_module).eval()
+    exact.rollout.noise_scale.fill_(0.0)
+    stored.rollout.noise_scale.fill_(0.0)
+    a = split.map(lambda *args: exact(*args, 1)[0], 64)  # [N, C]
+    b = split.map(lambda *args: stored(*args, 1)[0], 64)  # [N, C]
+    return {"max_abs_logit_change_noise_off": float((a - b).abs().max()),
+            "argmax_agreement_noise_off": float((a.argmax(-1) == b.argmax(-1)).float().mean()), "n": len(split)}
+
+
+def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module) -> ExportParts:
+    from training.data.tokens import TOKENIZER_FILE, load_run_tokenizer, pad_id
+
+    tcfg, ecfg = cfg.text, cfg.export
+    data = family.load_data(cfg)
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    details: dict[str, Any] = {}
+
+    def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
+        artifact_module = family.artifact_module(with_teacher(director, family.view(backbone)), cfg)
+        served = script_and_verify(artifact_module, artifact_module, data.val.first_args(8), path)
+        table = artifact_module.embedding.word_table
+        details["word_table"] = {
+            "dtype": tcfg.table_dtype, "rows": int(table.shape[0]), "dim": int(table.shape[1]),
+            "bytes": table.numel() * table.element_size() + artifact_module.embedding.word_scale.numel() * 4,
+            "layer_dtype": tcfg.layer_dtype,  # the prefix's and the readout's linear layers
+            **table_effect(director, artifact_module, data.val.head(ecfg.threshold_images))}
+        return artifact_module, served
+
+    reported_ood, ood_validation = text_ood_splits(tokenizer, tcfg, cfg.evaluate.ood_images,
+                                                   ecfg.ood_validation_images, cfg.seed)
+    return ExportParts(
+        data=data,
+        backbone_logits=lambda split: split.map(lambda *args: backbone(*args).float(), 256),
+        build_artifact=build_artifact,
+        reported_ood=reported_ood,
+        ood_validation=ood_validation,
+        selection_set=TEXT_OOD_SELECTION_SET,
+        input_section=TextInput(
+            tokenizer=TOKENIZER, max_length=tcfg.max_length, max_characters=tcfg.max_characters,
+            truncation=Truncation(side="right",
+                                  characters="a text is cut to its first max_characters characters before tokenising",
+                                  tokens="tokenizer.json truncates to max_length tokens, special tokens included"),
+            padding=Padding(side="right", pad_id=pad_id(tokenizer),
+                            note="positions are absolute: pad on the right only; attention_mask is 1 for real tokens"),
+            dtype="int64", fields=["input_ids", "attention_mask"]),
+        signatures={"forward": "forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64, "
+                               "n_samples: int) -> Tensor[n_samples, B, num_classes]",
+                    "sample_rows": "sample_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
+                                   "-> Tensor[sum(repeats), num_classes]",
+                    "scored_rows": "scored_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
+                                   "-> (Tensor[sum(repeats), num_classes], kernel error Tensor[B] float32)"},
+        backbone_description=family.describe(backbone, cfg),
+        files={TOKENIZER: Path(cfg.run_dir) / TOKENIZER_FILE},
+        artifact_details=details,
+    )
+
+
+def export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module) -> ExportParts:
+    """What the backbone's family and modality contribute to an export of ``backbone``."""
+    build = {"image": image_export_parts, "text": text_export_parts}[family.modality]
+    return build(cfg, family, backbone)
+
+
+def artifact_info(parts: ExportParts, module: torch.nn.Module) -> ArtifactInfo:
+    """The manifest's ``artifact`` section: the file, its format and signatures, and the module's size."""
+    signatures = {k: v for k, v in parts.signatures.items() if k != "scored_rows" or computes_kernel_error(module)}
+    return ArtifactInfo(file=ARTIFACT, format="torchscript", torch=torch.__version__, **signatures,
+                        parameters=sum(p.numel() for p in module.parameters()), **parts.artifact_details)

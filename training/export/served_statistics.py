@@ -1,0 +1,153 @@
+"""What a manifest records about the artifact that will be served, whatever its method, all measured on validation
+sets (never the test split): the noise temperature, the default sample count, the served temperature, reference
+distributions for drift, and the OOD score with its thresholds per sample count (docs/method.md and
+docs/architecture.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models.uncertainty import UncertaintySummary, summarize
+from training.config import ExportConfig
+from training.data.images import Dataset, Split, photo_patch_images
+from training.data.tokens import TokenDataset
+from training.export.calibration import fit_temperature
+from training.export.ood_selection import KernelErrorCache, OodChoice, ScoreInputs, choose_ood_score
+from training.loading import AnySplit, Director, split_sampled_logits
+from training.metrics import classification_report
+from training.ood_metrics import threshold_at_tpr
+
+QUANTILES = 101  # reference distributions are stored as this many evenly spaced quantiles
+IMAGE_OOD_SELECTION_SET = "sklearn sample-photo patches (OOD validation only)"
+
+
+def sample_split(model: torch.nn.Module, split: AnySplit, n_samples: int, seed: int) -> torch.Tensor:
+    """Sampled logits [S, N, C] of an image or text split under ``seed``."""
+    torch.manual_seed(seed)
+    return split_sampled_logits(model, split, n_samples)  # [S, N, C]
+
+
+def fit_noise_scale(director: Director, split: AnySplit, grid: list[float], n_samples: int, seed: int
+                    ) -> tuple[float, dict[str, float]]:
+    """Noise temperature: the std multiplier minimising validation NLL, set on ``director``'s buffer. A 1-point
+    grid is a choice, not a fit: that value is set (an empty grid keeps 1.0)."""
+    if len(grid) <= 1:
+        scale = float(grid[0]) if grid else 1.0
+        director.rollout.noise_scale.fill_(scale)
+        return scale, {}
+    scores = {}
+    for scale in grid:
+        director.rollout.noise_scale.fill_(scale)
+        probs = summarize(sample_split(director, split, n_samples, seed)).probabilities
+        scores[str(scale)] = classification_report(probs, split.labels)["nll"]
+    best = float(min(scores, key=scores.get))
+    director.rollout.noise_scale.fill_(best)
+    return best, scores
+
+
+def per_input_nll(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """-log p(label) of ``mean_s softmax(z_s / T)`` for every input [N] (logits [S, N, C])."""
+    probs = summarize(logits, temperature).probabilities  # [N, C]
+    return -probs.gather(1, labels[:, None]).squeeze(1).clamp_min(1e-12).log()  # [N]
+
+
+def choose_default_samples(model: torch.nn.Module, split: AnySplit, counts: list[int], reference: int, seed: int
+                           ) -> tuple[int, dict[str, dict[str, float]]]:
+    """The smallest S in ``counts`` whose validation NLL is within noise of S = ``reference``'s: the paired
+    per-input difference NLL_S - NLL_ref has a mean of at most two standard errors. Returns S and the table."""
+    ref = per_input_nll(sample_split(model, split, reference, seed), split.labels)  # [N]
+    table: dict[str, dict[str, float]] = {}
+    for n_samples in sorted(c for c in counts if c <= reference):
+        # another seed: the draws at S are not a prefix of the reference's draws
+        diff = per_input_nll(sample_split(model, split, n_samples, seed + 1), split.labels) - ref  # [N]
+        mean, stderr = float(diff.mean()), float(diff.std() / math.sqrt(diff.shape[0]))
+        table[str(n_samples)] = {"nll": float(ref.mean()) + mean, "minus_reference": mean, "stderr": stderr}
+        if mean <= 2.0 * stderr + 1e-6:  # (plus float rounding: a noise-free model gives equal NLLs)
+            return n_samples, {**table, str(reference): {"nll": float(ref.mean()), "minus_reference": 0.0,
+                                                         "stderr": 0.0}}
+    return reference, table
+
+
+def served_temperature(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, dict[str, float]]:
+    """Temperature scaling of the sampled logits [S, N, C], kept only when it wins on held-out validation: fitted on
+    the first half, it must lower the second half's NLL; then the temperature is refitted on all of it (else 1)."""
+    half = labels.shape[0] // 2
+    t_half = fit_temperature(logits[:, :half], labels[:half])
+    held_out = {"nll_t1": float(per_input_nll(logits[:, half:], labels[half:]).mean()),
+                "nll_fitted": float(per_input_nll(logits[:, half:], labels[half:], t_half).mean()),
+                "temperature_first_half": t_half}
+    if held_out["nll_fitted"] >= held_out["nll_t1"]:
+        return 1.0, held_out
+    return fit_temperature(logits, labels), held_out
+
+
+def reference_section(summary: UncertaintySummary, labels: torch.Tensor, n_samples: int) -> dict[str, Any]:
+    """Validation metrics and the quantiles of confidence, entropy and MI the server's drift gauges compare with."""
+    q = torch.linspace(0, 1, QUANTILES, dtype=torch.float64)
+    report = classification_report(summary.probabilities, labels)
+    deciles = torch.linspace(0.1, 0.9, 9, dtype=torch.float64)
+    return {
+        "split": "validation", "n_samples": n_samples, "n_inputs": int(labels.shape[0]), **report,
+        "quantile_levels": q.tolist(),
+        "confidence_quantiles": torch.quantile(summary.confidence.double(), q).tolist(),
+        "predictive_entropy_quantiles": torch.quantile(summary.predictive_entropy.double(), q).tolist(),
+        "mutual_information_quantiles": torch.quantile(summary.mutual_information.double(), q).tolist(),
+        "confidence_deciles": torch.quantile(summary.confidence.double(), deciles).tolist(),
+    }
+
+
+@dataclass
+class ServedStatistics:
+    """What every manifest needs from the artifact that will be served, whatever its method."""
+
+    reference: dict[str, Any]
+    ood: dict[str, Any]  # the manifest's ``ood`` section
+    choice: OodChoice
+    kernel_errors: KernelErrorCache  # of the served module: "val", "ood_validation" and whatever export adds
+
+
+def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
+                      sample_counts: list[int], default_s: int, seed: int, ood_validation: AnySplit | None = None,
+                      selection_set: str = IMAGE_OOD_SELECTION_SET, temperature: float = 1.0) -> ServedStatistics:
+    """Reference distributions on validation, the OOD score chosen by AUROC on the OOD-validation set
+    (images: sklearn photo patches; none of the reported sets; ``training.export.ood_selection``), and its 95%-TPR
+    threshold per sample count, all under the served ``temperature``."""
+    val_logits = sample_split(served, data.val, default_s, seed)  # [S, Nv, C]
+    val_summary = summarize(val_logits, temperature)
+    reference = reference_section(val_summary, data.val.labels, default_s)
+    if ood_validation is None:
+        image_shape = tuple(int(s) for s in data.val.images.shape[1:])
+        images = photo_patch_images(ecfg.ood_validation_images, image_shape, seed)
+        ood_validation = Split(images, torch.zeros(images.shape[0], dtype=torch.long))
+    kernel_errors = KernelErrorCache(served)
+    val_inputs = ScoreInputs(val_summary, kernel_errors("val", data.val))
+    ood_val_inputs = ScoreInputs(summarize(sample_split(served, ood_validation, default_s, seed), temperature),
+                                 kernel_errors("ood_validation", ood_validation))
+    choice = choose_ood_score(val_inputs, ood_val_inputs, default_s)
+
+    thresholds: dict[str, dict[str, Any]] = {}
+    # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
+    id_subset = data.val.head(ecfg.threshold_images)
+    for n_samples in sample_counts:
+        if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
+            inputs = val_inputs.head(len(id_subset))
+        else:  # the kernel error does not depend on S
+            inputs = ScoreInputs(summarize(sample_split(served, id_subset, n_samples, seed), temperature),
+                                 val_inputs.head(len(id_subset)).kernel_error)
+        rule = choice.rule_at(n_samples)
+        thresholds[str(n_samples)] = {"score": rule.name, "threshold": threshold_at_tpr(inputs.score(rule.name,
+                                                                                                     rule.terms))}
+    default_entry = thresholds[str(default_s)]
+    reference["ood_rate"] = float((val_inputs.score(default_entry["score"], choice.terms) > default_entry["threshold"])
+                                  .float().mean())
+    ood = {"score": choice.chosen.name, "fallback_score": choice.fallback.name, "tpr": 0.95, "thresholds": thresholds,
+           "selection_set": selection_set, "selection_auroc": choice.selection_auroc,
+           "selection_choice": choice.label}
+    if choice.terms:
+        ood["combination"] = [dataclasses.asdict(term) for term in choice.terms]
+    return ServedStatistics(reference, ood, choice, kernel_errors)

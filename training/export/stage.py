@@ -1,0 +1,221 @@
+"""Stage 3: export ``director.ts`` + ``manifest.json`` into the model repository and record the evaluation the
+manifest needs (docs/architecture.md).
+
+The steps: calibrate the sampling on validation (noise temperature, default sample count), build and verify the
+TorchScript artifact, decide the served temperature, measure the served statistics (reference distributions, OOD
+score and thresholds), measure the test split, write the manifest and the results page. ``ExportParts``
+(``training.export.parts``) is what a modality contributes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sampling, Variance, file_digests
+from models.uncertainty import summarize
+from training.config import ExportConfig, PipelineConfig
+from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
+from training.export.calibration import fit_temperature
+from training.export.model_page import write_results
+from training.export.ood_selection import ScoreInputs
+from training.export.parts import ExportParts, artifact_info, export_parts
+from training.export.plots import reliability_diagram
+from training.export.served_statistics import (
+    ServedStatistics,
+    choose_default_samples,
+    fit_noise_scale,
+    sample_split,
+    served_statistics,
+    served_temperature,
+)
+from training.export.writing import git_commit, install_version, staging_dir, write_manifest
+from training.loading import Director, load_backbone, load_director, run_family
+from training.metrics import classification_report, ece_bootstrap
+from training.ood_metrics import auroc
+from training.runtime import set_threads
+
+
+@dataclass
+class SamplingChoice:
+    """How the artifact samples, chosen on validation."""
+
+    noise_scale: float
+    noise_scale_nll: dict[str, float]
+    default_samples: int
+    default_samples_nll: dict[str, dict[str, float]]
+
+
+def calibrate_sampling(director: Director, parts: ExportParts, ecfg: ExportConfig, seed: int) -> SamplingChoice:
+    """The noise temperature (fitted at the reference sample count) and the default S: ``export.default_samples``,
+    or (null) the smallest S whose validation NLL is within noise of the reference's."""
+    val = parts.data.val.head(ecfg.threshold_images)
+    reference = ecfg.default_samples or ecfg.default_samples_reference
+    noise_scale, noise_nll = fit_noise_scale(director, val, ecfg.noise_scale_grid, reference, seed)
+    if ecfg.default_samples is not None:
+        return SamplingChoice(noise_scale, noise_nll, ecfg.default_samples, {})
+    default_s, table = choose_default_samples(director, val, ecfg.sample_counts, reference, seed)
+    return SamplingChoice(noise_scale, noise_nll, default_s, table)
+
+
+def choose_temperature(served: torch.nn.Module, parts: ExportParts, ecfg: ExportConfig, default_s: int, seed: int
+                       ) -> tuple[float, dict[str, float]]:
+    """The served temperature on the sampled logits: kept when it wins on held-out validation (else 1)."""
+    if not ecfg.temperature_scaling:
+        return 1.0, {}
+    val = parts.data.val
+    return served_temperature(sample_split(served, val, default_s, seed + 2), val.labels)
+
+
+def test_block(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+    """Test-split metrics of probabilities [N, C] with a bootstrap interval of the ECE."""
+    _, low, high = ece_bootstrap(probs, labels)
+    report = classification_report(probs, labels)
+    return {**report, "ece_ci95": [low, high], "ece_half_width": (high - low) / 2, "n": int(labels.shape[0])}
+
+
+@dataclass
+class TestFigures:
+    metrics: dict[str, Any]
+    probabilities: dict[str, torch.Tensor]  # method label -> test probabilities [N, C] (the reliability plot)
+    backbone_temperature: float
+
+
+def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts, backbone_parameters: int,
+                 stats: ServedStatistics, default_s: int, temperature: float, seed: int) -> TestFigures:
+    """Backbone, temperature-scaled backbone and the served DIRECTOR on the test split and the reported OOD sets."""
+    data, test = parts.data, parts.data.test
+    labels = test.labels
+    backbone_test = parts.backbone_logits(test)  # [N, C]
+    backbone_t = fit_temperature(parts.backbone_logits(data.val), data.val.labels)
+    test_summary = summarize(sample_split(served, test, default_s, seed), temperature)
+    s1_summary = summarize(sample_split(served, test, 1, seed), temperature)
+    choice, errors = stats.choice, stats.kernel_errors
+    rule, threshold = choice.rule_at(default_s), stats.ood["thresholds"][str(default_s)]["threshold"]
+    test_inputs = ScoreInputs(test_summary, errors("test", test))
+    test_logvar = mean_logvar_score(director, test, seed)
+    ood_metrics: dict[str, Any] = {}
+    for name, split in parts.reported_ood.items():
+        inputs = ScoreInputs(summarize(sample_split(served, split, default_s, seed), temperature), errors(name, split))
+        ood_metrics[name] = {
+            "mean_mutual_information": float(inputs.summary.mutual_information.mean()),
+            "auroc_vs_test": {label: auroc(test_inputs.score(c.name, c.terms), inputs.score(c.name, c.terms))
+                              for label, c in choice.reported().items()},
+            "flagged_rate": float((inputs.score(rule.name, rule.terms) > threshold).float().mean()),
+        }
+        ood_metrics[name]["auroc_vs_test"]["mean_logvar"] = auroc(test_logvar, mean_logvar_score(director, split, seed))
+    probabilities = {"backbone": backbone_test.softmax(-1),
+                     f"backbone + TS (T={backbone_t:.2f})": (backbone_test / backbone_t).softmax(-1),
+                     f"DIRECTOR S={default_s}": test_summary.probabilities}
+    metrics = {
+        "backbone": {**test_block(probabilities["backbone"], labels), "parameters": backbone_parameters},
+        "backbone_temperature_scaled": {**test_block((backbone_test / backbone_t).softmax(-1), labels),
+                                        "temperature": backbone_t},
+        "director_s1": test_block(s1_summary.probabilities, labels),
+        # the served S last: at a default of S = 1 this entry is also director_s1
+        f"director_s{default_s}": {**test_block(test_summary.probabilities, labels),
+                                   "mean_mutual_information": float(test_summary.mutual_information.mean()),
+                                   "flagged_rate": float((test_inputs.score(rule.name, rule.terms) > threshold)
+                                                         .float().mean())},
+        "ood": ood_metrics,
+    }
+    return TestFigures(metrics, probabilities, backbone_t)
+
+
+def reproduce_command(cfg: PipelineConfig, payload: dict[str, Any], backbone_payload: dict[str, Any]) -> str:
+    """How the export is reproduced: the whole pipeline, or (a run rebuilt by ``training.restore_run`` from committed
+    artifacts) the restore and the export."""
+    if "restored" not in payload:
+        return f"python -m training all --config {cfg.source}"
+    return (f"python -m training.restore_run --config {cfg.source} --director {payload['source']} "
+            f"--backbone {backbone_payload['source']}\npython -m training export --config {cfg.source}")
+
+
+def export(cfg: PipelineConfig) -> Path:
+    t_start = time.perf_counter()
+    set_threads(cfg.threads)
+    ecfg = cfg.export
+    run_dir = Path(cfg.run_dir)
+    director, payload = load_director(run_dir)
+    backbone = load_backbone(run_dir)
+    family, backbone_payload = run_family(run_dir)
+    parts = export_parts(cfg, family, backbone)
+    data = parts.data
+    progress = tqdm(total=6, desc="export", leave=False)
+
+    sampling = calibrate_sampling(director, parts, ecfg, cfg.seed)
+    default_s = sampling.default_samples
+    progress.update()
+
+    # TorchScript artifact: adaLN folded into per-step buffers; written to a temporary folder first
+    out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
+    tmp_dir = staging_dir(out_dir)
+    artifact_module, served = parts.build_artifact(director, tmp_dir / ARTIFACT)
+    for name, source in parts.files.items():
+        shutil.copyfile(source, tmp_dir / name)
+    progress.update()
+
+    # the served temperature, reference statistics and the OOD score, from the artifact that will be served
+    temperature, temperature_fit = choose_temperature(served, parts, ecfg, default_s, cfg.seed)
+    served_stats = served_statistics(served, data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
+                                     parts.ood_validation, parts.selection_set, temperature)
+    progress.update()
+    figures = test_figures(served, director, parts, sum(p.numel() for p in backbone.parameters()), served_stats,
+                           default_s, temperature, cfg.seed)
+    diagnostics = split_rollout_trace(director, data.test.head(500), cfg.seed)
+    progress.update()
+
+    depth = director.rollout.num_steps
+    provenance = Provenance(
+        backbone={**parts.backbone_description, "parameters": sum(p.numel() for p in backbone.parameters())},
+        dataset=cfg.data.dataset, config=cfg.source, seed=cfg.seed, git_commit=git_commit(),
+        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        seconds={"fit_backbone": backbone_payload["seconds"], "distil": payload["seconds"],
+                 "export": round(time.perf_counter() - t_start, 1)},
+        test_metrics=figures.metrics,
+        noise_scale_nll=sampling.noise_scale_nll,
+        noise_scale_fit_samples=ecfg.default_samples or ecfg.default_samples_reference,
+        default_samples_nll=sampling.default_samples_nll,
+        temperature_fit=temperature_fit,
+        rollout=diagnostics,
+        step_statistics={k: [float(x) for x in v] for k, v in payload["stats"].items()},
+        distil_history=payload["history"],
+        distil_kept_epoch=payload["kept_epoch"],
+        **({"restored_from": {"director": payload["source"], "backbone": backbone_payload["source"]}}
+           if "restored" in payload else {}),
+    )
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, name=ecfg.name, version=str(ecfg.version), method="director",
+        modality=cfg.modality, labels=list(data.labels), input=parts.input_section,
+        sampling=Sampling(steps=depth, depth=depth, backbone_steps=payload["backbone_steps"],
+                          prefix_transitions=payload["backbone_steps"] - depth, default_samples=default_s,
+                          max_samples=ecfg.max_samples, noise_scale=sampling.noise_scale),
+        variance=Variance(observed_variance=payload["observed_variance"], tau=payload["tau"],
+                          floors=[float(f) for f in payload["floors"]],
+                          tau_selection_accuracy=payload["tau_accuracies"]),
+        temperature=temperature, ood=served_stats.ood, reference=served_stats.reference,
+        artifact=artifact_info(parts, artifact_module), provenance=provenance, files=file_digests(tmp_dir))
+    write_manifest(tmp_dir, manifest)
+    install_version(tmp_dir, out_dir)
+    progress.update()
+    document = manifest.document()
+    (run_dir / "export_report.json").write_text(json.dumps(document, indent=2) + "\n")
+    docs_dir = Path(ecfg.docs_dir)
+    png = reliability_diagram(figures.probabilities, data.test.labels, docs_dir / f"{ecfg.name}-reliability.png")
+    write_results(document, docs_dir, reproduce_command(cfg, payload, backbone_payload), png)
+    progress.update()
+    progress.close()
+    metrics = figures.metrics
+    print(f"exported {out_dir} (depth {depth}, S={default_s}, T={temperature:.3f}, OOD score "
+          f"{served_stats.ood['score']}); test: backbone acc {metrics['backbone']['accuracy']:.4f} "
+          f"ece {metrics['backbone']['ece']:.4f}, DIRECTOR acc {metrics[f'director_s{default_s}']['accuracy']:.4f} "
+          f"ece {metrics[f'director_s{default_s}']['ece']:.4f}")
+    return out_dir

@@ -1,0 +1,110 @@
+"""Writing model-repository artifacts (docs/architecture.md): TorchScript files and the manifest."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from artifact.contract import MANIFEST, Manifest, retired_folder, staging_folder
+from training.data.images import ForwardArgs
+from training.export.ood_selection import computes_kernel_error
+
+
+def script_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
+    """``torch.jit.script`` with its deprecation warning silenced on purpose: TorchScript is the artifact
+    format the product promises; a ``torch.export`` artifact can sit beside it later."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        return torch.jit.script(module)
+
+
+def load_scripted(path: Path) -> torch.jit.ScriptModule:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        return torch.jit.load(str(path), map_location="cpu")
+
+
+def save_scripted(module: torch.jit.ScriptModule, path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
+        torch.jit.save(module, str(path))
+
+
+def git_commit() -> str:
+    """HEAD, with ``-dirty`` when tracked files differ from it. Untracked files do not count: the stages write
+    their own outputs (new model versions, result pages) into the tree while they run."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=5).stdout
+        return out.stdout.strip() + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats replaced by None: strict JSON has no NaN (e.g. an AUROC of a split
+    without errors), and clients such as browsers and FastAPI's encoder reject it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> Path:
+    path = directory / MANIFEST
+    path.write_text(json.dumps(json_safe(manifest.document()), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def staging_dir(out_dir: Path) -> Path:
+    """An empty staging folder (``artifact.contract.staging_folder``) for ``install_version`` to swap in."""
+    tmp_dir = staging_folder(out_dir)
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir(parents=True)
+    return tmp_dir
+
+
+def install_version(tmp_dir: Path, out_dir: Path) -> None:
+    """Swap a staged version in with two renames: a polling server sees it missing for microseconds at most."""
+    if out_dir.exists():
+        retired = retired_folder(out_dir)
+        shutil.rmtree(retired, ignore_errors=True)
+        out_dir.rename(retired)
+        tmp_dir.rename(out_dir)
+        shutil.rmtree(retired)
+    else:
+        tmp_dir.rename(out_dir)
+
+
+def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, probe: ForwardArgs, path: Path,
+                      n_samples: int = 4) -> torch.jit.ScriptModule:
+    """Script ``artifact_module`` to ``path``, load it back and check it matches ``eager`` under one seed on the
+    model inputs ``probe`` ((pixels,) or (ids, mask))."""
+    save_scripted(script_module(artifact_module), path)
+    served = load_scripted(path)
+    torch.manual_seed(0)
+    eager_out = eager(*probe, n_samples)
+    torch.manual_seed(0)
+    served_out = served(*probe, n_samples)
+    if not torch.allclose(eager_out, served_out, atol=1e-4):
+        raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
+    if computes_kernel_error(artifact_module):  # the kernel error, from the artifact's own teacher layers
+        ones = torch.ones(probe[0].shape[0], dtype=torch.long)  # [b]
+        eager_error = artifact_module.scored_rows(*probe, ones)[1]  # [b]
+        served_error = served.scored_rows(*probe, ones)[1]  # [b]
+        if not torch.allclose(eager_error, served_error, rtol=1e-3, atol=1e-7):
+            raise RuntimeError("the scripted artifact's kernel error differs from the eager module's")
+    return served

@@ -1,0 +1,1 @@
+"""Backbone families: what differs between the supported architectures, behind one interface."""

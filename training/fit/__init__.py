@@ -1,0 +1,1 @@
+"""Stage ``fit-backbone``: fit or fine-tune the backbone classifier."""
