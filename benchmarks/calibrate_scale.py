@@ -14,9 +14,9 @@ import csv
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -123,11 +123,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-budget", type=int, default=64 * 2**20, help="distil.start_states_memory_bytes")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks-calibrate.json"))
+    parser.add_argument("--work-dir", type=Path, default=Path("runs/calibrate-scale"),
+                        help="the checkpoint, data, runs and logs (kept, to read after a failure)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        parameters = save_checkpoint(root / "qwen2")
-        runs = [run_size(root, root / "qwen2", size, args) for size in args.sizes]
+    root = args.work_dir
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    parameters = save_checkpoint(root / "qwen2")
+    runs = [run_size(root, root / "qwen2", size, args) for size in args.sizes]
     results = {"command": "python -m benchmarks.calibrate_scale " + " ".join(sys.argv[1:]), "parameters": parameters,
                "shape": QWEN2_100M, "tokens": args.tokens, "threads": args.threads, "cpu_count": os.cpu_count(),
                "memory_budget": args.memory_budget, "torch": torch.__version__, "runs": runs}

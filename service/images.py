@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from models.image_input import IMAGE_FORMATS, convert_image
 from service.errors import ApiError, bad_input, invalid, too_large
-
-FORMATS = ["PNG", "JPEG"]
 
 
 @dataclass
@@ -55,7 +54,7 @@ def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, l
                     budget: PixelBudget | None = None) -> torch.Tensor:
     channels, height, width = shape
     try:
-        image = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
         if image.width * image.height > max_pixels:
             raise too_large(f"{_where(loc)}: image is {image.width}x{image.height} = "
                             f"{image.width * image.height} pixels, the limit is {max_pixels}")
@@ -71,22 +70,7 @@ def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, l
                         f"{max_pixels} pixels") from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise bad_input(f"{_where(loc)}: not a decodable PNG or JPEG image ({type(exc).__name__})") from exc
-    image = _flatten_alpha(image)
-    image = image.convert("L" if channels == 1 else "RGB")
-    if image.size != (width, height):
-        image = image.resize((width, height), Image.Resampling.BILINEAR)
-    array = np.asarray(image, dtype=np.float32) / 255.0  # [H, W] or [H, W, 3]
-    tensor = torch.from_numpy(array.copy())
-    return tensor.unsqueeze(0) if channels == 1 else tensor.permute(2, 0, 1).contiguous()
-
-
-def _flatten_alpha(image: Image.Image) -> Image.Image:
-    if image.mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-    if image.mode in ("RGBA", "LA", "PA"):
-        background = Image.new("RGBA", image.size, (0, 0, 0, 255))
-        return Image.alpha_composite(background, image.convert("RGBA")).convert("RGB")
-    return image
+    return convert_image(image, channels, height, width)  # [C, H, W]
 
 
 def pixels_to_tensor(pixels: Any, shape: tuple[int, int, int], loc: list[str | int]) -> torch.Tensor:

@@ -133,7 +133,12 @@ def prepare_texts(state: AppState, entry: ReadyVersion, texts: list[str], locs: 
     limit = text_limit(state, entry)
     for text, loc in zip(texts, locs, strict=True):
         check_text(text, limit, loc)
-    return tokenize(entry, texts)
+    encoded = tokenize(entry, texts)
+    for text, loc in zip(encoded, locs, strict=True):
+        if text.tokens == 0:  # a tokenizer without special tokens (a decoder's) can read nothing in a text
+            where = ".".join(str(part) for part in loc) if loc else "text"
+            raise invalid(f"{where}: the model's tokenizer reads no token in this text", loc)
+    return encoded
 
 
 def tokenize(entry: ReadyVersion, texts: list[str]) -> list[EncodedText]:

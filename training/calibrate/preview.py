@@ -66,6 +66,12 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         texts, summary = load_text_table(data.root, data.text_column, data.label_column, labels, data.val_fraction,
                                          data.test_fraction, data.split_seed, cfg.text.max_characters, count_tokens,
                                          cfg.text.max_length)
+        for name, split in (("train", texts.train), ("val", texts.val), ("test", texts.test)):
+            empty = [t for t, n in zip(split.texts, count_tokens(split.texts), strict=True) if n == 0]
+            if empty:
+                raise DataError(f"{data.root}: the checkpoint's tokenizer reads no token in {len(empty)} {name} "
+                                f"texts, e.g. {empty[0][:80]!r}; remove them or use the tokenizer the model was "
+                                "trained with")
         inputs = len(texts.train) + len(texts.val) + len(texts.test)
         if checkpoint.max_positions is not None and cfg.text.max_length > checkpoint.max_positions:
             raise DataError(f"text.max_length {cfg.text.max_length} exceeds the checkpoint's "

@@ -132,6 +132,9 @@ def encode(tokenizer: Tokenizer, texts: list[str], max_characters: int, labels: 
     labels get label 0."""
     encodings = tokenizer.encode_batch([cut(t, max_characters) for t in texts])
     lengths = [sum(e.attention_mask) for e in encodings]  # real tokens (a padding tokenizer pads on the right)
+    if 0 in lengths:  # a tokenizer without special tokens (a decoder's) can read nothing in a text
+        raise ValueError(f"the tokenizer reads no token in {lengths.count(0)} texts, e.g. "
+                         f"{texts[lengths.index(0)][:80]!r}")
     width = max(lengths, default=1)
     ids = torch.full((len(texts), width), pad_id(tokenizer), dtype=torch.long)  # [N, L]
     mask = torch.zeros(len(texts), width, dtype=torch.long)  # [N, L]
@@ -218,6 +221,12 @@ def sample_texts(texts: list[str], n: int, seed: int) -> list[str]:
     return [texts[int(i)] for i in order]
 
 
+def readable(tokenizer: Tokenizer, texts: list[str]) -> list[str]:
+    """The texts in which ``tokenizer`` reads at least one token (an OOD set's sentences are inputs only if the model
+    can read them)."""
+    return [t for t, e in zip(texts, tokenizer.encode_batch(texts), strict=True) if sum(e.attention_mask) > 0]
+
+
 TEXT_OOD_SELECTION_SET = "sentences of the Debian software licences (OOD validation only)"
 
 
@@ -229,8 +238,9 @@ def text_ood_splits(tokenizer: Tokenizer, tcfg: TextConfig, reported: int, valid
     from training.data.ood_texts import load_docstring_sentences, load_license_sentences
     from training.data.texts import load_fortunes
 
-    reported_sets = {"fortunes_quotes": sample_texts(load_fortunes(), reported, seed + 1),
-                     "python_docstrings": sample_texts(load_docstring_sentences(), reported, seed + 2)}
-    licences = sample_texts(load_license_sentences(), validation, seed)
+    reported_sets = {"fortunes_quotes": sample_texts(readable(tokenizer, load_fortunes()), reported, seed + 1),
+                     "python_docstrings": sample_texts(readable(tokenizer, load_docstring_sentences()), reported,
+                                                       seed + 2)}
+    licences = sample_texts(readable(tokenizer, load_license_sentences()), validation, seed)
     return ({name: encode(tokenizer, texts, tcfg.max_characters) for name, texts in reported_sets.items()},
             encode(tokenizer, licences, tcfg.max_characters))

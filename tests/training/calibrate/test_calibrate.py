@@ -7,10 +7,9 @@ from __future__ import annotations
 import base64
 import io
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import numpy as np
@@ -131,11 +130,25 @@ def test_manifests_record_the_family_depth_and_checkpoint(calibrated: Path) -> N
     assert "tiny-bert" in str(bert.provenance.backbone["kind"]) or "ckpt" in str(bert.provenance.backbone["kind"])
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "training", *args], capture_output=True, text=True, timeout=300)
+class Done(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path: Path) -> None:
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture) -> Callable[..., Done]:
+    """``python -m training ARGS`` in this process: its exit status and what it printed."""
+
+    def run(*args: str) -> Done:
+        status = main(list(args))
+        out = capsys.readouterr()
+        return Done(status, out.out, out.err)
+
+    return run
+
+
+def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path: Path, run_cli: Callable[..., Done]) -> None:
     checkpoint = save_text_checkpoint(tmp_path / "ckpt", "qwen2")
     data = write_csv(tmp_path / "reviews.csv", texts(60, 2))
     done = run_cli("calibrate", "--backbone", str(checkpoint), "--data", str(data), "--name", "plan",
@@ -147,7 +160,7 @@ def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "backbone.pt").exists() and not (tmp_path / "repo").exists()
 
 
-def test_an_unsupported_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
+def test_an_unsupported_checkpoint_is_refused_by_name(tmp_path: Path, run_cli: Callable[..., Done]) -> None:
     from transformers import GPT2Config, GPT2ForSequenceClassification
 
     GPT2ForSequenceClassification(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=50)).save_pretrained(tmp_path)
@@ -156,7 +169,8 @@ def test_an_unsupported_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
     assert "model_type 'gpt2' is not supported" in done.stderr and "decoder: qwen2, llama" in done.stderr
 
 
-def test_data_that_does_not_fit_the_head_is_refused_before_training(tmp_path: Path) -> None:
+def test_data_that_does_not_fit_the_head_is_refused_before_training(tmp_path: Path,
+                                                                    run_cli: Callable[..., Done]) -> None:
     checkpoint = save_text_checkpoint(tmp_path / "ckpt", "bert")
     unknown = write_csv(tmp_path / "unknown.csv", [*texts(30, 3), ("a fine film", "mixed")])
     done = run_cli("calibrate", "--backbone", str(checkpoint), "--data", str(unknown), "--name", "bad",
@@ -178,3 +192,21 @@ def test_image_folder_is_converted_as_the_server_converts_uploads(calibrated: Pa
     assert manifest["input"]["height"] == 16 and manifest["input"]["channels"] == 3
     assert "bilinear" in manifest["input"]["convert"]["resize"]
     assert Image.open(io.BytesIO(base64.b64decode(png(0)))).size == (24, 20)
+
+
+def test_a_text_the_tokenizer_reads_nothing_in_is_refused(server: Running, calibrated: Path) -> None:
+    """A decoder's tokenizer adds no special token, so a text can hold no token for it (here, capitals its
+    normaliser keeps and its vocabulary lacks): the server answers 422 naming the input, and the pipeline's encoding
+    refuses it instead of pooling nothing."""
+    from tokenizers import Tokenizer
+
+    from training.data.tokens import encode, readable
+
+    response = httpx.post(f"{server.url}/predict", timeout=60, json={
+        "model": "tiny-qwen2", "inputs": [{"text": "a great film"}, {"text": "GREAT FILM"}]})
+    assert response.status_code == 422, response.text
+    assert "inputs.1.text: the model's tokenizer reads no token" in response.text and "Traceback" not in response.text
+    tokenizer = Tokenizer.from_file(str(calibrated / "repo" / "tiny-qwen2" / "1" / "tokenizer.json"))
+    assert readable(tokenizer, ["a great film", "GREAT FILM"]) == ["a great film"]
+    with pytest.raises(ValueError, match="reads no token in 1 texts"):
+        encode(tokenizer, ["a great film", "GREAT FILM"], 100)

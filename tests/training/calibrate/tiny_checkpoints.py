@@ -57,9 +57,12 @@ def write_csv(path: Path, rows: list[tuple[str, str]], text_column: str = "text"
     return path
 
 
-def save_tokenizer(folder: Path) -> int:
-    """A WordPiece tokenizer of the tiny texts' words, saved as a fast tokenizer; returns its vocabulary size."""
+def save_tokenizer(folder: Path, special: bool = True) -> int:
+    """A WordPiece tokenizer of the tiny texts' words, saved as a fast tokenizer, adding [CLS] and [SEP] (``special``:
+    an encoder's) or nothing (a decoder's); returns its vocabulary size."""
     tokenizer = train_wordpiece([t for t, _ in texts(300, 0)], 100)
+    if not special:
+        tokenizer.post_processor = None
     wrapper = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]",
                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     wrapper.save_pretrained(folder)
@@ -70,7 +73,7 @@ def save_text_checkpoint(folder: Path, kind: str, head: bool = True) -> Path:
     """A tiny ``kind`` (bert | roberta | distilbert | qwen2 | llama) classifier with the tiny tokenizer."""
     torch.manual_seed(0)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = save_tokenizer(folder)
+    vocab = save_tokenizer(folder, special=kind not in ("qwen2", "llama"))
     shape = {**TEXT, "vocab_size": max(vocab, TEXT["vocab_size"])}
     if kind == "bert":
         config = BertConfig(**shape, max_position_embeddings=64, **LABELS)

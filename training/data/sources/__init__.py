@@ -2,8 +2,8 @@
 errors a user can act on and a summary to read before any training starts.
 
 Images: a folder of class folders (``root/<class>/*``) or of split folders (``root/{train,val,test}/<class>/*``),
-PNG or JPEG files, converted exactly as the server converts a request's image (``convert_image``: training may not
-import ``service``, so this is a copy of ``service/images.py``'s rule, and the tests hold the two equal). Texts: a
+PNG or JPEG files, converted exactly as the server converts a request's image (``models.image_input``, the one rule
+both use). Texts: a
 CSV / TSV / JSON lines / Parquet file, a folder of ``train.*`` (``val.*``, ``test.*``) files, a ``datasets`` folder
 written by ``save_to_disk``, or a hub id ``owner/name``.
 
@@ -12,11 +12,11 @@ carved out of train, seeded and stratified by class. Every split comes out in a 
 ``head(n)`` is a fair sample of every class. Every problem with the data is one ``DataError``.
 
 Modules: ``errors`` (``DataError``), ``folders`` (listings), ``labels`` (label resolution), ``splits`` (carving),
-``conversion`` (the server's image rule), ``summary`` (``DataSummary``), ``images`` (image folders),
+``summary`` (``DataSummary``), ``images`` (image folders),
 ``text_files`` (one CSV / JSON lines / Parquet file) and ``tables`` (text sources).
 """
 
-from training.data.sources.conversion import IMAGE_CONVERSION, convert_image, image_convert_fields
+from models.image_input import IMAGE_CONVERSION, convert_image, image_convert_fields
 from training.data.sources.errors import DataError, check_class_count
 from training.data.sources.images import load_image_folder, read_image
 from training.data.sources.splits import carve_splits

@@ -15,8 +15,8 @@ from typing import NamedTuple
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from models.image_input import IMAGE_FORMATS, convert_image
 from training.data.images import Dataset, Split
-from training.data.sources.conversion import IMAGE_FORMATS, convert_image
 from training.data.sources.errors import DataError
 from training.data.sources.folders import entries
 from training.data.sources.labels import Table, resolve_labels

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.data.sources.conversion import IMAGE_CONVERSION
+from models.image_input import IMAGE_CONVERSION
 from training.data.sources.splits import SPLITS
 
 

@@ -1,5 +1,6 @@
-"""The image conversion, shared with the server: training may not import ``service``, so this is a copy of
-``service/images.py``'s rule, and the tests hold the two equal."""
+"""How a decoded image becomes a model's input: the one rule the server applies to a request's image
+(``service.images``) and the pipeline to a user's training images (``training.data.sources``), so training sees what
+serving sees. PIL and torch only."""
 
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ IMAGE_CONVERSION = (
 
 
 def convert_image(image: Image.Image, channels: int, height: int, width: int) -> torch.Tensor:
-    """A decoded image as the model's input [C, H, W] float32 in [0, 1], by the server's rule (``IMAGE_CONVERSION``,
-    ``service.images.image_to_tensor``): the same PIL calls in the same order, so training sees what serving sees."""
-    image = _flatten_alpha(image)
+    """A decoded image as the model's input [C, H, W] float32 in [0, 1] (``IMAGE_CONVERSION``)."""
+    image = flatten_alpha(image)
     image = image.convert("L" if channels == 1 else "RGB")
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.BILINEAR)
@@ -29,7 +29,8 @@ def convert_image(image: Image.Image, channels: int, height: int, width: int) ->
     return tensor.unsqueeze(0) if channels == 1 else tensor.permute(2, 0, 1).contiguous()  # [C, H, W]
 
 
-def _flatten_alpha(image: Image.Image) -> Image.Image:
+def flatten_alpha(image: Image.Image) -> Image.Image:
+    """Transparency composited onto black (a palette image with a transparent colour first becomes RGBA)."""
     if image.mode == "P":
         image = image.convert("RGBA" if "transparency" in image.info else "RGB")
     if image.mode in ("RGBA", "LA", "PA"):
