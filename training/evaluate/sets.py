@@ -96,7 +96,7 @@ def text_shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:
 
     ev = cfg.evaluate
     task = HUB_TEXT_TASKS.get(cfg.data.dataset)
-    if task is not None and not task.sentiment:
+    if cfg.data.dataset != "movie_reviews" and (task is None or not task.sentiment):
         raise ValueError(f"the text shift sets are labelled by sentiment and do not apply to {cfg.data.dataset}: "
                          "leave `shift` out of evaluate.stages")
     tokenizer = load_run_tokenizer(cfg.run_dir)
