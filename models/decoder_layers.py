@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.text_director import TABLE_DTYPES, quantize_rows
+from models.half_storage import WordTable
 
 SILU_ACTIVATIONS: tuple[str, ...] = ("silu", "swish")  # transformers' ACT2FN maps both to SiLU
 
@@ -240,48 +240,27 @@ class DecoderPrefix(nn.Module):
         return x
 
 
-class DecoderEmbedding(nn.Module):
+class DecoderEmbedding(WordTable):
     """input_ids [B, L] -> X_0 = h_0 [B, L, D]: the token table alone (positions enter through RoPE).
 
-    The table (``table_dtype``: float32, float16, or int8 with one float32 scale per row, as ``TokenEmbedding``) is
-    dequantised to float32 on lookup; float32 reproduces the decoder's ``embed_tokens`` exactly.
+    The table (``table_dtype``, see ``WordTable``: float32, float16 or int8, as ``TokenEmbedding``'s) is dequantised
+    to float32 on lookup; float32 reproduces the decoder's ``embed_tokens`` exactly.
     """
-
-    def __init__(self, word: torch.Tensor, table_dtype: str = "float32") -> None:
-        super().__init__()
-        if table_dtype not in TABLE_DTYPES:
-            raise ValueError(f"unknown table dtype {table_dtype!r}; expected one of {TABLE_DTYPES}")
-        self.table_dtype = table_dtype
-        self.quantized = table_dtype == "int8"
-        word = word.detach().float()
-        if self.quantized:
-            table, scale = quantize_rows(word)
-        else:
-            table, scale = word.to(getattr(torch, table_dtype)).clone(), torch.zeros(0)
-        self.register_buffer("word_table", table)  # [V, D]
-        self.register_buffer("word_scale", scale)  # [V] int8 only
 
     @classmethod
     def from_hf(cls, embed_tokens: nn.Embedding, table_dtype: str = "float32") -> DecoderEmbedding:
         return cls(embed_tokens.weight, table_dtype)
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.word_table.shape[0])
-
-    def restored(self, table_dtype: str | None) -> DecoderEmbedding:
-        """This embedding with its table re-stored as ``table_dtype`` (None or the same: itself)."""
+    def restored(self, table_dtype: str | None, max_positions: int | None = None) -> DecoderEmbedding:
+        """This embedding with its table re-stored as ``table_dtype`` (None or the same: itself). ``max_positions``
+        is unused (``TokenEmbedding.restored``'s signature): rotary positions have no table to cut."""
+        del max_positions
         if table_dtype is None or table_dtype == self.table_dtype:
             return self
-        if self.quantized:
-            raise ValueError("cannot re-store an int8 table")
-        return DecoderEmbedding(self.word_table.float(), table_dtype)
+        return DecoderEmbedding(self.float_table(), table_dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.word_table[input_ids].float()  # [B, L, D]
-        if self.quantized:
-            rows = rows * self.word_scale[input_ids].unsqueeze(-1)  # [B, L, D]
-        return rows
+        return self.words(input_ids)  # [B, L, D]
 
 
 def last_real_index(key_padding_mask: torch.Tensor | None, batch: int, tokens: int,

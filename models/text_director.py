@@ -1,19 +1,21 @@
-"""The text artifact: DIRECTOR on a BERT-family encoder as plain, scriptable modules (docs/method.md; the contract:
-docs/architecture.md).
+"""The text artifact: DIRECTOR on a text classifier as plain, scriptable modules (docs/method.md; the contract:
+docs/architecture.md). One ``TextDirector`` serves every text family: a BERT-family encoder's parts are here, a
+Qwen2 / Llama decoder's in ``models.decoder_layers`` (``models.decoder_director`` builds its director).
 
 transformers modules do not script reliably, so the parts of the encoder the artifact needs are re-implemented
-here with copied weights: ``TokenEmbedding`` (word + position + segment-0 embedding, LayerNorm; the word table
-optionally half precision or int8 with a per-row scale, dequantised on lookup) and ``TextReadout`` (the last
-feed-forward sublayer, pooling over real tokens, head); the encoder's sublayers are ``models.text_layers``.
-``TextDirector`` chains the embedding, the deterministic prefix (partial depth: the first T - K transitions as the
-real layers, once per input), ``StochasticRollout`` over the last K steps and the readout under the artifact
-contract:
+here with copied weights: ``TokenEmbedding`` (word + position + segment-0 embedding, LayerNorm; the word table a
+``models.half_storage.WordTable``: optionally half precision or int8 with a per-row scale, dequantised on lookup) and
+``TextReadout`` (the last feed-forward sublayer, pooling over real tokens, head); the encoder's sublayers are
+``models.text_layers``. ``TextDirector`` chains the embedding, the deterministic prefix (partial depth: the first
+T - K transitions as the real layers, once per input), ``StochasticRollout`` over the last K steps and the readout
+under the artifact contract:
 
 - ``forward(input_ids [B, L] int64, attention_mask [B, L] int64, n_samples) -> logits [S, B, C]``
-- ``sample_rows(input_ids, attention_mask, repeats [B] int64) -> logits [sum(repeats), C]``, rows grouped by input.
+- ``sample_rows(input_ids, attention_mask, repeats [B] int64) -> logits [sum(repeats), C]``, rows grouped by input
+- ``scored_rows(input_ids, attention_mask, repeats) -> (logits [sum(repeats), C], kernel error [B])``
 
-Inputs are right-padded (BERT positions are absolute: a text's tokens must start at position 0). Padding changes
-nothing: every part is per token except attention (padding keys masked) and pooling (over real tokens).
+Inputs are right-padded (positions start at 0 in every row: a text's tokens must start at position 0). Padding
+changes nothing: every part is per token except attention (padding keys masked) and pooling (over real tokens).
 """
 
 from __future__ import annotations
@@ -26,45 +28,23 @@ from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from models.bert_view import BertReadout, BertTransitionView
 from models.director import StochasticRollout
-from models.half_storage import store_linears_in_half
+from models.half_storage import WordTable, store_linears_in_half
 from models.kernel import TransitionKernel
 from models.text_backbones import ClassifierHead
 from models.text_layers import TextFeedForward, TextPrefix
 
-TABLE_DTYPES: tuple[str, ...] = ("float32", "float16", "int8")
 
-
-def quantize_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: table [V, D] -> (int8 codes [V, D], float32 scales [V]); row v is ``codes[v] *
-    scales[v]`` within ``scales[v] / 2`` per element (the scale is the row's max |value| / 127)."""
-    table = table.float()
-    scales = table.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [V]
-    codes = torch.round(table / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [V, D]
-    return codes, scales
-
-
-class TokenEmbedding(nn.Module):
+class TokenEmbedding(WordTable):
     """input_ids [B, L] -> X_0 [B, L, D]: word + absolute position + segment-0 embedding, then LayerNorm.
 
-    The word table (``table_dtype``: float32, float16, or int8 with one float32 scale per row) is the bulk of a
-    text artifact (MiniLM: 30522 x 384); it is dequantised to float32 on lookup. Only the first ``max_positions``
-    position rows are kept: longer inputs are refused (the tokenizer truncates to the manifest's max_length).
+    The word table (``table_dtype``, see ``WordTable``) is the bulk of a text artifact (MiniLM: 30522 x 384). Only
+    the first ``max_positions`` position rows are kept: longer inputs are refused (the tokenizer truncates to the
+    manifest's max_length).
     """
 
     def __init__(self, word: torch.Tensor, position: torch.Tensor, segment: torch.Tensor, norm: nn.LayerNorm,
                  table_dtype: str = "float32") -> None:
-        super().__init__()
-        if table_dtype not in TABLE_DTYPES:
-            raise ValueError(f"unknown table dtype {table_dtype!r}; expected one of {TABLE_DTYPES}")
-        self.table_dtype = table_dtype
-        self.quantized = table_dtype == "int8"
-        word = word.detach().float()
-        if self.quantized:
-            table, scale = quantize_rows(word)
-        else:
-            table, scale = word.to(getattr(torch, table_dtype)).clone(), torch.zeros(0)
-        self.register_buffer("word_table", table)  # [V, D]
-        self.register_buffer("word_scale", scale)  # [V] int8 only
+        super().__init__(word, table_dtype)
         self.register_buffer("position", position.detach().float().clone())  # [P, D]
         self.register_buffer("segment", segment.detach().float().clone())  # [D]
         self.norm = copy.deepcopy(norm)
@@ -79,16 +59,13 @@ class TokenEmbedding(nn.Module):
         return cls(embeddings.word_embeddings.weight, position, embeddings.token_type_embeddings.weight[0],
                    embeddings.LayerNorm, table_dtype)
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.word_table.shape[0])
-
-    def words(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids [B, L] -> the word vectors [B, L, D] in float32."""
-        rows = self.word_table[input_ids].float()  # [B, L, D]
-        if self.quantized:
-            rows = rows * self.word_scale[input_ids].unsqueeze(-1)  # [B, L, D]
-        return rows
+    def restored(self, table_dtype: str | None, max_positions: int | None = None) -> TokenEmbedding:
+        """This embedding with its word table re-stored as ``table_dtype`` (None: unchanged) and the position table
+        cut to ``max_positions`` (None: all of it); itself when nothing changes."""
+        if (table_dtype is None or table_dtype == self.table_dtype) and max_positions is None:
+            return self
+        position = self.position if max_positions is None else self.position[:max_positions]  # [P, D]
+        return TokenEmbedding(self.float_table(), position, self.segment, self.norm, table_dtype or self.table_dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         length = input_ids.shape[1]
@@ -133,11 +110,15 @@ class TextReadout(nn.Module):
 
 
 class TextDirector(nn.Module):
-    """Artifact-contract text model: ``forward(input_ids, attention_mask, n_samples) -> [S, B, C]`` logits and
-    ``sample_rows(input_ids, attention_mask, repeats) -> [sum(repeats), C]``."""
+    """Artifact-contract text model for every text family (BERT-family encoders, Qwen2 / Llama decoders):
+    ``forward(input_ids, attention_mask, n_samples) -> [S, B, C]`` logits, ``sample_rows(input_ids, attention_mask,
+    repeats) -> [sum(repeats), C]`` and ``scored_rows``. The parts are the family's own plain modules: the embedding
+    (input_ids [B, L] -> [B, L, D]), the prefix and the readout (each given the [B, L] real-token mask); what
+    differs between families (absolute positions or rotary, bidirectional or causal attention, mean / [CLS] or
+    last-token pooling) lives in them."""
 
-    def __init__(self, embedding: TokenEmbedding, rollout: StochasticRollout, readout: TextReadout,
-                 prefix: TextPrefix | None = None) -> None:
+    def __init__(self, embedding: nn.Module, rollout: StochasticRollout, readout: nn.Module,
+                 prefix: nn.Module | None = None) -> None:
         super().__init__()
         self.embedding = embedding
         self.prefix = prefix if prefix is not None else TextPrefix([], [])
@@ -188,58 +169,57 @@ class FoldedConditioning(nn.Module):
         raise RuntimeError("the step conditioning of this artifact is folded into rollout.step_modulation")
 
 
-def restore_embedding(embedding: TokenEmbedding, table_dtype: str | None, max_positions: int | None
-                      ) -> TokenEmbedding:
-    """``embedding`` with its word table re-stored as ``table_dtype`` (None: unchanged) and the position table cut to
-    ``max_positions`` (None: all of it)."""
-    if (table_dtype is None or table_dtype == embedding.table_dtype) and max_positions is None:
-        return embedding
-    if embedding.quantized:
-        raise ValueError("cannot re-store an int8 table")
-    position = embedding.position if max_positions is None else embedding.position[:max_positions]
-    return TokenEmbedding(embedding.word_table.float(), position, embedding.segment, embedding.norm,
-                          table_dtype or embedding.table_dtype)
-
-
 def fold_for_artifact(director: TextDirector, table_dtype: str | None = None, max_positions: int | None = None,
                       layer_dtype: str = "float32") -> TextDirector:
     """A copy for export, in eval mode: the adaLN modulation folded into per-step buffers and its MLPs dropped; the
-    word table re-stored as ``table_dtype`` (default: unchanged), the position table cut to ``max_positions`` and,
-    with ``layer_dtype`` float16, the linear layers of the prefix, the teacher transitions (if any) and the readout
-    stored in half precision."""
+    word table re-stored as ``table_dtype`` (default: unchanged), an absolute position table cut to
+    ``max_positions`` (a decoder's rotary positions have none) and, with ``layer_dtype`` float16, the linear layers of
+    the prefix, the teacher transitions (if any) and the readout's feed-forward sublayer stored in half precision
+    (the head stays float32)."""
     folded = copy.deepcopy(director).eval().requires_grad_(False)  # an inference artifact
-    folded.embedding = restore_embedding(folded.embedding, table_dtype, max_positions)
-    if layer_dtype == "float16":
-        store_linears_in_half(folded.prefix)
-        store_linears_in_half(folded.rollout.teacher)
-        store_linears_in_half(folded.readout.feed_forward)
-    elif layer_dtype != "float32":
-        raise ValueError(f"layer_dtype must be float32 or float16, got {layer_dtype!r}")
+    folded.embedding = folded.embedding.restored(table_dtype, max_positions)
+    store_layers(layer_dtype, folded.prefix, folded.rollout.teacher, folded.readout.feed_forward)
     folded.rollout.fold_conditioning()
     folded.rollout.kernel.t_embedder = FoldedConditioning()
     folded.rollout.kernel.adaLN_modulation = FoldedConditioning()
     return folded
 
 
-class TextBackbone(nn.Module):
-    """The plain fine-tuned encoder under the artifact contract (the deterministic baseline served beside DIRECTOR):
-    embedding, all T transitions as the prefix, readout; every sample row of an input is the same logit vector."""
+def store_layers(layer_dtype: str, *modules: nn.Module) -> None:
+    """The linear layers inside ``modules`` stored as ``layer_dtype`` in place (float32: as they are)."""
+    if layer_dtype == "float16":
+        for module in modules:
+            store_linears_in_half(module)
+    elif layer_dtype != "float32":
+        raise ValueError(f"layer_dtype must be float32 or float16, got {layer_dtype!r}")
 
-    def __init__(self, embedding: TokenEmbedding, prefix: TextPrefix, readout: TextReadout) -> None:
+
+class TextBackbone(nn.Module):
+    """The plain fine-tuned classifier of any text family under the artifact contract (the deterministic baseline
+    served beside DIRECTOR): embedding, all T transitions as the prefix, readout; every sample row of an input is the
+    same logit vector."""
+
+    def __init__(self, embedding: nn.Module, prefix: nn.Module, readout: nn.Module) -> None:
         super().__init__()
         self.embedding = embedding
         self.prefix = prefix
         self.readout = readout
 
     @classmethod
+    def frozen(cls, embedding: nn.Module, prefix: nn.Module, readout: nn.Module, layer_dtype: str = "float32"
+               ) -> TextBackbone:
+        """The baseline for export: eval mode, no gradients, the prefix's and the readout's feed-forward linear
+        layers stored as ``layer_dtype``."""
+        module = cls(embedding, prefix, readout).eval()
+        store_layers(layer_dtype, module.prefix, module.readout.feed_forward)
+        return module.requires_grad_(False)
+
+    @classmethod
     def from_view(cls, view: BertTransitionView, table_dtype: str = "float32", max_positions: int | None = None,
                   layer_dtype: str = "float32") -> TextBackbone:
         embedding = TokenEmbedding.from_bert(view.embedding.embeddings, table_dtype, max_positions)
-        module = cls(embedding, view.prefix(view.num_steps), TextReadout.from_bert(view.readout_head)).eval()
-        if layer_dtype == "float16":
-            store_linears_in_half(module.prefix)
-            store_linears_in_half(module.readout.feed_forward)
-        return module.requires_grad_(False)
+        return cls.frozen(embedding, view.prefix(view.num_steps), TextReadout.from_bert(view.readout_head),
+                          layer_dtype)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         mask = attention_mask > 0  # [B, L]

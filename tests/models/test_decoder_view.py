@@ -15,16 +15,11 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
-from models.decoder_director import (
-    DecoderBackbone,
-    DecoderDirector,
-    decoder_director_from_view,
-    fold_decoder_for_artifact,
-)
+from models.decoder_director import decoder_backbone_from_view, decoder_director_from_view
 from models.decoder_layers import DecoderEmbedding
 from models.decoder_view import DecoderTransitionView
-from models.director import StochasticRollout
 from models.kernel import TransitionKernel
+from models.text_director import TextDirector, fold_for_artifact
 
 VOCAB = 100
 FAMILIES = [
@@ -235,7 +230,7 @@ def test_causal_kernel_ignores_later_tokens() -> None:
     assert torch.jit.script(TransitionKernel(16, 2, 2, causal=True)).causal
 
 
-def _director(tmp_path: Path, family: str = "qwen2", seed: int = 0, steps: int = 2) -> DecoderDirector:
+def _director(tmp_path: Path, family: str = "qwen2", seed: int = 0, steps: int = 2) -> TextDirector:
     """A lively tiny decoder with a kernel whose mean map is not the identity, its teacher attached, noise off."""
     view = DecoderTransitionView(_model(tmp_path, family, seed=seed))
     torch.manual_seed(seed)
@@ -252,7 +247,7 @@ def _director(tmp_path: Path, family: str = "qwen2", seed: int = 0, steps: int =
 def test_director_scripts_and_follows_the_contract(tmp_path: Path) -> None:
     director = _director(tmp_path, seed=9)
     buffer = io.BytesIO()
-    torch.jit.save(torch.jit.script(fold_decoder_for_artifact(director)), buffer)
+    torch.jit.save(torch.jit.script(fold_for_artifact(director)), buffer)
     buffer.seek(0)
     served = torch.jit.load(buffer)  # the artifact as saved and loaded
     ids, mask = _padded_batch([5, 8, 3], seed=9)
@@ -281,7 +276,7 @@ def test_director_scripts_and_follows_the_contract(tmp_path: Path) -> None:
 
 
 def test_director_padding_changes_nothing_without_noise(tmp_path: Path) -> None:
-    served = torch.jit.script(fold_decoder_for_artifact(_director(tmp_path, "llama", seed=10)))
+    served = torch.jit.script(fold_for_artifact(_director(tmp_path, "llama", seed=10)))
     ids, mask = _padded_batch([4, 11, 7], seed=10)
     with torch.no_grad():
         alone = served(ids[:1, :4], mask[:1, :4], 2)  # [2, 1, C]
@@ -295,12 +290,17 @@ def test_folded_storage_dtypes_stay_close(tmp_path: Path) -> None:
     ids, mask = _padded_batch([6, 4], seed=11)
     with torch.no_grad():
         reference = director(ids, mask, 1)
-        small = torch.jit.script(fold_decoder_for_artifact(director, table_dtype="int8", layer_dtype="float16"))
+        small = torch.jit.script(fold_for_artifact(director, table_dtype="int8", layer_dtype="float16"))
         approx = small(ids, mask, 1)
     assert small.embedding.word_table.dtype == torch.int8
     assert float((approx - reference).abs().max()) < 0.1
     with pytest.raises(ValueError, match="layer_dtype"):
-        fold_decoder_for_artifact(director, layer_dtype="bfloat16")
+        fold_for_artifact(director, layer_dtype="bfloat16")
+    with pytest.raises(ValueError, match="int8"):
+        fold_for_artifact(fold_for_artifact(director, table_dtype="int8"), table_dtype="float16")
+    long_ids, long_mask = _padded_batch([9, 4], seed=11)
+    rotary = torch.jit.script(fold_for_artifact(director, max_positions=4))  # no position table to cut
+    assert rotary(long_ids, long_mask, 1).shape == (1, 2, 3)
 
 
 @pytest.mark.parametrize("steps", [1, 3])
@@ -312,8 +312,8 @@ def test_fresh_kernel_director_is_the_backbone_cut_at_the_prefix(tmp_path: Path,
     view = DecoderTransitionView(model)
     director = decoder_director_from_view(view, TransitionKernel(view.dim, view.num_heads, steps, causal=True)).eval()
     director.rollout.noise_scale.fill_(0.0)
-    served = torch.jit.script(fold_decoder_for_artifact(director))
-    backbone = torch.jit.script(DecoderBackbone.from_view(view))
+    served = torch.jit.script(fold_for_artifact(director))
+    backbone = torch.jit.script(decoder_backbone_from_view(view))
     ids, mask = _padded_batch([7, 2, 5], seed=12)
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask).logits  # [B, C]
@@ -359,6 +359,3 @@ def test_a_bidirectional_kernel_is_refused(tmp_path: Path) -> None:
     view = DecoderTransitionView(_model(tmp_path, "qwen2", seed=14))
     with pytest.raises(ValueError, match="causal"):
         decoder_director_from_view(view, TransitionKernel(view.dim, view.num_heads, 1))
-    with pytest.raises(ValueError, match="causal"):
-        DecoderDirector(view.embedding, StochasticRollout(TransitionKernel(view.dim, view.num_heads, 1)),
-                        view.readout_head)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from models.bert_view import BertTransitionView
+from models.half_storage import quantize_rows
 from models.kernel import TransitionKernel
 from models.text_backbones import from_pretrained_minilm, load_minilm_tokenizer
 from models.text_director import (
@@ -19,7 +20,6 @@ from models.text_director import (
     TextReadout,
     TokenEmbedding,
     fold_for_artifact,
-    quantize_rows,
     text_director_from_view,
 )
 from models.text_layers import gelu_approximation

@@ -21,8 +21,8 @@ from training.families.base import View
 
 
 class TextFamily:
-    """What every text family shares: tokenised data with the run's tokenizer, the packed-token baselines, unlabeled
-    texts."""
+    """What every text family shares: tokenised data with the run's tokenizer, the packed-token baselines, the
+    ``TextDirector`` artifact, unlabeled texts."""
 
     modality = "text"
     stats_chunk = TokenSplit.teacher_chunk
@@ -37,6 +37,11 @@ class TextFamily:
 
     def contract(self, baseline: nn.Module) -> nn.Module:
         return TokenInputs(baseline)  # forward(ids, mask, n_samples)
+
+    def artifact_module(self, scored: nn.Module, cfg: PipelineConfig) -> nn.Module:
+        """Every text family exports the same ``TextDirector`` fold (a decoder has no position table to cut)."""
+        tcfg = cfg.text
+        return fold_for_artifact(scored, tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
 
     def unlabeled(self, cfg: PipelineConfig, data: Dataset | TokenDataset, copies: int, seed: int) -> TokenSplit:
         assert isinstance(data, TokenDataset)
@@ -77,10 +82,6 @@ class BertFamily(TextFamily):
     def director(self, view: View, kernel: TransitionKernel, readout: nn.Module | None = None) -> TextDirector:
         assert isinstance(view, BertTransitionView) and (readout is None or isinstance(readout, TextReadout))
         return text_director_from_view(view, kernel, readout)
-
-    def artifact_module(self, scored: nn.Module, cfg: PipelineConfig) -> nn.Module:
-        tcfg = cfg.text
-        return fold_for_artifact(scored, tcfg.table_dtype, tcfg.max_length, tcfg.layer_dtype)
 
     def describe(self, backbone: nn.Module, cfg: PipelineConfig) -> dict[str, Any]:
         tcfg = cfg.text

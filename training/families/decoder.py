@@ -1,6 +1,7 @@
 """The decoder family (Qwen2 / Llama-style: pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU, causal
 mask; texts): a Hugging Face ``*ForSequenceClassification`` kept as it is for the head fit and the backbone's logits,
-re-read as transitions by ``models.decoder_view`` and exported as the plain modules of ``models.decoder_director``.
+re-read as transitions by ``models.decoder_view`` and exported as the text artifact on the plain modules of
+``models.decoder_layers`` (``models.decoder_director``).
 Its kernel attends causally, like the layers it imitates."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import torch
 import transformers
 from torch import nn
 
-from models.decoder_director import DecoderDirector, decoder_director_from_view, fold_decoder_for_artifact
+from models.decoder_director import decoder_director_from_view
 from models.decoder_view import DecoderTransitionView
 from models.kernel import TransitionKernel
+from models.text_director import TextDirector
 from training.config import PipelineConfig
 from training.families.base import View
 from training.families.bert import TextFamily
@@ -70,12 +72,9 @@ class DecoderFamily(TextFamily):
     def default_readout(self, view: View) -> nn.Module:
         return view.readout_head  # already a plain, scriptable module
 
-    def director(self, view: View, kernel: TransitionKernel, readout: nn.Module | None = None) -> DecoderDirector:
+    def director(self, view: View, kernel: TransitionKernel, readout: nn.Module | None = None) -> TextDirector:
         assert isinstance(view, DecoderTransitionView)
         return decoder_director_from_view(view, kernel, readout)
-
-    def artifact_module(self, scored: nn.Module, cfg: PipelineConfig) -> nn.Module:
-        return fold_decoder_for_artifact(scored, cfg.text.table_dtype, cfg.text.layer_dtype)
 
     def describe(self, backbone: nn.Module, cfg: PipelineConfig) -> dict[str, Any]:
         config = backbone.model.config
