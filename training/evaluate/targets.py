@@ -1,4 +1,5 @@
-"""DIRECTOR's targets (accuracy, calibration, shift, OOD, cost) checked against the pipeline's own results: ``python -m training.evaluate.targets``.
+"""DIRECTOR's targets (accuracy, calibration, shift, OOD, cost) checked against the pipeline's own results:
+``python -m training.evaluate.targets``.
 
 Reads what `make evaluate` / `make text-evaluate` wrote (``docs/results/<task>.json``), the served artifact's manifest
 (its default sample count S) and the serving benchmark's budget run (``docs/benchmarks.json``), and writes
