@@ -8,6 +8,7 @@ is the last MLP sublayer, the final norm, pooling and the head.
 from __future__ import annotations
 
 import torch
+from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
@@ -16,46 +17,61 @@ from models.observed_variance import attention_with_mixture_variance
 
 
 class VitEmbedding(nn.Module):
-    """Pixels in [0, 1] [B, C, H, W] -> X_0 [B, N, D] (normalisation, patch embedding, prefix, position)."""
+    """Pixels in [0, 1] [B, C, H, W] -> X_0 [B, N, D] (normalisation, patch embedding, prefix tokens, position).
+
+    The prefix tokens are timm's, in its order: the class token, then register tokens or a DeiT distillation token.
+    ``embed_prefix``: the position embedding covers them (concatenate, then add) or only the patches (add, then
+    concatenate; timm's ``no_embed_class``)."""
 
     def __init__(self, backbone: ImageClassifier) -> None:
         super().__init__()
         vit = backbone.vit
-        if vit.reg_token is not None or vit.no_embed_class or vit.dynamic_img_size:
-            raise ValueError("the ViT view supports class token or none, no register tokens, fixed image size")
+        if vit.dynamic_img_size or vit.pos_embed is None:
+            raise ValueError("the ViT view needs a fixed image size and learned position embeddings")
         self.register_buffer("mean", backbone.mean.clone())
         self.register_buffer("std", backbone.std.clone())
         self.patch_embed = vit.patch_embed
-        prefix = vit.cls_token if vit.cls_token is not None else torch.zeros(1, 0, vit.embed_dim)
-        self.prefix_tokens = nn.Parameter(prefix.detach().clone(), requires_grad=vit.cls_token is not None)
+        tokens = [t for t in (vit.cls_token, vit.reg_token, getattr(vit, "dist_token", None)) if t is not None]
+        prefix = torch.cat([t.detach() for t in tokens], dim=1) if tokens else torch.zeros(1, 0, vit.embed_dim)
+        self.prefix_tokens = nn.Parameter(prefix.clone(), requires_grad=bool(tokens))  # [1, P, D]
         self.pos_embed = vit.pos_embed
+        self.embed_prefix = not vit.no_embed_class
         self.norm_pre = vit.norm_pre
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed((pixels - self.mean) / self.std)  # [B, N_patches, D]
         prefix = self.prefix_tokens.expand(x.shape[0], -1, -1)  # [B, P, D]
-        x = torch.cat([prefix, x], dim=1) + self.pos_embed  # [B, N, D]
+        if self.embed_prefix:
+            x = torch.cat([prefix, x], dim=1) + self.pos_embed  # [B, N, D]
+        else:
+            x = torch.cat([prefix, x + self.pos_embed], dim=1)  # [B, N, D]
         return self.norm_pre(x)
 
 
 class VitReadout(nn.Module):
-    """X_T [B, N, D] -> logits [B, C]: the last MLP sublayer, final norm, pooling, head."""
+    """X_T [B, N, D] -> logits [B, C]: the last MLP sublayer, final norm, pooling, head. Pooling: the class token,
+    the mean of the patches (prefix tokens excluded), or a distilled DeiT's two heads averaged (class token through
+    ``head``, distillation token through ``head_dist``, as timm and Hugging Face do at inference)."""
 
     def __init__(self, vit: VisionTransformer) -> None:
         super().__init__()
-        if vit.global_pool not in ("avg", "token") or vit.attn_pool is not None:
+        if vit.global_pool not in ("avg", "token") or vit.attn_pool is not None or vit.pool_include_prefix:
             raise ValueError(f"unsupported pooling {vit.global_pool!r}")
         last: Block = vit.blocks[-1]
         self.norm2, self.mlp, self.ls2 = last.norm2, last.mlp, last.ls2
         self.norm = vit.norm
         self.fc_norm = vit.fc_norm
         self.head = vit.head
+        self.distilled = isinstance(vit, VisionTransformerDistilled)
+        self.head_dist = vit.head_dist if isinstance(vit, VisionTransformerDistilled) else nn.Identity()
         self.pool_avg = vit.global_pool == "avg"
         self.num_prefix_tokens = vit.num_prefix_tokens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.ls2(self.mlp(self.norm2(x)))  # [B, N, D]
         x = self.norm(x)
+        if self.distilled:
+            return (self.head(x[:, 0]) + self.head_dist(x[:, 1])) / 2  # [B, C]
         x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.pool_avg else x[:, 0]  # [B, D]
         return self.head(self.fc_norm(x))  # [B, C]
 

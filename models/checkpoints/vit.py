@@ -1,5 +1,6 @@
-"""Vision converters: a Hugging Face ``ViTForImageClassification`` or a timm ``VisionTransformer`` as the canonical
-timm ViT inside ``ImageClassifier`` (view: ``VitTransitionView``), and the spec that rebuilds it."""
+"""Vision converters: a Hugging Face ViT / DeiT classifier or a timm ``VisionTransformer`` (or DeiT's
+``VisionTransformerDistilled``) as the canonical timm ViT inside ``ImageClassifier`` (view: ``VitTransitionView``),
+and the spec that rebuilds it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import torch
 from timm.layers import Attention, LayerScale, Mlp, PatchEmbed
+from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 from transformers import DeiTForImageClassification, DeiTForImageClassificationWithTeacher, ViTForImageClassification
@@ -28,7 +30,8 @@ def vit_from_spec(spec: dict[str, Any]) -> ImageClassifier:
     kwargs = dict(spec["vit"])
     for key in ("img_size", "patch_size"):
         kwargs[key] = tuple(kwargs[key])
-    vit = VisionTransformer(**kwargs, norm_layer=partial(nn.LayerNorm, eps=float(spec["layer_norm_eps"])),
+    architecture = VisionTransformerDistilled if spec.get("distilled") else VisionTransformer
+    vit = architecture(**kwargs, norm_layer=partial(nn.LayerNorm, eps=float(spec["layer_norm_eps"])),
                             act_layer=partial(nn.GELU, approximate=spec["gelu_approximate"]))
     return ImageClassifier(vit, spec["mean"], spec["std"]).eval()
 
@@ -51,14 +54,14 @@ def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
     """The ``vit_spec`` fields of a timm ViT (all but mean/std); refuses what ``VitTransitionView`` cannot take or
     ``VisionTransformer(**kwargs)`` cannot rebuild."""
     name = type(vit).__name__
-    if type(vit) is not VisionTransformer:
-        raise ValueError(f"{name}: only timm's plain VisionTransformer is supported (no distillation token or other "
-                         "subclass); the transition view reads [class token] + patches")
-    if vit.reg_token is not None:
-        raise ValueError(f"{name}: register tokens ({vit.num_reg_tokens}) are not supported by the transition view")
-    if vit.dynamic_img_size or vit.no_embed_class or vit.pos_embed is None:
-        raise ValueError(f"{name}: the transition view needs a fixed image size and learned position embeddings that "
-                         "cover the class token (dynamic_img_size, no_embed_class, pos_embed='none' are not supported)")
+    if type(vit) not in (VisionTransformer, VisionTransformerDistilled):
+        raise ValueError(f"{name}: supported are timm's plain VisionTransformer (class, register tokens) and "
+                         "VisionTransformerDistilled (DeiT's distillation token and head)")
+    if vit.dynamic_img_size or vit.pos_embed is None:
+        raise ValueError(f"{name}: the transition view needs a fixed image size and learned position embeddings "
+                         "(dynamic_img_size and pos_embed='none' are not supported)")
+    if type(vit) is VisionTransformerDistilled and (vit.reg_token is not None or vit.no_embed_class):
+        raise ValueError(f"{name}: a distilled ViT with register tokens or no_embed_class is not supported")
     if vit.attn_pool is not None or vit.global_pool not in ("avg", "token") or vit.pool_include_prefix:
         raise ValueError(f"{name}: only 'token' or 'avg' pooling (without prefix tokens) is supported, got "
                          f"{vit.global_pool!r}")
@@ -66,7 +69,7 @@ def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
     if (type(patch) is not PatchEmbed or not isinstance(patch.norm, nn.Identity) or not patch.flatten
             or patch.dynamic_img_pad):
         raise ValueError(f"{name}: only a plain PatchEmbed (no norm, no hybrid stem, no dynamic padding) is supported")
-    if not isinstance(vit.head, nn.Linear):
+    if not isinstance(vit.head, nn.Linear) or not isinstance(getattr(vit, "head_dist", vit.head), nn.Linear):
         raise ValueError(f"{name}: a classifier needs a linear head (num_classes > 0)")
     blocks = list(vit.blocks)
     first: Block = blocks[0]
@@ -109,12 +112,15 @@ def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
             "proj_bias": first.attn.proj.bias is not None,
             "init_values": LAYER_SCALE_INIT if isinstance(first.ls1, LayerScale) else None,
             "class_token": vit.cls_token is not None,
+            "reg_tokens": vit.num_reg_tokens,
+            "no_embed_class": vit.no_embed_class,
             "pre_norm": not isinstance(vit.norm_pre, nn.Identity),
             "final_norm": not (isinstance(vit.norm, nn.Identity) and isinstance(vit.fc_norm, nn.Identity)),
             "fc_norm": not isinstance(vit.fc_norm, nn.Identity),
         },
         "layer_norm_eps": eps,
         "gelu_approximate": approximations.pop(),
+        "distilled": type(vit) is VisionTransformerDistilled,
     }
 
 
@@ -162,26 +168,28 @@ def processor_normalisation(config: dict[str, Any] | None, channels: int) -> tup
     return mean, std
 
 
-def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification,
+def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification | DeiTForImageClassificationWithTeacher,
                 image_processor_config: dict[str, Any] | None = None) -> tuple[ImageClassifier, list[str] | None]:
-    """A Hugging Face ``ViTForImageClassification`` as the canonical timm ViT: class token, token pooling, qkv as HF's
+    """A Hugging Face ViT or DeiT classifier as the canonical timm ViT: class token, token pooling, qkv as HF's
     query/key/value concatenated, its LayerNorm epsilon and GELU, the position embeddings as they are (fixed image
-    size ``config.image_size``), final ``layernorm`` and ``classifier`` head; mean/std from the image processor config
-    (``processor_normalisation``). HF DeiT models carry a distillation token in their embeddings (even
-    ``DeiTForImageClassification``), which the transition view cannot hold: refused."""
-    if isinstance(model, DeiTForImageClassificationWithTeacher):
-        raise ValueError("DeiTForImageClassificationWithTeacher: a distillation token and head are not supported by "
-                         "the transition view (supported: ViTForImageClassification)")
-    if not isinstance(model, ViTForImageClassification | DeiTForImageClassification):
-        raise ValueError(f"{type(model).__name__}: supported are ViTForImageClassification (and DeiT without a "
-                         "distillation token)")
+    size ``config.image_size``), final ``layernorm`` and head; mean/std from the image processor config
+    (``processor_normalisation``).
+
+    DeiT's embeddings carry a distillation token after the class token, inside the position embedding.
+    ``DeiTForImageClassification`` reads only the class token: timm's ``VisionTransformer`` with that token as its
+    one register token computes the same. ``DeiTForImageClassificationWithTeacher`` averages its class and
+    distillation heads: timm's ``VisionTransformerDistilled``."""
+    if not isinstance(model, ViTForImageClassification | DeiTForImageClassification
+                      | DeiTForImageClassificationWithTeacher):
+        raise ValueError(f"{type(model).__name__}: supported are ViTForImageClassification, "
+                         "DeiTForImageClassification and DeiTForImageClassificationWithTeacher")
     base = model.base_model
     name = type(model).__name__
-    if getattr(base.embeddings, "distillation_token", None) is not None:
-        raise ValueError(f"{name}: its embeddings carry a distillation token ([CLS, DIST] + patches), which the "
-                         "transition view does not support (supported: ViTForImageClassification)")
+    distillation_token = getattr(base.embeddings, "distillation_token", None)
+    with_teacher = isinstance(model, DeiTForImageClassificationWithTeacher)
+    head = model.cls_classifier if with_teacher else model.classifier
     config = model.config
-    if not isinstance(model.classifier, nn.Linear):
+    if not isinstance(head, nn.Linear):
         raise ValueError(f"{name}: a classifier needs a linear head (num_labels > 0)")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head_dim * config.num_attention_heads != config.hidden_size:
@@ -202,7 +210,7 @@ def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification,
             "img_size": list(patch.image_size),
             "patch_size": list(patch.patch_size),
             "in_chans": patch.num_channels,
-            "num_classes": model.classifier.out_features,
+            "num_classes": head.out_features,
             "global_pool": "token",
             "embed_dim": config.hidden_size,
             "depth": len(layers),
@@ -213,12 +221,15 @@ def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification,
             "proj_bias": True,
             "init_values": None,
             "class_token": True,
+            "reg_tokens": int(distillation_token is not None and not with_teacher),
+            "no_embed_class": False,
             "pre_norm": False,
             "final_norm": True,
             "fc_norm": False,
         },
         "layer_norm_eps": _norm_eps(norms, name),
         "gelu_approximate": approximations.pop(),
+        "distilled": with_teacher,
         "mean": mean,
         "std": std,
     }
@@ -230,9 +241,14 @@ def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification,
         "patch_embed.proj.bias": patch.projection.bias,
         "norm.weight": base.layernorm.weight,
         "norm.bias": base.layernorm.bias,
-        "head.weight": model.classifier.weight,
-        "head.bias": model.classifier.bias,
+        "head.weight": head.weight,
+        "head.bias": head.bias,
     }
+    if with_teacher:
+        state |= {"dist_token": distillation_token, "head_dist.weight": model.distillation_classifier.weight,
+                  "head_dist.bias": model.distillation_classifier.bias}
+    elif distillation_token is not None:
+        state["reg_token"] = distillation_token
     for i, layer in enumerate(layers):
         attn, prefix = layer.attention, f"blocks.{i}."
         state[prefix + "attn.qkv.weight"] = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
@@ -244,15 +260,15 @@ def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification,
             state[f"{prefix}{target}.weight"] = module.weight
             state[f"{prefix}{target}.bias"] = module.bias
     state = {k: v.detach() for k, v in state.items()}
-    return _rebuilt(spec, state, name), ordered_labels(config.id2label, model.classifier.out_features)
+    return _rebuilt(spec, state, name), ordered_labels(config.id2label, head.out_features)
 
 
 def vit_from_timm(model: VisionTransformer, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
                   ) -> tuple[ImageClassifier, list[str] | None]:
     """A timm ``VisionTransformer`` (e.g. ``timm.create_model(name, pretrained=False, num_classes=...,
     checkpoint_path=...)``) as the canonical ``ImageClassifier``: rebuilt from its spec with its weights; mean/std
-    from ``model.pretrained_cfg`` when not given. Refused (ValueError naming the class): register tokens, distilled
-    ViTs (``VisionTransformerDistilled``), attention pooling, dynamic image size and other non-plain layouts."""
+    from ``model.pretrained_cfg`` when not given; register tokens and DeiT's ``VisionTransformerDistilled`` included.
+    Refused (ValueError naming the class): attention pooling, dynamic image size and other non-plain layouts."""
     spec = _timm_layout(model)
     cfg = dict(getattr(model, "pretrained_cfg", None) or {})
     channels = spec["vit"]["in_chans"]

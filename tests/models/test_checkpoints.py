@@ -147,13 +147,22 @@ def test_hf_vit_default_normalisation(tmp_path: Path) -> None:
     assert labels == ["LABEL_0", "LABEL_1", "LABEL_2"]
 
 
-def test_hf_deit_is_refused() -> None:
-    """HF DeiT always carries a distillation token in its embeddings (also without the teacher head)."""
+@pytest.mark.parametrize("kind", [DeiTForImageClassification, DeiTForImageClassificationWithTeacher])
+def test_hf_deit_converts_exactly(kind: type, tmp_path: Path) -> None:
+    """DeiT's distillation token sits after the class token, inside the position embedding; the plain classifier
+    reads the class token only, the one with a teacher head averages both heads."""
     config = DeiTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=4, intermediate_size=64, num_labels=3)
-    for kind in (DeiTForImageClassification, DeiTForImageClassificationWithTeacher):
-        with pytest.raises(ValueError, match="distillation token"):
-            vit_from_hf(kind(config))
+    source = _reloaded(_lively(kind(config), seed=4), tmp_path)
+    model, _ = vit_from_hf(source)
+    pixels = torch.rand(3, 3, 16, 16)
+    with torch.no_grad():
+        expected = source(pixel_values=(pixels - 0.5) / 0.5).logits  # [B, C]
+    spec = vit_spec(model)
+    assert spec["distilled"] is (kind is DeiTForImageClassificationWithTeacher)
+    assert spec["vit"]["reg_tokens"] == (0 if spec["distilled"] else 1)
+    assert VitTransitionView(model).embed(pixels).shape == (3, 18, 32)  # [CLS, DIST] + 16 patches
+    _check_vit(model, pixels, expected)
 
 
 def _timm_vit(**kwargs: object) -> VisionTransformer:
@@ -192,14 +201,34 @@ def test_timm_variant_converts_exactly() -> None:
     _check_vit(model, pixels, expected)
 
 
+@pytest.mark.parametrize("no_embed_class", [False, True])
+def test_timm_register_tokens_convert_exactly(no_embed_class: bool) -> None:
+    """Register tokens after the class token, with the position embedding over them or over the patches only."""
+    source = _lively(_timm_vit(reg_tokens=4, no_embed_class=no_embed_class), seed=5)
+    model, _ = vit_from_timm(source)
+    pixels = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = source((pixels - 0.5) / 0.5)
+    assert vit_spec(model)["vit"]["reg_tokens"] == 4
+    _check_vit(model, pixels, expected)
+
+
+def test_timm_distilled_deit_converts_exactly() -> None:
+    source = _lively(VisionTransformerDistilled(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=2,
+                                                num_heads=4), seed=6)
+    model, _ = vit_from_timm(source, mean=[0.5] * 3, std=[0.5] * 3)
+    pixels = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        expected = source((pixels - 0.5) / 0.5)  # eval: the class and distillation heads averaged
+    assert type(model.vit) is VisionTransformerDistilled
+    _check_vit(model, pixels, expected)
+
+
 def test_timm_refusals() -> None:
-    with pytest.raises(ValueError, match="register tokens"):
-        vit_from_timm(_timm_vit(reg_tokens=4))
-    distilled = VisionTransformerDistilled(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=1, num_heads=4)
-    with pytest.raises(ValueError, match="VisionTransformerDistilled"):
-        vit_from_timm(distilled, mean=[0.5] * 3, std=[0.5] * 3)
     with pytest.raises(ValueError, match="pooling"):
         vit_from_timm(_timm_vit(global_pool="map"))
+    with pytest.raises(ValueError, match="fixed image size"):
+        vit_from_timm(_timm_vit(dynamic_img_size=True))
     with pytest.raises(ValueError, match="mean"):
         vit_from_timm(VisionTransformer(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=1, num_heads=4))
 

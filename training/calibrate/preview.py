@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig
+from training.data.images import image_store
 from training.data.sources import DataError, check_class_count
 from training.families.checkpoint import Checkpoint, checkpoint_tokenizer
 
@@ -24,6 +25,7 @@ class DataPreview:
     train_inputs: int
     tokens: int  # per input
     input_bytes: int  # every split held in memory
+    stored_bytes: int = 0  # the decoded inputs kept on disk instead (a user's images: ``ImageFile``)
 
 
 def check_labels(checkpoint: Checkpoint, labels: list[str], named: bool) -> None:
@@ -47,12 +49,13 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
 
         channels, height, width = data.image_shape or (0, 0, 0)
         dataset, summary = load_image_folder(Path(data.root), channels, height, width, labels, data.val_fraction,
-                                             data.test_fraction, data.split_seed)
+                                             data.test_fraction, data.split_seed, store=image_store(cfg))
         inputs = len(dataset.train) + len(dataset.val) + len(dataset.test)
         patch = int(checkpoint.config.get("patch_size") or 16)
         tokens = (height // patch) * (width // patch) + 1
+        batch = max(cfg.distil.batch_size, cfg.fit.batch_size, 256)  # rows read at once (a teacher chunk at most)
         preview = DataPreview(summary.render(), dataset.labels, len(dataset.train), tokens,
-                              inputs * channels * height * width * 4)
+                              batch * channels * height * width * 4, inputs * channels * height * width)
     elif data.dataset == USER_TEXT_DATASET:
         from training.data.sources import load_text_table
 

@@ -44,7 +44,7 @@ def prepare(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Pipeli
     cfg = load_config(build_run_config(args, checkpoint, overrides))
     preview = preview_data(cfg, checkpoint)
     plan = plan_run(cfg, checkpoint, parameter_count(checkpoint), preview.tokens, preview.train_inputs,
-                    preview.input_bytes, preview.summary)
+                    preview.input_bytes, preview.summary, preview.stored_bytes)
     print(plan.render(), flush=True)
     return cfg, plan
 

@@ -1,5 +1,5 @@
-"""Datasets as in-memory tensors: Fashion-MNIST from the Debian package's idx files, CIFAR through
-torchvision for users with internet, and the offline OOD sets."""
+"""Image datasets: Fashion-MNIST from the Debian package's idx files and CIFAR through torchvision for users with
+internet (in-memory tensors), a user's image folder (on disk, ``training.data.sources``), and the offline OOD sets."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from training.config import USER_IMAGE_DATASET, PipelineConfig
+from training.data.image_file import ImageFile
 
 FASHION_MNIST_LABELS = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -79,9 +80,10 @@ def key_padding(args: ForwardArgs) -> torch.Tensor | None:
 
 @dataclass
 class Split(Inputs):
-    """Images float32 in [0, 1] [N, C, H, W] and labels int64 [N]."""
+    """Images float32 in [0, 1] [N, C, H, W] (in memory, or on disk and read per batch: ``ImageFile``) and labels
+    int64 [N]."""
 
-    images: torch.Tensor
+    images: torch.Tensor | ImageFile
     labels: torch.Tensor
     teacher_chunk: ClassVar[int] = 256
 
@@ -167,8 +169,13 @@ def load_image_dataset(cfg: PipelineConfig) -> Dataset:
 
     channels, height, width = data.image_shape or (0, 0, 0)
     loaded, _ = load_image_folder(Path(data.root), channels, height, width, data.labels or None, data.val_fraction,
-                                  data.test_fraction, data.split_seed)
+                                  data.test_fraction, data.split_seed, store=image_store(cfg))
     return Dataset(loaded.train.head(data.train_limit), loaded.val, loaded.test.head(data.test_limit), loaded.labels)
+
+
+def image_store(cfg: PipelineConfig) -> Path:
+    """Where a run keeps a user's decoded images (``ImageFile``), shared by its stages."""
+    return Path(cfg.run_dir) / "images"
 
 
 def resized(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

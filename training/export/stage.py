@@ -37,7 +37,7 @@ from training.export.served_statistics import (
     served_statistics,
     served_temperature,
 )
-from training.export.writing import git_commit, install_version, staging_dir, write_manifest
+from training.export.writing import git_commit, install_version, source_record, staging_dir, write_manifest
 from training.loading import Director, load_backbone, load_director, run_family
 from training.metrics import classification_report, ece_bootstrap
 from training.ood_metrics import auroc
@@ -191,6 +191,10 @@ def export(cfg: PipelineConfig) -> Path:
         distil_kept_epoch=payload["kept_epoch"],
         **({"restored_from": {"director": payload["source"], "backbone": backbone_payload["source"]}}
            if "restored" in payload else {}),
+        **({"sources": {"checkpoint": source_record(cfg.pretrained.source),
+                        "checkpoint_weights": source_record(cfg.pretrained.checkpoint),
+                        "data": source_record(cfg.data.root)}}
+           if cfg.pretrained.source is not None else {}),
     )
     manifest = Manifest(
         format_version=FORMAT_VERSION, name=ecfg.name, version=str(ecfg.version), method="director",

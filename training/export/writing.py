@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from artifact.contract import MANIFEST, Manifest, retired_folder, staging_folder
+from artifact.contract import MANIFEST, Manifest, retired_folder, sha256_file, staging_folder
 from training.data.images import ForwardArgs
 from training.export.ood_selection import computes_kernel_error
 
@@ -49,6 +50,23 @@ def git_commit() -> str:
         return out.stdout.strip() + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def source_record(source: str | None) -> dict[str, str] | None:
+    """Where a run's checkpoint or data came from, as given, with a sha256 that identifies its content wherever it is
+    later moved: a file's own digest, a folder's over the relative names and digests of all its files (a hub id or a
+    built-in data set name records no digest)."""
+    if source is None:
+        return None
+    path = Path(source)
+    if path.is_file():
+        return {"source": source, "sha256": sha256_file(path)}
+    if not path.is_dir():
+        return {"source": source}
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    return {"source": source, "sha256": digest.hexdigest()}
 
 
 def json_safe(value: Any) -> Any:

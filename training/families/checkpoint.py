@@ -22,7 +22,8 @@ from training.families.base import Family
 from training.families.registry import UnsupportedBackbone, family_for_model_type, family_of
 
 TIMM_PREFIX = "timm:"
-HEAD_SUFFIXES = ("ForSequenceClassification", "ForImageClassification")
+HEAD_SUFFIXES = ("ForSequenceClassification", "ForImageClassification", "ForImageClassificationWithTeacher")
+TIMM_VITS = ("VisionTransformer", "VisionTransformerDistilled")
 GENERIC_LABEL = re.compile(r"^LABEL_\d+$")  # transformers' default id2label names no class
 
 
@@ -140,9 +141,9 @@ def _inspect_timm(name: str, weights: str | None, model_args: dict[str, Any]) ->
     state = _timm_state(weights)
     head = state.get("head.weight")
     model = _create_timm(name, 0 if head is None else int(head.shape[0]), model_args)
-    if type(model).__name__ != "VisionTransformer":
-        raise UnsupportedBackbone(f"timm:{name} is a {type(model).__name__}; supported: timm VisionTransformer "
-                                  "(ViT, DeiT without distillation token)")
+    if type(model).__name__ not in TIMM_VITS:
+        raise UnsupportedBackbone(f"timm:{name} is a {type(model).__name__}; supported: timm VisionTransformer and "
+                                  "VisionTransformerDistilled (ViT, DeiT)")
     cfg = dict(model.pretrained_cfg or {})
     height, width = model.patch_embed.img_size  # the built model's, which model_args may change
     channels = int(model.patch_embed.proj.in_channels)
@@ -174,6 +175,10 @@ def load_classifier(checkpoint: Checkpoint, num_classes: int, pad_id: int | None
         return classifier, text_classifier_spec(classifier)
     auto = AutoModelForImageClassification if checkpoint.family.modality == "image" else \
         AutoModelForSequenceClassification
+    if checkpoint.architecture.endswith("WithTeacher"):  # DeiT's two heads, which the Auto class would drop
+        import transformers
+
+        auto = getattr(transformers, checkpoint.architecture)
     model = auto.from_pretrained(checkpoint.source, num_labels=num_classes, local_files_only=checkpoint.local,
                                  attn_implementation="eager").eval()
     if checkpoint.family.name == "vit":
@@ -209,14 +214,15 @@ def _timm_classifier(checkpoint: Checkpoint, num_classes: int) -> tuple[nn.Modul
 
     state = _timm_state(checkpoint.weights or "")
     model = _create_timm(checkpoint.architecture, num_classes, checkpoint.model_args)
+    heads = {"head.weight", "head.bias", "head_dist.weight", "head_dist.bias"}
     if not checkpoint.has_head:
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        state = {k: v for k, v in state.items() if k not in heads}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:  # shapes that differ
         raise CheckpointError(f"{checkpoint.weights}: the weights do not fit timm:{checkpoint.architecture} "
                               f"{checkpoint.model_args or ''} ({str(err).splitlines()[1].strip()[:200]})") from err
-    if unexpected or set(missing) - ({"head.weight", "head.bias"} if not checkpoint.has_head else set()):
+    if unexpected or set(missing) - (heads if not checkpoint.has_head else set()):
         raise CheckpointError(f"{checkpoint.weights}: the weights do not fit timm:{checkpoint.architecture} "
                               f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
     classifier, _ = vit_from_timm(model.eval())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from models.backbones import ImageClassifier, VitConfig, build_vit
@@ -41,7 +42,8 @@ class VitFamily:
         return model
 
     def head(self, backbone: nn.Module) -> nn.Module:
-        return backbone.vit.head
+        vit = backbone.vit
+        return nn.ModuleList([vit.head, vit.head_dist]) if hasattr(vit, "head_dist") else vit.head
 
     def view(self, backbone: nn.Module) -> VitTransitionView:
         assert isinstance(backbone, ImageClassifier)
@@ -76,4 +78,5 @@ class VitFamily:
 
     def unlabeled(self, cfg: PipelineConfig, data: Dataset | TokenDataset, copies: int, seed: int) -> Split:
         assert isinstance(data, Dataset)
-        return perturbed_images(data.train.images, copies, seed)
+        train = data.train.images
+        return perturbed_images(train[torch.arange(len(train))], copies, seed)  # in memory: copies x the train split

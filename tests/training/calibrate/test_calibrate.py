@@ -53,7 +53,7 @@ def calibrate(tmp: Path, name: str, backbone: str, data: Path, *extra: str) -> N
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every family calibrated into one repository: five text checkpoints (one BERT without a head, so a head is
-    fitted), a Hugging Face ViT and a timm ViT on an image folder."""
+    fitted), a Hugging Face ViT, a Hugging Face DeiT with its distillation head and a timm ViT on an image folder."""
     tmp = tmp_path_factory.mktemp("calibrate")
     reviews = write_csv(tmp / "reviews.csv", texts(150, 1))
     for name, kind in TEXT_FAMILIES.items():
@@ -64,6 +64,8 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     calibrate(tmp, "tiny-bare-bert", str(bare), reviews, "--set", "distil.depth_candidates=[1]")
     folder = write_image_folder(tmp / "images", per_class=30)
     calibrate(tmp, "tiny-vit", str(save_vit_checkpoint(tmp / "ckpt" / "vit")), folder)
+    calibrate(tmp, "tiny-deit", str(save_vit_checkpoint(tmp / "ckpt" / "deit", "deit")), folder,
+              "--set", "distil.depth_candidates=[1]")
     torch.manual_seed(0)
     vit = timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=3)
     torch.save(vit.state_dict(), tmp / "ckpt" / "timm-vit.pth")
@@ -105,7 +107,7 @@ def test_a_calibrated_text_model_is_served(server: Running, name: str) -> None:
     assert outputs["probabilities"]["shape"] == [2, 3] and set(outputs["label"]["data"]) <= set(CLASSES)
 
 
-@pytest.mark.parametrize("name", ["tiny-vit", "tiny-timm-vit"])
+@pytest.mark.parametrize("name", ["tiny-vit", "tiny-deit", "tiny-timm-vit"])
 def test_a_calibrated_image_model_is_served(server: Running, name: str) -> None:
     response = httpx.post(f"{server.url}/predict", timeout=60, json={
         "model": name, "inputs": [{"image_base64": png(i)} for i in range(3)], "n_samples": 2})
@@ -121,13 +123,20 @@ def test_a_calibrated_image_model_is_served(server: Running, name: str) -> None:
 def test_manifests_record_the_family_depth_and_checkpoint(calibrated: Path) -> None:
     selection = json.loads((calibrated / "runs" / "tiny-bert" / "depth_selection.json").read_text())
     assert set(selection["validation_nll"]) == {"1", "2"} and selection["chosen"] in (1, 2)
-    for name in [*TEXT_FAMILIES, "tiny-bare-bert", "tiny-vit", "tiny-timm-vit"]:
+    for name in [*TEXT_FAMILIES, "tiny-bare-bert", "tiny-vit", "tiny-deit", "tiny-timm-vit"]:
         manifest = parse_manifest(json.loads((calibrated / "repo" / name / "1" / MANIFEST).read_text()))
-        assert manifest.labels == (COLOURS if "vit" in name else CLASSES)
+        assert manifest.labels == (COLOURS if "vit" in name or "deit" in name else CLASSES)
         assert manifest.sampling.depth >= 1
     bert = parse_manifest(json.loads((calibrated / "repo" / "tiny-bert" / "1" / MANIFEST).read_text()))
     assert bert.sampling.depth == selection["chosen"]
     assert "tiny-bert" in str(bert.provenance.backbone["kind"]) or "ckpt" in str(bert.provenance.backbone["kind"])
+    sources = json.loads((calibrated / "repo" / "tiny-bert" / "1" / MANIFEST).read_text())["provenance"]["sources"]
+    assert sources["checkpoint"]["source"] == str(calibrated / "ckpt" / "tiny-bert")
+    assert sources["data"]["source"] == str(calibrated / "reviews.csv") and len(sources["data"]["sha256"]) == 64
+    timm_sources = json.loads((calibrated / "repo" / "tiny-timm-vit" / "1" / MANIFEST).read_text())["provenance"][
+        "sources"]
+    assert timm_sources["checkpoint"] == {"source": "timm:vit_tiny_patch16_224"}
+    assert len(timm_sources["checkpoint_weights"]["sha256"]) == 64
 
 
 class Done(NamedTuple):

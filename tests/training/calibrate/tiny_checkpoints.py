@@ -14,6 +14,8 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     BertModel,
+    DeiTConfig,
+    DeiTForImageClassificationWithTeacher,
     DistilBertConfig,
     DistilBertForSequenceClassification,
     LlamaConfig,
@@ -115,11 +117,17 @@ def write_image_folder(root: Path, per_class: int, seed: int = 0) -> Path:
     return root
 
 
-def save_vit_checkpoint(folder: Path) -> Path:
+def save_vit_checkpoint(folder: Path, kind: str = "vit") -> Path:
+    """A tiny ``kind`` (vit | deit: DeiT with its class and distillation heads) image classifier."""
     torch.manual_seed(0)
-    config = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                       num_attention_heads=4, intermediate_size=64, num_labels=3,
-                       id2label=dict(enumerate(["red", "green", "blue"])),
-                       label2id={"red": 0, "green": 1, "blue": 2})
-    ViTForImageClassification(config).save_pretrained(folder)
+    shape = dict(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, intermediate_size=64, num_labels=3,
+                 id2label=dict(enumerate(["red", "green", "blue"])), label2id={"red": 0, "green": 1, "blue": 2})
+    if kind == "vit":
+        model = ViTForImageClassification(ViTConfig(**shape))
+    elif kind == "deit":
+        model = DeiTForImageClassificationWithTeacher(DeiTConfig(**shape))
+    else:
+        raise ValueError(kind)
+    model.save_pretrained(folder)
     return folder

@@ -1,11 +1,12 @@
 """A user's folder of labelled images as a ``Dataset``: a folder of class folders (``root/<class>/*``) or of split
 folders (``root/{train,val,test}/<class>/*``), PNG or JPEG files, converted exactly as the server converts a request's
-image (``convert_image``)."""
+image (``convert_image``) and kept on disk (``ImageFile``), so memory does not grow with the folder."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from models.image_input import IMAGE_FORMATS, convert_image
+from training.data.image_file import ImageFile
 from training.data.images import Dataset, Split
 from training.data.sources.errors import DataError
 from training.data.sources.folders import entries
@@ -53,13 +55,15 @@ def read_image(path: Path, channels: int, height: int, width: int) -> tuple[torc
     return convert_image(image, channels, height, width), info
 
 
-def _decode(paths: list[Path], channels: int, height: int, width: int) -> tuple[torch.Tensor, list[ImageInfo]]:
-    """Decode ``paths`` into one tensor [N, C, H, W] (Pillow decodes outside the GIL, so threads help); the first
-    unreadable file in order is the error."""
-    out = torch.empty((len(paths), channels, height, width))  # [N, C, H, W]
+def _decode(paths: list[Path], channels: int, height: int, width: int, target: Path | None
+            ) -> tuple[ImageFile, list[ImageInfo]]:
+    """Decode ``paths`` into an ``ImageFile`` [N, C, H, W] at ``target`` (a temporary file when None; Pillow decodes
+    outside the GIL, so threads help); the first unreadable file in order is the error."""
+    out = ImageFile.create(target, len(paths), (channels, height, width))
 
     def one(i: int) -> ImageInfo:
-        out[i], info = read_image(paths[i], channels, height, width)
+        pixels, info = read_image(paths[i], channels, height, width)
+        out.write(i, pixels)
         return info
 
     pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
@@ -68,6 +72,28 @@ def _decode(paths: list[Path], channels: int, height: int, width: int) -> tuple[
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return out, infos
+
+
+def _stored(paths: list[Path], channels: int, height: int, width: int, store: Path | None
+            ) -> tuple[ImageFile, list[ImageInfo]]:
+    """``_decode``, kept in ``store`` under a key of the files' names, sizes and modification times and the target
+    shape, so later stages of a run read the decoded file instead of decoding again."""
+    if store is None:
+        return _decode(paths, channels, height, width, None)
+    key = hashlib.sha256(f"{channels}x{height}x{width}".encode())
+    for path in paths:
+        stat = path.stat()
+        key.update(f"\n{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    name = key.hexdigest()[:20]
+    pixels, index = store / f"{name}.u8", store / f"{name}.json"
+    if pixels.is_file() and index.is_file():
+        infos = [ImageInfo(f, m, (w, h), d, c) for f, m, (w, h), d, c in json.loads(index.read_text())]
+        return ImageFile(pixels, len(infos), (channels, height, width)), infos
+    partial = pixels.with_suffix(".partial")
+    out, infos = _decode(paths, channels, height, width, partial)
+    partial.replace(pixels)
+    index.write_text(json.dumps([list(info) for info in infos]))
+    return ImageFile(pixels, len(infos), (channels, height, width)), infos
 
 
 def _image_layout(root: Path) -> tuple[dict[str, Path], str]:
@@ -148,11 +174,12 @@ def _labelled_files(root: Path, class_folders: dict[str, list[Path]], labels: li
 
 
 def _decode_splits(plan: Plan, paths: dict[str, list[Path]], targets: dict[str, torch.Tensor], channels: int,
-                   height: int, width: int) -> tuple[dict[str, Split], list[ImageInfo], dict[str, list[str]]]:
+                   height: int, width: int, store: Path | None
+                   ) -> tuple[dict[str, Split], list[ImageInfo], dict[str, list[str]]]:
     """The planned splits decoded, every file's ``ImageInfo``, and each split's file digests (to find duplicates)."""
     splits, infos, keys = {}, [], {}
     for name, (source, rows) in plan.rows.items():
-        images, split_infos = _decode([paths[source][int(i)] for i in rows], channels, height, width)
+        images, split_infos = _stored([paths[source][int(i)] for i in rows], channels, height, width, store)
         splits[name] = Split(images, targets[source][rows])
         infos += split_infos
         keys[name] = [info.digest for info in split_infos]
@@ -161,11 +188,12 @@ def _decode_splits(plan: Plan, paths: dict[str, list[Path]], targets: dict[str, 
 
 def load_image_folder(root: Path, channels: int, height: int, width: int, labels: list[str] | None,
                       val_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0,
-                      limit_per_class: int | None = None) -> tuple[Dataset, DataSummary]:
+                      limit_per_class: int | None = None, store: Path | None = None) -> tuple[Dataset, DataSummary]:
     """A folder of labelled images as a ``Dataset``: ``root/<class>/*`` (val and test carved out) or
     ``root/{train,val,test}/<class>/*`` (a missing val or test carved out of train). Class folders are class names
     or integer indices (see ``resolve_labels``); ``labels`` are the checkpoint's names in index order.
-    ``limit_per_class`` keeps a seeded sample of that many files per class folder."""
+    ``limit_per_class`` keeps a seeded sample of that many files per class folder. The images stay on disk
+    (``ImageFile``): in ``store``, where a later call with the same files finds them decoded, or in temporary files."""
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 (L) or 3 (RGB), got {channels}")
     root = Path(root).expanduser()
@@ -177,7 +205,7 @@ def load_image_folder(root: Path, channels: int, height: int, width: int, labels
                   f"add a folder {train_folder}/<class>/ with images of each class")
     plan = plan_splits(targets, len(label_names), val_fraction, test_fraction, seed,
                        {split: str(folder) for split, folder in split_folders.items()})
-    splits, infos, keys = _decode_splits(plan, paths, targets, channels, height, width)
+    splits, infos, keys = _decode_splits(plan, paths, targets, channels, height, width, store)
     data = Dataset(splits["train"], splits["val"], splits["test"], label_names)
     warnings = overlap_warnings(keys, {name: s.labels for name, s in splits.items()}, "image files")
     clipped = sum(info.clipped for info in infos)
