@@ -44,6 +44,8 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="override a config value, e.g. --set distil.epochs=2")
     p.add_argument("--force", action="store_true", help="start even when the plan says it will not fit")
     p.add_argument("--no-resume", action="store_true", help="start from scratch instead of resuming")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="distil in N DDP processes under torchrun (one per GPU; default 1: in this process)")
 
 
 def build_parser() -> argparse.ArgumentParser:

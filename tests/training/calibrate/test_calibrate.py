@@ -157,6 +157,17 @@ def run_cli(capsys: pytest.CaptureFixture) -> Callable[..., Done]:
     return run
 
 
+def test_depths_distil_under_torchrun(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """``--nproc-per-node 2``: the depth's distillation runs in two gloo ranks under torchrun, then exports."""
+    reviews = write_csv(tmp_path / "reviews.csv", texts(90, 3))
+    calibrate(tmp_path, "ddp", str(save_text_checkpoint(tmp_path / "ckpt", "bert")), reviews, "--nproc-per-node", "2",
+              "--set", "distil.depth_candidates=[1]", "--set", "distil.max_steps=2")
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in capfd.readouterr().out
+    assert (tmp_path / "runs" / "ddp" / "depth-1" / "distil.yaml").is_file()
+    manifest = parse_manifest(json.loads((tmp_path / "repo" / "ddp" / "1" / MANIFEST).read_text()))
+    assert manifest.sampling.depth == 1 and manifest.labels == CLASSES
+
+
 def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path: Path, run_cli: Callable[..., Done]) -> None:
     checkpoint = save_text_checkpoint(tmp_path / "ckpt", "qwen2")
     data = write_csv(tmp_path / "reviews.csv", texts(60, 2))
