@@ -326,6 +326,23 @@ def file_digests(directory: Path) -> dict[str, FileDigest]:
             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
 
 
+def named_files(manifest: Manifest) -> list[str]:
+    """Every file the manifest names: its ``files`` entries, the TorchScript file and a text model's tokenizer."""
+    names = [*manifest.files, ARTIFACT]
+    if isinstance(manifest.input, TextInput):
+        names.append(manifest.input.tokenizer)
+    return list(dict.fromkeys(names))
+
+
+def escaping_files(directory: Path, manifest: Manifest) -> list[str]:
+    """The names among ``named_files`` that do not resolve, after symlinks, inside ``directory``: an absolute path,
+    a ``..`` that climbs out, or a link to a file elsewhere. Such a version is refused: the folder is the unit that
+    is checked, trusted and published, so nothing it names may live outside it."""
+    real = directory.resolve()
+    return [name for name in named_files(manifest)
+            if Path(name).is_absolute() or not (directory / name).resolve().is_relative_to(real)]
+
+
 def verify_files(directory: Path, manifest: Manifest) -> list[str]:
     """Names of the manifest's files that are missing or whose sha256 differs."""
     return [name for name, entry in manifest.files.items()

@@ -19,6 +19,7 @@ from artifact.contract import (
     ManifestError,
     Ood,
     TextInput,
+    escaping_files,
     parse_manifest,
     read_document,
     verify_files,
@@ -152,9 +153,18 @@ class Artifact:
         return self.manifest.temperature
 
 
+def shown_name(name: str) -> str:
+    """A file name from a manifest as an error shows it: bounded, and never an absolute path."""
+    return "an absolute path" if Path(name).is_absolute() else repr(name[:100])
+
+
 def load_artifact(folder: Path, device: Device) -> Artifact:
     """Validate, verify and load ``folder``; raise ``ArtifactError`` with a readable reason otherwise."""
     manifest = validate_manifest(read_manifest(folder))
+    escaping = escaping_files(folder, manifest)
+    if escaping:
+        raise ArtifactError(f"files that resolve outside the version folder (absolute paths, '..' or symlinks may "
+                            f"not leave it): {', '.join(shown_name(name) for name in escaping)}")
     bad = verify_files(folder, manifest)
     if bad:
         raise ArtifactError(f"sha256 mismatch or missing file: {', '.join(bad)}")

@@ -158,6 +158,8 @@ class VersionInfo(BaseModel):
     version: str = Field(..., description="version folder name")
     state: str = Field(..., description="ready | loading | unavailable")
     reason: str | None = Field(None, description="why the version is unavailable")
+    reload_error: str | None = Field(None, description="set while a ready version's changed folder failed to load: "
+                                                        "why; the version keeps serving the files it loaded before")
     method: str | None = Field(None, description="the manifest's method: director, deterministic, mc_dropout or "
                                                   "ensemble")
     modality: str | None = Field(None, description="image or text")

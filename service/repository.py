@@ -3,7 +3,9 @@
 States: ``loading`` -> ``ready`` or ``unavailable`` (with the reason). A broken folder is reported and
 never takes the others down. ``scan()`` (run at start and then every ``poll_interval_s``) picks up new,
 changed and removed folders without a restart: a changed folder is loaded beside the old one and swapped
-in only once warm; a replaced or removed version's worker finishes its queued requests before stopping."""
+in only once warm (when it fails to load, the old one keeps serving and reports the failure as ``reload_error``); a
+replaced or removed version's worker finishes its queued requests before stopping. An edit of the trusted digests
+file re-checks every version at the next scan."""
 
 from __future__ import annotations
 
@@ -37,13 +39,17 @@ class ModelVersion:
     name: str
     version: str
     folder: Path
-    fingerprint: tuple[tuple[str, int, int], ...]
+    fingerprint: tuple  # the folder's files (name, size, mtime) and the allowlist's (size, mtime) when loaded
     state: VersionState = VersionState.LOADING
     reason: str | None = None
     artifact: Artifact | None = None
     worker: BatchWorker | None = None
     loaded_at: float | None = None
     manifest: dict = field(default_factory=dict)
+    # a changed folder that failed to load while this version kept serving its earlier files: its fingerprint (not
+    # retried until the folder or the allowlist changes again) and why it failed
+    failed_fingerprint: tuple | None = None
+    reload_error: str | None = None
 
     @property
     def method(self) -> str:
@@ -77,6 +83,22 @@ def fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
                             if p.is_file()))
     except OSError:
         return ()
+
+
+def file_print(path: Path | None) -> tuple[int, int] | None:
+    """(size, mtime) of one file, so an edit of it is noticed at the next scan; None when there is none."""
+    try:
+        stat = path.stat() if path is not None else None
+    except OSError:
+        return (-1, -1)
+    return None if stat is None else (stat.st_size, stat.st_mtime_ns)
+
+
+def without_paths(reason: str, root: Path) -> str:
+    """A load error's text with the repository's absolute location cut off (``fashion-vit/3/director.ts``)."""
+    for prefix in {str(root.resolve()), str(root.absolute())}:
+        reason = reason.replace(prefix + "/", "").replace(prefix, "<repository>")
+    return reason
 
 
 WorkerFactory = Callable[[str, str, Artifact], BatchWorker]
@@ -130,10 +152,11 @@ class ModelRepository:
         async with self._scan_lock:
             found = self._folders()
             loaded = False
+            allowlist = file_print(self.trusted_digests)  # an edit of the allowlist re-checks every version
             for (name, version), folder in found.items():
                 current = self.models.get(name, {}).get(version)
-                print_ = fingerprint(folder)
-                if current is not None and current.fingerprint == print_:
+                print_ = (fingerprint(folder), allowlist)
+                if current is not None and print_ in (current.fingerprint, current.failed_fingerprint):
                     continue
                 await self._load(name, version, folder, print_, current)
                 loaded = True
@@ -164,16 +187,23 @@ class ModelRepository:
         try:
             entry.artifact = await asyncio.to_thread(self._load_trusted, folder)
         except (ArtifactError, trust.Untrusted) as exc:
-            entry.state, entry.reason = VersionState.UNAVAILABLE, str(exc)
+            entry.state, entry.reason = VersionState.UNAVAILABLE, without_paths(str(exc), self.root)
             log.warning("model %s version %s unavailable: %s", name, version, exc)
         except Exception as exc:  # never let one folder stop the scan
-            entry.state, entry.reason = VersionState.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
+            entry.state = VersionState.UNAVAILABLE
+            entry.reason = without_paths(f"{type(exc).__name__}: {exc}", self.root)
             log.exception("model %s version %s failed to load", name, version)
         else:
             entry.worker = self.make_worker(name, version, entry.artifact)
             entry.worker.start()
             entry.state, entry.loaded_at = VersionState.READY, time.time()
             log.info("model %s version %s ready in %.2fs", name, version, time.perf_counter() - started)
+        if current is not None and current.ready() is not None and entry.state is VersionState.UNAVAILABLE:
+            # a reload that failed: the version keeps serving what it loaded before, and says why it did not change
+            current.failed_fingerprint, current.reload_error = print_, entry.reason
+            log.warning("model %s version %s keeps serving its earlier files", name, version)
+            self._notify()
+            return
         self.models.setdefault(name, {})[version] = entry
         if current is not None:
             self._retire(current)

@@ -7,7 +7,8 @@ trusted by design and mounted read-only; two checks narrow what it can bring in:
   writes them), a TorchScript file whose digest is not listed is refused before it is loaded. The manifest's own
   sha256 list sits beside the files it covers, so it catches corruption, not tampering; this list does not.
 
-A refusal is an ``Untrusted`` error: the version is reported unavailable with the reason."""
+A refusal is an ``Untrusted`` error: the version is reported unavailable with the reason, which names no absolute
+path (the repository's layout is not the caller's business)."""
 
 from __future__ import annotations
 
@@ -28,14 +29,14 @@ def read_digests(path: Path) -> frozenset[str]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise Untrusted(f"cannot read the trusted digests file {path}: {exc}") from exc
+        raise Untrusted(f"cannot read the trusted digests file ({getattr(exc, 'strerror', None) or exc})") from exc
     digests = set()
     for number, line in enumerate(lines, 1):
         words = line.split()
         if not words or words[0].startswith("#"):
             continue
         if not DIGEST.fullmatch(words[0].lower()):
-            raise Untrusted(f"{path}:{number}: not a sha256 digest: {words[0][:80]!r}")
+            raise Untrusted(f"the trusted digests file, line {number}: not a sha256 digest: {words[0][:80]!r}")
         digests.add(words[0].lower())
     return frozenset(digests)
 
@@ -45,14 +46,14 @@ def check(root: Path, folder: Path, trusted_digests: Path | None) -> None:
     call, so an edit takes effect at the next repository scan without a restart."""
     real_root, real_folder = root.resolve(), folder.resolve()
     if not real_folder.is_relative_to(real_root):
-        raise Untrusted(f"{folder.relative_to(root)} resolves to {real_folder}, outside the model repository "
-                        "(symlinks may not leave it)")
+        raise Untrusted(f"{folder.relative_to(root)} resolves outside the model repository (symlinks may not leave "
+                        "it)")
     if trusted_digests is None:
         return
     digests = read_digests(trusted_digests)
     try:
         digest = sha256_file(real_folder / ARTIFACT)
     except OSError as exc:
-        raise Untrusted(f"cannot read {ARTIFACT}: {exc}") from exc
+        raise Untrusted(f"cannot read {ARTIFACT}: {exc.strerror or exc}") from exc
     if digest not in digests:
-        raise Untrusted(f"{ARTIFACT} sha256 {digest} is not in the trusted digests ({trusted_digests})")
+        raise Untrusted(f"{ARTIFACT} sha256 {digest} is not in the trusted digests file")

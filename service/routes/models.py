@@ -20,6 +20,7 @@ def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
     ready = entry.ready()
     text_limit = serving.text_limit(state, ready) if ready is not None and ready.artifact.text else None
     return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
+                       reload_error=entry.reload_error,
                        method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
                        default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
                        loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None,

@@ -167,7 +167,7 @@ def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 60.
 
 def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path, tmp_path: Path) -> None:
     """A ready version exports its manifest's reference values and its queue capacity, and its counters at 0;
-    a version that is removed, or reloaded into an unavailable one, takes its series with it."""
+    a version that is removed takes its series with it; one whose reload fails keeps serving, and its series."""
     repository = tmp_path / "repo"
     copy_version(tiny_artifact, repository, "tiny", "1")
     manifest = json.loads((tiny_artifact / "manifest.json").read_text())
@@ -192,11 +192,12 @@ def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path
         assert metric_value(text, "director_model_info", **v1) is None
         assert metric_value(text, "director_reference_accuracy_ratio", model="tiny", version="2") is not None
 
-        # version 2 replaced in place by a folder that cannot load: no longer served, so no reference either
+        # version 2 replaced in place by a folder that cannot load: it keeps serving its earlier files, so its series
+        # stay, and /models says why it did not change
         (repository / "tiny" / "2" / "manifest.json").write_text(json.dumps({**manifest, "format_version": "9.0"}))
-        wait_until(lambda: series(server.url, "director_model_info", model="tiny", version="2",
-                                  state="unavailable") == 1.0, "version 2's failed reload")
+        wait_until(lambda: any(v["reload_error"] for v in httpx.get(f"{server.url}/models/tiny").json()["versions"]),
+                   "version 2's failed reload")
         text = httpx.get(f"{server.url}/metrics").text
-        assert metric_value(text, "director_reference_accuracy_ratio", model="tiny", version="2") is None
-        assert metric_value(text, "director_queue_capacity", model="tiny", version="2") is None
-        assert metric_value(text, "director_model_info", model="tiny", version="2", state="ready") is None
+        assert metric_value(text, "director_reference_accuracy_ratio", model="tiny", version="2") is not None
+        assert metric_value(text, "director_queue_capacity", model="tiny", version="2") == 7.0
+        assert metric_value(text, "director_model_info", model="tiny", version="2", state="unavailable") is None
