@@ -4,6 +4,8 @@ serving sees. PIL and torch only."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
 from PIL import Image
@@ -16,6 +18,31 @@ IMAGE_CONVERSION = (
     "(3 channels), 16-bit grey clipped at 255 by PIL; resized with PIL bilinear to height x width when the size "
     "differs (aspect ratio not kept); divided by 255 to float32 in [0, 1], channels first"
 )
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_corruption(data: bytes) -> str | None:
+    """Why a PNG file is corrupt, or None. Pillow does not check the CRC of image-data chunks, so a file whose pixels
+    were damaged in transit would decode into other pixels; both the server and the pipeline refuse it instead (a
+    prediction on pixels the client never sent is worse than an error). Non-PNG data and files Pillow itself finds
+    truncated pass through to Pillow."""
+    if not data.startswith(PNG_SIGNATURE):
+        return None
+    offset = len(PNG_SIGNATURE)
+    while offset + 12 <= len(data):
+        length = int.from_bytes(data[offset : offset + 4], "big")
+        end = offset + 12 + length  # length, type, data, CRC
+        if end > len(data):
+            return None
+        kind = data[offset + 4 : offset + 8]
+        if zlib.crc32(data[offset + 4 : end - 4]) != int.from_bytes(data[end - 4 : end], "big"):
+            return f"PNG chunk {kind.decode('latin-1')!r} at byte {offset} fails its CRC check (the file is corrupt)"
+        if kind == b"IEND":
+            return None
+        offset = end
+    return None
 
 
 def convert_image(image: Image.Image, channels: int, height: int, width: int) -> torch.Tensor:

@@ -48,6 +48,17 @@ class ApiError(Exception):
         self.headers = headers
 
 
+SHOWN_CHARACTERS = 100  # of a client's string quoted back in an error
+
+
+def shown(value: str) -> str:
+    """A client's string as an error quotes it: ``repr``, cut to ``SHOWN_CHARACTERS`` (a 4 MB model name is not
+    echoed back)."""
+    if len(value) <= SHOWN_CHARACTERS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARACTERS]!r}... ({len(value):,} characters)"
+
+
 def bad_input(message: str) -> ApiError:
     return ApiError(400, message)
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from models.image_input import IMAGE_FORMATS, convert_image
+from models.image_input import IMAGE_FORMATS, convert_image, png_corruption
 from service.errors import ApiError, bad_input, invalid, too_large
 
 
@@ -53,6 +53,9 @@ def decode_base64(data: str, loc: list[str | int]) -> bytes:
 def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, loc: list[str | int],
                     budget: PixelBudget | None = None) -> torch.Tensor:
     channels, height, width = shape
+    corrupt = png_corruption(data)
+    if corrupt is not None:
+        raise bad_input(f"{_where(loc)}: {corrupt}")
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
         if image.width * image.height > max_pixels:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from service.artifact import Artifact
-from service.errors import bad_input, invalid
+from service.errors import bad_input, invalid, shown
 from service.images import check_values, float_array
 from service.protocol import SEED_MAX, surrogate_message
 from service.serving import Outcome
@@ -69,6 +69,9 @@ def named_inputs(body: dict[str, Any], tail: bytes) -> dict[str, Found]:
             chunk, offset = tail[offset:offset + size], offset + size
         name = spec.get("name")
         if isinstance(name, str):
+            if name in found:
+                raise invalid(f"inputs.{i}: input name {shown(name)} is given twice; each input is named once",
+                              ["body", "inputs", i, "name"])
             found[name] = (i, spec, chunk)
     return found
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 SEED_MAX = 2**63 - 1
+NAME_MAX = 256  # characters of a model or version name in a request
 INDEX_MAX = 2**63 - 1  # the largest integer SQLite stores (the feedback store's input index column)
 
 
@@ -67,14 +68,18 @@ Input = ImageInput | PixelsInput | TextInput
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
-    model: UnicodeStr | None = Field(None, description="model name; the server's default model when omitted")
-    version: UnicodeStr | None = Field(None, description="model version; the highest ready version when omitted")
+    model: UnicodeStr | None = Field(None, max_length=NAME_MAX, description="model name; the server's default model "
+                                                                            "when omitted")
+    version: UnicodeStr | None = Field(None, max_length=NAME_MAX, description="model version; the highest ready "
+                                                                              "version when omitted")
     inputs: list[Input] = Field(..., min_length=1, description="one or more inputs, answered in order")
-    n_samples: int | None = Field(None, ge=1, description="stochastic samples per input, 1..manifest max_samples; "
-                                                         "the manifest's default_samples when omitted")
-    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="run alone under torch.manual_seed(seed): "
-                                                                  "the same request gives the same answer")
-    return_probabilities: bool = Field(True, description="include the label -> probability map per input")
+    # strict: true, "8" and 4.0 are not sample counts or seeds (a client sending them has a bug worth hearing about)
+    n_samples: int | None = Field(None, ge=1, strict=True, description="stochastic samples per input (a JSON "
+                                  "integer), 1..manifest max_samples; the manifest's default_samples when omitted")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, strict=True, description="run alone under "
+                             "torch.manual_seed(seed) (a JSON integer): the same request gives the same answer")
+    return_probabilities: bool = Field(True, strict=True, description="include the label -> probability map per "
+                                                                      "input")
 
 
 class Prediction(BaseModel):
@@ -130,8 +135,9 @@ class PredictResponse(BaseModel):
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: UnicodeStr = Field(..., min_length=1, max_length=64, description="the id of a /predict response")
-    index: int = Field(0, ge=0, le=INDEX_MAX, description="input index in that request")
-    label: UnicodeStr | int = Field(..., description="true label: a label name or a class index")
+    index: int = Field(0, ge=0, le=INDEX_MAX, strict=True, description="input index in that request")
+    label: UnicodeStr | StrictInt = Field(..., description="true label: a label name or a class index (a JSON "
+                                                           "integer)")
 
     @model_validator(mode="after")
     def _no_bool(self) -> FeedbackRequest:

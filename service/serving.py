@@ -20,7 +20,7 @@ from service.artifact import ArtifactError, OodRule, ood_rule
 from service.batching import BatchResult, Draining, Inputs, QueueFull, Ticket
 from service.device import DeviceOutOfMemory
 from service.drift import DriftMonitor
-from service.errors import ApiError, invalid, not_found, overloaded, too_large
+from service.errors import ApiError, invalid, not_found, overloaded, shown, too_large
 from service.images import PixelBudget, decode_base64, image_to_tensor, pixels_to_tensor
 from service.metrics import DRAINING, QUEUE_FULL, TIMEOUT
 from service.protocol import ImageInput, Input, PixelsInput, TextInput
@@ -50,20 +50,20 @@ def resolve(state: AppState, model: str | None, version: str | None) -> ReadyVer
     name = model or state.settings.default_model
     repo = state.repository
     if not repo.is_known(name):
-        raise not_found(f"unknown model {name!r}; known: {', '.join(sorted(repo.models)) or 'none'}")
+        raise not_found(f"unknown model {shown(name)}; known: {', '.join(sorted(repo.models)) or 'none'}")
     entry = repo.get(name, version)
     if entry is None and version is not None:
         known = ", ".join(v.version for v in repo.versions(name))
-        raise not_found(f"model {name!r} has no version {version!r}; known: {known}")
+        raise not_found(f"model {shown(name)} has no version {shown(version)}; known: {known}")
     if entry is None:
-        raise overloaded(f"model {name!r} has no ready version yet", retry_after_s=5)
+        raise overloaded(f"model {shown(name)} has no ready version yet", retry_after_s=5)
     if entry.state is VersionState.LOADING:
-        raise overloaded(f"model {name!r} version {entry.version} is still loading", retry_after_s=5)
+        raise overloaded(f"model {shown(name)} version {entry.version} is still loading", retry_after_s=5)
     if entry.state is VersionState.UNAVAILABLE:
-        raise ApiError(503, f"model {name!r} version {entry.version} is unavailable: {entry.reason}")
+        raise ApiError(503, f"model {shown(name)} version {entry.version} is unavailable: {entry.reason}")
     ready = entry.ready()
     if ready is None:  # READY without its artifact or worker cannot happen: the repository sets all three at once
-        raise ApiError(503, f"model {name!r} version {entry.version} is not ready")
+        raise ApiError(503, f"model {shown(name)} version {entry.version} is not ready")
     return ready
 
 

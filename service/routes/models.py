@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from service import serving
 from service.deps import AppStateDep, require_api_key
-from service.errors import ERROR_RESPONSES, not_found
+from service.errors import ERROR_RESPONSES, not_found, shown
 from service.protocol import ModelDetail, ModelList, ModelSummary, VersionInfo
 from service.repository import ModelVersion
 from service.state import AppState
@@ -49,7 +49,7 @@ async def list_models(state: AppStateDep) -> ModelList:
             summary="A model: versions, states, and the default version's manifest and reference calibration")
 async def get_model(name: str, state: AppStateDep) -> ModelDetail:
     if not state.repository.is_known(name):
-        raise not_found(f"unknown model {name!r}")
+        raise not_found(f"unknown model {shown(name)}")
     versions = state.repository.versions(name)
     return detail(state, name, state.repository.default_version(name) or versions[-1])
 
@@ -58,5 +58,5 @@ async def get_model(name: str, state: AppStateDep) -> ModelDetail:
             summary="One version of a model with its manifest")
 async def get_model_version(name: str, version: str, state: AppStateDep) -> ModelDetail:
     if not state.repository.is_known(name, version):
-        raise not_found(f"unknown model {name!r} version {version!r}")
+        raise not_found(f"unknown model {shown(name)} version {shown(version)}")
     return detail(state, name, state.repository.get(name, version))

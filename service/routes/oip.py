@@ -11,7 +11,7 @@ from service import __version__, oip, serving
 from service.admission import ticket_of
 from service.batching import Inputs
 from service.deps import AppStateDep, require_api_key
-from service.errors import ERROR_RESPONSES, not_found
+from service.errors import ERROR_RESPONSES, not_found, shown
 from service.oip_binary import binary_outputs, infer_response
 from service.repository import ModelVersion, ReadyVersion, VersionState
 from service.state import AppState
@@ -48,12 +48,12 @@ async def v2_server() -> dict[str, Any]:
 
 def _entry(state: AppState, name: str, version: str | None) -> ModelVersion:
     if not state.repository.is_known(name):
-        raise not_found(f"unknown model {name!r}")
+        raise not_found(f"unknown model {shown(name)}")
     entry = state.repository.get(name, version)
     if entry is None and version is not None:
-        raise not_found(f"unknown model {name!r} version {version!r}")
+        raise not_found(f"unknown model {shown(name)} version {shown(version)}")
     if entry is None:
-        raise not_found(f"model {name!r} has no ready version")
+        raise not_found(f"model {shown(name)} has no ready version")
     return entry
 
 
@@ -70,7 +70,7 @@ def _metadata(state: AppState, name: str, version: str | None) -> dict[str, Any]
 def _ready(state: AppState, name: str, version: str | None) -> JSONResponse:
     entry = _entry(state, name, version) if version is not None or state.repository.is_known(name) else None
     if entry is None:
-        raise not_found(f"unknown model {name!r}")
+        raise not_found(f"unknown model {shown(name)}")
     ready = entry.state is VersionState.READY and not state.lifecycle.draining
     return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 

@@ -8,6 +8,7 @@ predictions counter proves that no forward ran."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import socket
 import struct
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.service.conftest import TEXT_MODEL, Running, metric_value, random_pixels
 
@@ -278,3 +280,55 @@ def test_malformed_http_is_answered_by_uvicorn_in_plain_text(tiny_server: Runnin
             data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"text/plain" in head.lower() and b"Invalid HTTP request" in body
+
+
+# ---- loose numbers, repeated names, long names, damaged PNG chunks -----------------------------------------------
+@pytest.mark.parametrize("field,value", [("n_samples", True), ("n_samples", "8"), ("n_samples", 4.0),
+                                         ("seed", True), ("seed", 1e18), ("seed", "7")])
+def test_sample_counts_and_seeds_must_be_json_integers(client: httpx.Client, tiny_server: Running, field: str,
+                                                       value: Any) -> None:
+    before = predictions(tiny_server)
+    body = assert_error(send(client, "/predict", {**pixels_body(0.5), field: value}), 422, field)
+    assert any(d["loc"][-1] == field for d in body["details"])
+    assert predictions(tiny_server) == before
+
+
+@pytest.mark.parametrize("label", [True, 1.0])
+def test_feedback_labels_are_names_or_integers(client: httpx.Client, label: Any) -> None:
+    assert_error(send(client, "/feedback", {"id": "x", "index": 0, "label": label}), 422, "label")
+
+
+def test_feedback_index_must_be_an_integer(client: httpx.Client) -> None:
+    assert_error(send(client, "/feedback", {"id": "x", "index": "0", "label": 1}), 422, "index")
+
+
+def test_oip_inputs_named_twice_are_422(client: httpx.Client, tiny_server: Running) -> None:
+    before = predictions(tiny_server)
+    twice = {"inputs": [*oip_pixels(GOOD)["inputs"], *oip_pixels(GOOD)["inputs"]]}
+    assert_error(send(client, OIP, twice), 422, "given twice")
+    assert predictions(tiny_server) == before
+
+
+def test_long_names_are_not_echoed_back(client: httpx.Client) -> None:
+    name = "m" * 1_000_000  # within the body limit
+    response = send(client, "/predict", {**pixels_body(0.5), "model": name})
+    assert_error(response, 422, "model")
+    assert len(response.content) < 2_000
+    response = client.get(f"/models/{'m' * 5_000}")
+    assert_error(response, 404, "5,000 characters")
+    assert len(response.content) < 2_000
+
+
+def test_a_png_whose_image_data_fails_its_crc_is_400(client: httpx.Client, tiny_server: Running) -> None:
+    """Pillow would decode the damaged pixels; the server refuses the file (docs/api.md)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((28, 28), 120, dtype=np.uint8), "L").save(buffer, "PNG")
+    data = bytearray(buffer.getvalue())
+    at = data.index(b"IDAT")
+    data[at + 8] ^= 0x01  # the first byte of the compressed data: its CRC no longer matches
+    before = predictions(tiny_server)
+    encoded = base64.b64encode(bytes(data)).decode()
+    assert_error(send(client, "/predict", {"inputs": [{"image_base64": encoded}]}), 400, "'IDAT'", "CRC")
+    assert predictions(tiny_server) == before
+    good = base64.b64encode(buffer.getvalue()).decode()
+    assert send(client, "/predict", {"inputs": [{"image_base64": good}]}).status_code == 200

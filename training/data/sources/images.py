@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from models.image_input import IMAGE_FORMATS, convert_image
+from models.image_input import IMAGE_FORMATS, convert_image, png_corruption
 from training.data.image_file import ImageFile
 from training.data.images import Dataset, Split
 from training.data.sources.errors import DataError
@@ -40,6 +40,9 @@ def read_image(path: Path, channels: int, height: int, width: int) -> tuple[torc
         data = path.read_bytes()
     except OSError as exc:
         raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    corrupt = png_corruption(data)
+    if corrupt is not None:
+        raise DataError(f"{path}: {corrupt}; the server refuses such files too: re-export the image or remove it")
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
         image.load()
