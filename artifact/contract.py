@@ -26,8 +26,9 @@ from pydantic import (
     model_validator,
 )
 
-# a reader refuses another major version; a newer minor version only adds keys (1.1: ood.combination, scored_rows)
-FORMAT_VERSION = "1.1"
+# a reader refuses another major version; a newer minor version only adds keys (1.1: ood.combination, scored_rows;
+# 1.2: artifact.input_scores, the feature-space scores)
+FORMAT_VERSION = "1.2"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -219,7 +220,9 @@ class ArtifactInfo(Section):
     torch: str | None = None
     forward: str | None = None
     sample_rows: str | None = None
-    scored_rows: str | None = None  # DIRECTOR with the backbone's last transitions: rows and the kernel error
+    scored_rows: str | None = None  # DIRECTOR with the backbone's last transitions: rows and per-input scores
+    # the columns of scored_rows' per-input scores [B, F] in order (1.2); absent: the kernel error alone, shape [B]
+    input_scores: list[str] | None = None
     parameters: int | None = None
 
 

@@ -290,7 +290,17 @@ class DecoderReadout(nn.Module):
         return cls(DecoderMlpSublayer.from_hf(last, decoder.config), RMSNorm.from_hf(decoder.norm), model.score)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.features(x, key_padding_mask))  # [R, C]
+
+    def features(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """X_T [R, L, D] -> the score head's input [R, D]."""
         rows, tokens, _ = x.shape
         last = last_real_index(key_padding_mask, rows, tokens, x.device)  # [R]
         pooled = x[torch.arange(rows, device=x.device), last]  # [R, D]
-        return self.head(self.norm(self.feed_forward(pooled)))  # [R, C]
+        return self.norm(self.feed_forward(pooled))  # [R, D]
+
+    @torch.jit.unused
+    def final_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight [C, D], bias [C]) with logits = features @ weight.T + bias (a score head without bias: zeros)."""
+        bias = self.head.bias if self.head.bias is not None else torch.zeros(self.head.out_features)
+        return self.head.weight.detach(), bias.detach()

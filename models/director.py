@@ -10,6 +10,9 @@ Kernel error (an input-level OOD score): an export can give the rollout the back
 ``teacher``, deterministic). ``scored_rows`` then also returns, per input, the kernel's mean squared error against the
 backbone's next state along the backbone's trajectory: where one shared block imitates the backbone badly, the input
 is unlike what it was distilled on. At K = 1 this costs one backbone layer per input, whatever the sample count.
+That trajectory ends at the backbone's own X_T, so the same forward gives the backbone's penultimate features, and a
+``feature_scorer`` (``models.feature_scores``) turns them into the feature-space scores, returned beside the kernel
+error as further columns.
 """
 
 from __future__ import annotations
@@ -84,18 +87,20 @@ class StochasticRollout(nn.Module):
 
     def forward_scored(
         self, x0: torch.Tensor, repeats: torch.Tensor, key_padding_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x0 [B, N, D], repeats [B] -> (X_T [sum(repeats), N, D], kernel error [B]), sharing the first step's mean."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x0 [B, N, D], repeats [B] -> (X_T [sum(repeats), N, D], kernel error [B], the teacher's own X_T [B, N, D]),
+        sharing the first step's mean."""
         mean, std = self.step(x0, 1, key_padding_mask)  # [B, N, D] once per input
-        error = self.kernel_error(x0, mean, key_padding_mask)  # [B]
-        return self.sample_from(mean, std, repeats, key_padding_mask), error
+        error, teacher_end = self.kernel_error(x0, mean, key_padding_mask)  # [B], [B, N, D]
+        return self.sample_from(mean, std, repeats, key_padding_mask), error, teacher_end
 
     def kernel_error(
         self, x0: torch.Tensor, first_mean: torch.Tensor, key_padding_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per input [B] (fp32): the kernel's squared mean error against the teacher's next state, averaged over the K
-        steps along the teacher's trajectory (teacher forcing), real tokens and features. ``first_mean`` [B, N, D] is
-        the kernel's mean at step 1 from x0 [B, N, D]."""
+        steps along the teacher's trajectory (teacher forcing), real tokens and features; and where that trajectory
+        ends, the backbone's own X_T [B, N, D] (its features feed the feature-space scores). ``first_mean``
+        [B, N, D] is the kernel's mean at step 1 from x0 [B, N, D]."""
         if not self.has_teacher:
             raise RuntimeError("this rollout carries no teacher transitions: it cannot compute the kernel error")
         error = torch.zeros(x0.shape[0], dtype=torch.float32, device=x0.device)  # [B]
@@ -107,7 +112,7 @@ class StochasticRollout(nn.Module):
             x = transition(x, key_padding_mask)  # [B, N, D] the backbone's X_{T-K+t}
             error = error + per_input_mean((mean.float() - x.float()).square(), key_padding_mask)  # [B]
             t += 1
-        return error / self.num_steps
+        return error / self.num_steps, x
 
     def sample_from(
         self, mean: torch.Tensor, std: torch.Tensor, repeats: torch.Tensor, key_padding_mask: torch.Tensor | None
@@ -135,6 +140,19 @@ class IdentityPrefix(nn.Module):
         return x
 
 
+class NoFeatureScores(nn.Module):
+    """The feature scorer of a model that carries none: no columns."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.new_zeros((features.shape[0], 0))  # [B, 0]
+
+
+def input_scores(error: torch.Tensor, feature_scores: torch.Tensor) -> torch.Tensor:
+    """The per-input scores ``scored_rows`` returns [B, 1 + F]: the kernel error [B], then the feature scorer's
+    columns [B, F] (``models.feature_scores.FEATURE_SCORES``, or none)."""
+    return torch.cat([error.unsqueeze(1), feature_scores.float()], dim=1)  # [B, 1 + F]
+
+
 class ImageDirector(nn.Module):
     """Artifact-contract image model: ``forward(pixels, n_samples) -> [S, B, C]`` logits and
     ``sample_rows(pixels, repeats) -> [sum(repeats), C]``."""
@@ -146,6 +164,7 @@ class ImageDirector(nn.Module):
         self.prefix = prefix if prefix is not None else IdentityPrefix()
         self.rollout = rollout
         self.readout = readout
+        self.feature_scorer: nn.Module = NoFeatureScores()
 
     @torch.jit.export
     def sample_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
@@ -161,7 +180,9 @@ class ImageDirector(nn.Module):
 
     @torch.jit.export
     def scored_rows(self, pixels: torch.Tensor, repeats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``sample_rows`` and the kernel error of every input [B] in one forward (needs the teacher transitions)."""
+        """``sample_rows`` and every input's scores [B, 1 + F] (``input_scores``) in one forward (needs the teacher
+        transitions)."""
         x_start = self.prefix(self.embedding(pixels), None)  # [B, N, D] deterministic, once per input
-        x_t, error = self.rollout.forward_scored(x_start, repeats, None)  # [R, N, D], [B]
-        return self.readout(x_t), error  # [R, C], [B]
+        x_t, error, teacher_end = self.rollout.forward_scored(x_start, repeats, None)  # [R, N, D], [B], [B, N, D]
+        scores = input_scores(error, self.feature_scorer(self.readout.features(teacher_end, None)))  # [B, 1 + F]
+        return self.readout(x_t), scores  # [R, C], [B, 1 + F]

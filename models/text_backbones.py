@@ -59,7 +59,8 @@ class ClassifierHead(nn.Module):
         """No dense layer and no activation: the head is its output layer alone."""
         return isinstance(self.pre, nn.Identity) and self.activation == "none"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """pooled [B, D] -> the output layer's input [B, D'] (the dense layer and activation)."""
         x = self.pre(x)  # [B, D']
         if self.activation == "tanh":
             x = torch.tanh(x)
@@ -67,7 +68,10 @@ class ClassifierHead(nn.Module):
             x = F.gelu(x)
         elif self.activation == "relu":
             x = F.relu(x)
-        return self.out(x)  # [B, C]
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.hidden(x))  # [B, C]
 
 
 def head_output(head: nn.Module) -> nn.Linear:

@@ -12,7 +12,8 @@ under the artifact contract:
 
 - ``forward(input_ids [B, L] int64, attention_mask [B, L] int64, n_samples) -> logits [S, B, C]``
 - ``sample_rows(input_ids, attention_mask, repeats [B] int64) -> logits [sum(repeats), C]``, rows grouped by input
-- ``scored_rows(input_ids, attention_mask, repeats) -> (logits [sum(repeats), C], kernel error [B])``
+- ``scored_rows(input_ids, attention_mask, repeats) -> (logits [sum(repeats), C], scores [B, 1 + F])``: the kernel
+  error, then the feature-space scores when the artifact carries them (``models.director.input_scores``)
 
 Inputs are right-padded (positions start at 0 in every row: a text's tokens must start at position 0). Padding
 changes nothing: every part is per token except attention (padding keys masked) and pooling (over real tokens).
@@ -27,7 +28,7 @@ from torch import nn
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from models.bert_view import BertReadout, BertTransitionView
-from models.director import StochasticRollout
+from models.director import NoFeatureScores, StochasticRollout, input_scores
 from models.half_storage import WordTable, store_linears_in_half
 from models.kernel import TransitionKernel
 from models.text_backbones import ClassifierHead
@@ -89,7 +90,8 @@ class TextReadout(nn.Module):
         if not isinstance(head, nn.Linear | ClassifierHead):
             raise TypeError(f"a text head is nn.Linear or ClassifierHead, got {type(head).__name__}")
         self.feed_forward = feed_forward
-        self.head = copy.deepcopy(head)
+        # one head type, so that ``features`` scripts: a linear head is a ClassifierHead with no dense layer
+        self.head = copy.deepcopy(head) if isinstance(head, ClassifierHead) else ClassifierHead(copy.deepcopy(head))
         self.cls_pooling = pooling == "cls"
 
     @classmethod
@@ -97,16 +99,26 @@ class TextReadout(nn.Module):
         """Copy a ``BertReadout`` (the frozen view's readout) into plain modules."""
         return cls(TextFeedForward.from_bert(readout.last_layer), readout.head, readout.pooling)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def pooled(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
         h = self.feed_forward(x)  # [R, L, D] = last_hidden_state
         if self.cls_pooling:
-            pooled = h[:, 0]  # [R, D]
-        elif key_padding_mask is None:
-            pooled = h.mean(dim=1)  # [R, D]
-        else:
-            real = key_padding_mask.to(h.dtype).unsqueeze(-1)  # [R, L, 1]
-            pooled = (h * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)  # [R, D]
-        return self.head(pooled)  # [R, C]
+            return h[:, 0]  # [R, D]
+        if key_padding_mask is None:
+            return h.mean(dim=1)  # [R, D]
+        real = key_padding_mask.to(h.dtype).unsqueeze(-1)  # [R, L, 1]
+        return (h * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)  # [R, D]
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.pooled(x, key_padding_mask))  # [R, C]
+
+    def features(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """X_T [R, L, D] -> the final linear layer's input [R, D'] (after a head's dense layer and activation)."""
+        return self.head.hidden(self.pooled(x, key_padding_mask))  # [R, D']
+
+    @torch.jit.unused
+    def final_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight [C, D'], bias [C]) with logits = features @ weight.T + bias."""
+        return self.head.out.weight.detach(), self.head.out.bias.detach()
 
 
 class TextDirector(nn.Module):
@@ -124,6 +136,7 @@ class TextDirector(nn.Module):
         self.prefix = prefix if prefix is not None else TextPrefix([], [])
         self.rollout = rollout
         self.readout = readout
+        self.feature_scorer: nn.Module = NoFeatureScores()
 
     @torch.jit.export
     def sample_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor
@@ -137,12 +150,14 @@ class TextDirector(nn.Module):
     @torch.jit.export
     def scored_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``sample_rows`` and the kernel error of every input [B] in one forward (needs the teacher transitions)."""
+        """``sample_rows`` and every input's scores [B, 1 + F] (``models.director.input_scores``) in one forward (needs
+        the teacher transitions)."""
         mask = attention_mask > 0  # [B, L] True for real tokens
         x_start = self.prefix(self.embedding(input_ids), mask)  # [B, L, D] deterministic, once per input
-        x_t, error = self.rollout.forward_scored(x_start, repeats, mask)  # [R, L, D], [B]
+        x_t, error, teacher_end = self.rollout.forward_scored(x_start, repeats, mask)  # [R, L, D], [B], [B, L, D]
+        scores = input_scores(error, self.feature_scorer(self.readout.features(teacher_end, mask)))  # [B, 1 + F]
         row_mask = torch.repeat_interleave(mask, repeats, dim=0, output_size=x_t.shape[0])  # [R, L]
-        return self.readout(x_t, row_mask), error  # [R, C], [B]
+        return self.readout(x_t, row_mask), scores  # [R, C], [B, 1 + F]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_samples: int) -> torch.Tensor:
         batch = input_ids.shape[0]

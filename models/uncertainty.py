@@ -5,6 +5,7 @@ All entropies are in nats and computed in fp32 from log-softmax, never from ``lo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -79,8 +80,10 @@ def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, 
 
 OOD_SCORES = ("max_softmax", "predictive_entropy", "mutual_information", "energy")  # from sampled logits
 KERNEL_ERROR = "kernel_error"  # from the rollout: an artifact's ``scored_rows`` returns it per input
+FEATURE_SCORES = ("mds", "rmds", "knn", "vim")  # on the backbone's penultimate features (models.feature_scores)
+INPUT_SCORES = (KERNEL_ERROR, *FEATURE_SCORES)  # one value per input whatever the sample count: scored_rows' columns
 COMBINED = "combined"  # a weighted sum of standardised scores (``ScoreTerm``), e.g. energy and the kernel error
-SERVED_SCORES = (*OOD_SCORES, KERNEL_ERROR, COMBINED)
+SERVED_SCORES = (*OOD_SCORES, *INPUT_SCORES, COMBINED)
 
 
 @dataclass(frozen=True)
@@ -100,10 +103,11 @@ class ScoreTerm:
         return self.weight * (values - self.center) / self.scale  # [B]
 
 
-def ood_score(summary: UncertaintySummary, name: str, kernel_error: torch.Tensor | None = None,
+def ood_score(summary: UncertaintySummary, name: str, inputs: Mapping[str, torch.Tensor] | None = None,
               terms: tuple[ScoreTerm, ...] = ()) -> torch.Tensor:
-    """One OOD score per input, higher = more out-of-distribution. ``kernel_error`` [B] is the rollout's own error
-    (needed by ``kernel_error`` and by combined scores using it); ``terms`` define ``combined``."""
+    """One OOD score per input, higher = more out-of-distribution. ``inputs`` maps the per-input scores an artifact's
+    ``scored_rows`` returned (``INPUT_SCORES``: the kernel error, the feature-space scores) to [B] each: needed by
+    those scores and by combined scores using them; ``terms`` define ``combined``."""
     if name == "max_softmax":
         return 1.0 - summary.confidence
     if name == "predictive_entropy":
@@ -112,17 +116,18 @@ def ood_score(summary: UncertaintySummary, name: str, kernel_error: torch.Tensor
         return summary.mutual_information
     if name == "energy":
         return summary.energy
-    if name == KERNEL_ERROR:
-        if kernel_error is None:
-            raise ValueError("the kernel_error score needs the rollout's kernel error (an artifact's scored_rows)")
-        return kernel_error.float()
+    if name in INPUT_SCORES:
+        if inputs is None or name not in inputs:
+            raise ValueError(f"the {name} score is computed per input by the artifact's scored_rows, which gave "
+                             f"{sorted(inputs or {})}")
+        return inputs[name].float()
     if name == COMBINED:
         if not terms or any(term.score == COMBINED for term in terms):
             raise ValueError("a combined score needs terms, none of them combined")
-        return torch.stack([term(ood_score(summary, term.score, kernel_error)) for term in terms]).sum(0)  # [B]
+        return torch.stack([term(ood_score(summary, term.score, inputs)) for term in terms]).sum(0)  # [B]
     raise ValueError(f"unknown OOD score {name!r}; choose from {SERVED_SCORES}")
 
 
-def needs_kernel_error(name: str, terms: tuple[ScoreTerm, ...] = ()) -> bool:
-    """Whether the score ``name`` (with its ``terms``) reads the rollout's kernel error."""
-    return name == KERNEL_ERROR or (name == COMBINED and any(term.score == KERNEL_ERROR for term in terms))
+def needs_input_scores(name: str, terms: tuple[ScoreTerm, ...] = ()) -> bool:
+    """Whether the score ``name`` (with its ``terms``) reads a per-input score of ``scored_rows``."""
+    return name in INPUT_SCORES or (name == COMBINED and any(term.score in INPUT_SCORES for term in terms))

@@ -75,6 +75,22 @@ class VitReadout(nn.Module):
         x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.pool_avg else x[:, 0]  # [B, D]
         return self.head(self.fc_norm(x))  # [B, C]
 
+    def features(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """X_T [B, N, D] -> the head's input [B, D'] (a distilled DeiT: both tokens' features, [B, 2D])."""
+        x = self.norm(x + self.ls2(self.mlp(self.norm2(x))))  # [B, N, D]
+        if self.distilled:
+            return torch.cat([x[:, 0], x[:, 1]], dim=1)  # [B, 2D]
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.pool_avg else x[:, 0]  # [B, D]
+        return self.fc_norm(x)  # [B, D]
+
+    @torch.jit.unused
+    def final_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight [C, D'], bias [C]) with logits = features @ weight.T + bias."""
+        if self.distilled:
+            weight = torch.cat([self.head.weight, self.head_dist.weight], dim=1) / 2  # [C, 2D]
+            return weight.detach(), ((self.head.bias + self.head_dist.bias) / 2).detach()
+        return self.head.weight.detach(), self.head.bias.detach()
+
 
 class VitPrefix(nn.Module):
     """The first ``num_transitions`` transitions run as the real backbone (partial depth, docs/method.md):

@@ -24,7 +24,7 @@ from artifact.contract import (
     read_document,
     verify_files,
 )
-from models.uncertainty import KERNEL_ERROR, OOD_SCORES, SERVED_SCORES, ScoreTerm, needs_kernel_error
+from models.uncertainty import INPUT_SCORES, KERNEL_ERROR, OOD_SCORES, SERVED_SCORES, ScoreTerm, needs_input_scores
 from service.device import Device
 from service.shapes import WARM_CALLS, warm_counts, warm_text_width
 from service.texts import encode, pad_batch, warm_up_texts
@@ -64,10 +64,23 @@ def validate_manifest(document: dict[str, Any]) -> Manifest:
             raise ArtifactError(f"bad ood.thresholds entry {count!r}: score {entry.score!r} is not one of "
                                 f"{', '.join(SERVED_SCORES)}")
     for term in manifest.ood.combination or []:
-        if term.score not in (*OOD_SCORES, KERNEL_ERROR):
+        if term.score not in (*OOD_SCORES, *INPUT_SCORES):
             raise ArtifactError(f"bad ood.combination term: score {term.score!r} is not one of "
-                                f"{', '.join((*OOD_SCORES, KERNEL_ERROR))}")
+                                f"{', '.join((*OOD_SCORES, *INPUT_SCORES))}")
+    given = set(input_score_names(manifest))
+    used = {entry.score for entry in manifest.ood.thresholds.values()}
+    used |= {term.score for term in manifest.ood.combination or []}
+    missing = sorted((used & set(INPUT_SCORES)) - given)
+    if missing:
+        raise ArtifactError(f"the OOD rules use {', '.join(missing)}, which the artifact's scored_rows does not return "
+                            f"(artifact.input_scores: {sorted(given)})")
     return manifest
+
+
+def input_score_names(manifest: Manifest) -> tuple[str, ...]:
+    """The columns of the artifact's ``scored_rows`` scores: ``artifact.input_scores``; an artifact from before
+    feature-space scores returns the kernel error alone."""
+    return tuple(manifest.artifact.input_scores or (KERNEL_ERROR,))
 
 
 def score_terms(ood: Ood) -> tuple[ScoreTerm, ...]:
@@ -75,10 +88,10 @@ def score_terms(ood: Ood) -> tuple[ScoreTerm, ...]:
     return tuple(ScoreTerm(t.score, t.weight, t.center, t.scale, t.log) for t in ood.combination or [])
 
 
-def uses_kernel_error(manifest: Manifest) -> bool:
-    """Whether any of the manifest's OOD rules reads the kernel error (the artifact's ``scored_rows``)."""
+def uses_input_scores(manifest: Manifest) -> bool:
+    """Whether any of the manifest's OOD rules reads a per-input score (the artifact's ``scored_rows``)."""
     terms = score_terms(manifest.ood)
-    return any(needs_kernel_error(entry.score, terms) for entry in manifest.ood.thresholds.values())
+    return any(needs_input_scores(entry.score, terms) for entry in manifest.ood.thresholds.values())
 
 
 def ood_rule(ood: Ood, n_samples: int) -> OodRule:
@@ -108,16 +121,26 @@ class Artifact:
 
     @cached_property
     def scored(self) -> bool:
-        """Forwards call ``scored_rows`` (rows and the kernel error) instead of ``sample_rows``."""
-        return uses_kernel_error(self.manifest)
+        """Forwards call ``scored_rows`` (rows and per-input scores) instead of ``sample_rows``."""
+        return uses_input_scores(self.manifest)
+
+    @cached_property
+    def input_score_names(self) -> tuple[str, ...]:
+        return input_score_names(self.manifest)
 
     def rows(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward of the model inputs and ``repeats`` (last): the sampled rows [sum(repeats), C] and, when the
-        OOD score needs it, the kernel error of every input [B] (else None)."""
+        OOD score needs them, every input's scores [B, F] in ``input_score_names`` order (else None)."""
         if self.scored:
-            rows, error = self.module.scored_rows(*inputs)
-            return rows, error
+            rows, scores = self.module.scored_rows(*inputs)
+            return rows, scores.unsqueeze(1) if scores.dim() == 1 else scores  # a kernel error alone: [B] -> [B, 1]
         return self.module.sample_rows(*inputs), None
+
+    def named_scores(self, scores: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """Per-input scores [n, F] by name ([n] each), or None."""
+        if scores is None:
+            return None
+        return {name: scores[:, i] for i, name in enumerate(self.input_score_names)}
 
     @property
     def text(self) -> TextInput | None:
@@ -179,7 +202,7 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
         raise ArtifactError(f"torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
     artifact = Artifact(folder, manifest, module)
     if artifact.scored and not hasattr(module, "scored_rows"):
-        raise ArtifactError("the manifest's OOD score needs the kernel error but the artifact has no scored_rows")
+        raise ArtifactError("the manifest's OOD score needs per-input scores but the artifact has no scored_rows")
     if artifact.text is not None:
         artifact.tokenizer = load_tokenizer(folder, artifact.text)
     warm_up(artifact, device)
@@ -238,8 +261,10 @@ def warm_up(artifact: Artifact, device: Device) -> None:
         raise ArtifactError(f"warm-up returned shape {tuple(rows.shape)}, expected {expected}")
     if not torch.isfinite(rows).all():
         raise ArtifactError("warm-up returned non-finite logits")
-    if error is not None and (tuple(error.shape) != (2,) or not torch.isfinite(error).all()):
-        raise ArtifactError(f"warm-up returned a kernel error of shape {tuple(error.shape)} or non-finite, expected 2")
+    columns = len(artifact.input_score_names)
+    if error is not None and (tuple(error.shape) != (2, columns) or not torch.isfinite(error).all()):
+        raise ArtifactError(f"warm-up returned per-input scores of shape {tuple(error.shape)} or non-finite, expected "
+                            f"(2, {columns}) for artifact.input_scores {list(artifact.input_score_names)}")
     if device.shapes.buckets:
         warm_up_buckets(artifact, device)
 

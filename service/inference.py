@@ -1,6 +1,6 @@
-"""One batched forward over several requests: ``sample_rows`` (or ``scored_rows``, when the OOD score needs the kernel
-error) with mixed sample counts, rows split back per input with ``split_rows`` and summarised per request with
-``summarize``. Runs in a worker thread.
+"""One batched forward over several requests: ``sample_rows`` (or ``scored_rows``, when the OOD score needs a
+per-input score: the kernel error or a feature-space score) with mixed sample counts, rows split back per input with
+``split_rows`` and summarised per request with ``summarize``. Runs in a worker thread.
 
 Images are bounded by sampled rows (``max_batch_samples``), texts by padded tokens x samples (``max_batch_tokens``):
 a text forward is right-padded to its longest text rounded up to a multiple of 8 (``service.texts``)."""
@@ -34,8 +34,8 @@ def chunks_by_rows(repeats: Sequence[int], max_batch_samples: int) -> list[slice
 
 def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repeats: list[int],
                  max_batch_samples: int, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Sampled logit rows ``[sum(repeats), C]`` (fp32, host), grouped by input in order, and the kernel error of
-    every input ``[n]`` when the artifact's OOD score needs it (else None). Each forward is padded to the device's
+    """Sampled logit rows ``[sum(repeats), C]`` (fp32, host), grouped by input in order, and the per-input scores
+    ``[n, F]`` when the artifact's OOD score needs them (else None). Each forward is padded to the device's
     shape buckets (``service.shapes``) and its padding dropped; results stay on the device until one copy back."""
     outputs, errors = [], []
     with device.lock, torch.inference_mode(), device.autocast(), device.guard_memory():
@@ -45,7 +45,7 @@ def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repea
             padding = device.shapes.padding(repeats[part])
             x = device.to_device(pad_pixels(pixels[part], padding))  # [inputs, C, H, W]
             r = device.to_device(padding.repeats(repeats[part]))  # [inputs]
-            rows, error = artifact.rows(x, r)  # [rows, C], [inputs] or None
+            rows, error = artifact.rows(x, r)  # [rows, C], [inputs, F] or None
             outputs.append(rows[:padding.real_rows])  # [sum(repeats[part]), C]
             if error is not None:
                 errors.append(error[:padding.real_inputs])  # [len(part)]
@@ -53,7 +53,7 @@ def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repea
 
 
 def host_errors(device: Device, errors: list[torch.Tensor]) -> torch.Tensor | None:
-    """The forwards' kernel errors as one fp32 host vector, or None when the artifact computed none."""
+    """The forwards' per-input scores as one fp32 host matrix [n, F], or None when the artifact computed none."""
     return device.to_host(torch.cat(errors).float()) if errors else None
 
 
@@ -76,8 +76,8 @@ def chunks_by_tokens(lengths: Sequence[int], repeats: Sequence[int], max_batch_t
 def forward_token_rows(artifact: Artifact, device: Device, ids: list[list[int]], repeats: list[int],
                        max_batch_tokens: int, seed: int | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """Sampled logit rows ``[sum(repeats), C]`` (fp32, host) of tokenised texts, grouped by input in order, the kernel
-    error of every text ``[n]`` (or None, as ``forward_rows``) and the padded tokens x samples the forwards ran on
+    """Sampled logit rows ``[sum(repeats), C]`` (fp32, host) of tokenised texts, grouped by input in order, the
+    per-input scores ``[n, F]`` (or None, as ``forward_rows``) and the padded tokens x samples the forwards ran on
     (shape-bucket padding included)."""
     spec = artifact.text
     assert spec is not None
@@ -91,7 +91,7 @@ def forward_token_rows(artifact: Artifact, device: Device, ids: list[list[int]],
             input_ids, mask = pad_tokens(*pad_batch(ids[part], spec.pad_id, spec.max_length), padding, spec.pad_id)
             tokens += int(input_ids.shape[1]) * padding.rows
             rows, error = artifact.rows(device.to_device(input_ids), device.to_device(mask),
-                                        device.to_device(padding.repeats(repeats[part])))  # [rows, C], [inputs]
+                                        device.to_device(padding.repeats(repeats[part])))  # [rows, C], [inputs, F]
             outputs.append(rows[:padding.real_rows])  # [sum(repeats[part]), C]
             if error is not None:
                 errors.append(error[:padding.real_inputs])  # [len(part)]
@@ -110,8 +110,9 @@ def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int],
     return out
 
 
-def split_errors(errors: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
-    """The batch's kernel errors [sum(sizes)] back per request ([n] each), or None for each when there are none."""
+def split_scores(errors: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
+    """The batch's per-input scores [sum(sizes), F] back per request ([n, F] each), or None for each when there are
+    none."""
     if errors is None:
         return [None] * len(sizes)
     return list(torch.split(errors, sizes))

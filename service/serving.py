@@ -202,7 +202,7 @@ async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: i
         raise ApiError(504, f"no result within {state.settings.request_timeout_s:g}s") from exc
     finally:
         metrics.queue_depth.labels(*labels).set(worker.depth)
-    scores = ood_score(batch.summary, rule.score, batch.kernel_error, rule.terms).tolist()
+    scores = ood_score(batch.summary, rule.score, entry.artifact.named_scores(batch.input_scores), rule.terms).tolist()
     flags = [score > rule.threshold for score in scores]
     texts = inputs if isinstance(inputs, list) else None
     outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch, texts)

@@ -133,6 +133,10 @@ class ExportConfig:
     eval_samples: int = 16
     noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
     docs_dir: str = "docs/results"
+    # the feature-space OOD scores' statistics (models.feature_scores), fitted on the training split's backbone
+    # features and carried in the artifact; knn_bank: the training features kept for KNN (its rows in the artifact)
+    feature_scores: bool = True
+    knn_bank: int = 10_000
 
 
 @dataclass

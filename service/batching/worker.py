@@ -21,7 +21,7 @@ from service.artifact import Artifact
 from service.batching.cost import BatchCost
 from service.batching.slots import QueueFull, Slots, Ticket
 from service.device import Device
-from service.inference import forward_rows, forward_token_rows, split_errors, summarize_requests
+from service.inference import forward_rows, forward_token_rows, split_scores, summarize_requests
 from service.texts import EncodedText, padded_length
 
 Inputs = torch.Tensor | list[EncodedText]  # pixels [n, C, H, W] float32 in [0, 1], or n tokenised texts
@@ -58,7 +58,7 @@ class WorkItem:
 @dataclass(frozen=True)
 class BatchResult:
     summary: UncertaintySummary  # fields of shape [n]
-    kernel_error: torch.Tensor | None  # [n]: the rollout's own error, when the artifact's OOD score needs it
+    input_scores: torch.Tensor | None  # [n, F]: scored_rows' per-input scores, when the artifact's OOD score needs them
     queue_s: float
     inference_s: float
     batch_requests: int
@@ -236,4 +236,4 @@ class BatchWorker:
             pixels = torch.cat(images)  # [sum(n), C, H, W]
             rows, errors = forward_rows(self.artifact, self.device, pixels, repeats, cost.max_batch_samples, seed)
         summaries = summarize_requests(rows, sizes, samples, self.artifact.temperature)
-        return summaries, split_errors(errors, sizes), tokens
+        return summaries, split_scores(errors, sizes), tokens

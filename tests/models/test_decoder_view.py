@@ -156,8 +156,9 @@ def test_prefix_equals_the_first_transitions(tmp_path: Path, num_transitions: in
     with torch.no_grad():
         expected = _rollout(view, ids, mask)[num_transitions][0]  # [B, L, D]
         x0 = view.embed(ids, mask)
+        scale = max(1.0, float(expected[real].abs().max()))  # float32 rounding grows with the states' size
         for module in (prefix, scripted):
-            assert float((module(x0, real) - expected)[real].abs().max()) <= 1e-5
+            assert float((module(x0, real) - expected)[real].abs().max()) <= 1e-5 * scale
     assert prefix.num_transitions == num_transitions
     with pytest.raises(ValueError, match="0..3"):
         view.prefix(4)
@@ -263,7 +264,7 @@ def test_director_scripts_and_follows_the_contract(tmp_path: Path) -> None:
         noisy = director(ids, mask, 4)
         torch.manual_seed(3)
         served_noisy = served(ids, mask, 4)
-    assert logits.shape == (4, 3, 3) and rows.shape == (6, 3) and error.shape == (3,)
+    assert logits.shape == (4, 3, 3) and rows.shape == (6, 3) and error.shape == (3, 1)  # the kernel error alone
     for mine, theirs in ((logits, served_logits), (rows, served_rows), (scored, served_scored),
                          (error, served_error), (noisy, served_noisy)):
         torch.testing.assert_close(theirs, mine, atol=1e-5, rtol=0)

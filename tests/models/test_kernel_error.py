@@ -47,7 +47,9 @@ def test_image_scored_rows_give_the_diagnostics_error_and_the_same_rows(depth: i
     scripted = script_module(director)
     repeats = torch.tensor([2, 1, 3])
     torch.manual_seed(1)
-    rows, error = scripted.scored_rows(pixels, repeats)  # [6, 10], [3]
+    rows, scores = scripted.scored_rows(pixels, repeats)  # [6, 10], [3, 1]: no feature scorer, the error alone
+    error = scores[:, 0]
+    assert scores.shape == (3, 1)
     torch.manual_seed(1)
     torch.testing.assert_close(rows, scripted.sample_rows(pixels, repeats))
     torch.testing.assert_close(error, expected, rtol=1e-4, atol=1e-8)
@@ -65,11 +67,11 @@ def test_text_scored_rows_give_the_diagnostics_error_whatever_the_padding(depth:
     artifact = fold_for_artifact(director, "float32", max_positions=64)
     scripted = script_module(artifact)
     ones = torch.ones(3, dtype=torch.long)
-    _, error = scripted.scored_rows(ids, mask, ones)
+    error = scripted.scored_rows(ids, mask, ones)[1][:, 0]
     torch.testing.assert_close(error, expected, rtol=1e-4, atol=1e-8)
     wider = torch.cat([ids, torch.zeros(3, 4, dtype=torch.long)], dim=1)  # [3, 13] four more padding columns
-    _, padded_error = scripted.scored_rows(wider, torch.cat([mask, torch.zeros(3, 4, dtype=torch.long)], 1), ones)
-    torch.testing.assert_close(padded_error, error, rtol=1e-4, atol=1e-8)
+    padded_error = scripted.scored_rows(wider, torch.cat([mask, torch.zeros(3, 4, dtype=torch.long)], 1), ones)[1]
+    torch.testing.assert_close(padded_error[:, 0], error, rtol=1e-4, atol=1e-8)
 
 
 def test_a_half_precision_text_artifact_stores_the_teacher_in_half_too() -> None:
@@ -82,7 +84,7 @@ def test_a_half_precision_text_artifact_stores_the_teacher_in_half_too() -> None
     artifact = fold_for_artifact(director, "float32", max_positions=64, layer_dtype="float16")
     linears = [m for m in artifact.rollout.teacher.modules() if isinstance(m, (nn.Linear, HalfStoredLinear))]
     assert linears and all(isinstance(m, HalfStoredLinear) for m in linears)
-    _, error = script_module(artifact).scored_rows(ids, mask, torch.ones(3, dtype=torch.long))
+    error = script_module(artifact).scored_rows(ids, mask, torch.ones(3, dtype=torch.long))[1][:, 0]
     torch.testing.assert_close(error, expected, rtol=2e-2, atol=1e-6)  # half-precision weights move it a little
 
 

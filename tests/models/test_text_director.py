@@ -42,7 +42,7 @@ def _director(seed: int = 0, pooling: str = "mean", noise: float = 1.0) -> TextD
         kernel.adaLN_modulation[-1].weight.normal_(std=0.1)
         kernel.mean_head.weight.normal_(std=0.1)
     director = text_director_from_view(view, kernel).eval().requires_grad_(False)
-    director.readout.head.weight.mul_(30.0)  # a head that answers with some confidence, so noise moves it
+    director.readout.head.out.weight.mul_(30.0)  # a head that answers with some confidence, so noise moves it
     director.rollout.noise_scale.fill_(noise)
     return director
 

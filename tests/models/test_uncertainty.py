@@ -9,7 +9,7 @@ from models.uncertainty import (
     KERNEL_ERROR,
     OOD_SCORES,
     ScoreTerm,
-    needs_kernel_error,
+    needs_input_scores,
     ood_score,
     split_rows,
     summarize,
@@ -86,13 +86,13 @@ def test_the_one_ece_equals_torchmetrics_binning() -> None:
 def test_kernel_error_and_combined_scores() -> None:
     summary = summarize(torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]))  # [1, 2, 2]: one confident input, one not
     error = torch.tensor([1e-3, 1e-1])  # [2]
-    torch.testing.assert_close(ood_score(summary, KERNEL_ERROR, error), error)
-    with pytest.raises(ValueError, match="kernel error"):
+    torch.testing.assert_close(ood_score(summary, KERNEL_ERROR, {KERNEL_ERROR: error}), error)
+    with pytest.raises(ValueError, match="scored_rows"):
         ood_score(summary, KERNEL_ERROR)
     terms = (ScoreTerm(KERNEL_ERROR, 0.5, math.log(1e-2), 2.0, log=True), ScoreTerm("max_softmax", 0.5, 0.0, 1.0))
     expected = 0.5 * (torch.log(error) - math.log(1e-2)) / 2.0 + 0.5 * (1 - summary.confidence)
-    torch.testing.assert_close(ood_score(summary, COMBINED, error, terms), expected)
+    torch.testing.assert_close(ood_score(summary, COMBINED, {KERNEL_ERROR: error}, terms), expected)
     with pytest.raises(ValueError, match="needs terms"):
-        ood_score(summary, COMBINED, error)
-    assert needs_kernel_error(KERNEL_ERROR) and needs_kernel_error(COMBINED, terms)
-    assert not needs_kernel_error(COMBINED, terms[1:]) and not needs_kernel_error("energy")
+        ood_score(summary, COMBINED, {KERNEL_ERROR: error})
+    assert needs_input_scores(KERNEL_ERROR) and needs_input_scores(COMBINED, terms)
+    assert not needs_input_scores(COMBINED, terms[1:]) and not needs_input_scores("energy")

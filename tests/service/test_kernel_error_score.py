@@ -40,10 +40,12 @@ def variant(source: Path, work: Path, name: str, ood: dict[str, Any]) -> Path:
 
 
 def kernel_errors(folder: Path, *inputs: torch.Tensor) -> torch.Tensor:
-    """The kernel error [B] the artifact file itself computes."""
+    """The kernel error [B] the artifact file itself computes (the first column of its per-input scores; a committed
+    artifact from before the feature scores returns it alone, [B])."""
     module = torch.jit.load(str(folder / ARTIFACT)).eval()
     with torch.inference_mode():
-        return module.scored_rows(*inputs, torch.ones(inputs[0].shape[0], dtype=torch.long))[1]
+        scores = module.scored_rows(*inputs, torch.ones(inputs[0].shape[0], dtype=torch.long))[1]
+    return scores[:, 0] if scores.dim() == 2 else scores
 
 
 def rules(score: str, threshold: float) -> dict[str, Any]:
@@ -116,3 +118,30 @@ def test_text_kernel_error_over_http_and_the_open_inference_protocol(tiny_text_a
         outputs = {o["name"]: o["data"] for o in oip.json()["outputs"]}
         torch.testing.assert_close(torch.tensor(outputs["ood_score"]), errors.float(), rtol=1e-4, atol=1e-9)
         assert outputs["is_ood"] == [e > threshold for e in errors.tolist()]
+
+
+def test_a_feature_score_is_served_from_its_column(tiny_artifact: Path, tmp_path: Path) -> None:
+    """``ood.score: mds`` reads the column ``artifact.input_scores`` names for it; an artifact whose scores lack the
+    rule's score is refused with the reason."""
+    pixels = random_pixels(np.random.default_rng(4), 4)
+    module = torch.jit.load(str(tiny_artifact / ARTIFACT)).eval()
+    with torch.inference_mode():
+        scores = module.scored_rows(torch.tensor(pixels, dtype=torch.float32), torch.ones(4, dtype=torch.long))[1]
+    names = json.loads((tiny_artifact / MANIFEST).read_text())["artifact"]["input_scores"]
+    mds = scores[:, names.index("mds")]  # [4]
+    repository = tmp_path / "repo"
+    copy_version(variant(tiny_artifact, tmp_path, "mds", rules("mds", float(mds.median()))), repository, "tiny", "1")
+    lacking = variant(tiny_artifact, tmp_path, "lacking", rules("knn", 0.5))
+    manifest = json.loads((lacking / MANIFEST).read_text())
+    manifest["artifact"]["input_scores"] = ["kernel_error"]
+    rehash(lacking, manifest)
+    copy_version(lacking, repository, "lacking", "1")
+    with serve(settings_for(repository, tmp_path, required_models=[])) as running:
+        response = httpx.post(f"{running.url}/predict", timeout=60,
+                              json={"inputs": [{"pixels": p} for p in pixels], "n_samples": 1})
+        assert response.status_code == 200, response.text
+        served = torch.tensor([p["ood_score"] for p in response.json()["predictions"]])
+        torch.testing.assert_close(served, mds.float(), rtol=1e-4, atol=1e-6)
+        assert response.json()["ood"]["score"] == "mds"
+        lacking_state = httpx.get(f"{running.url}/models/lacking", timeout=30).json()["versions"][0]
+        assert lacking_state["state"] == "unavailable" and "does not return" in lacking_state["reason"]

@@ -68,28 +68,35 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert len(prov["rollout"]["median_std_over_rms"]) == 2
 
 
-def test_the_kernel_error_competes_for_the_ood_score_from_the_artifacts_own_layers(exported: tuple[Path, Path]
-                                                                                   ) -> None:
-    """The exported file carries the backbone's last transitions: its ``scored_rows`` gives the kernel error, which
-    (with its combinations) was a candidate on OOD validation; a chosen combination is standardised on validation
-    with the kernel errors of that very file."""
-    from training.export.ood_selection import COMBINATION_WEIGHTS, combination_label, split_kernel_error
+def test_the_kernel_error_and_feature_scores_compete_for_the_ood_score(exported: tuple[Path, Path]) -> None:
+    """The exported file carries the backbone's last transitions and the feature statistics: its ``scored_rows``
+    gives the kernel error and the feature-space scores (``artifact.input_scores``), which (with their combinations)
+    were candidates on OOD validation; a chosen combination is standardised on validation with the scores of that
+    very file."""
+    from models.uncertainty import FEATURE_SCORES, INPUT_SCORES
+    from training.export.ood_selection import COMBINATION_WEIGHTS, LOG_SCALED, combination_label, split_input_scores
     from training.loading import load_data
 
     config, folder = exported
     manifest = json.loads((folder / MANIFEST).read_text())
     ood = manifest["ood"]
     assert manifest["artifact"]["scored_rows"].startswith("scored_rows(pixels, repeats")
-    assert {"kernel_error", *map(combination_label, COMBINATION_WEIGHTS)} <= set(ood["selection_auroc"])
+    assert manifest["artifact"]["input_scores"] == list(INPUT_SCORES)
+    expected = {*INPUT_SCORES, *(combination_label("kernel_error", w, f) for w in COMBINATION_WEIGHTS
+                                 for f in FEATURE_SCORES)}
+    assert expected <= set(ood["selection_auroc"])
     assert ood["selection_choice"] in ood["selection_auroc"]
     assert ood["selection_auroc"][ood["selection_choice"]] == max(ood["selection_auroc"].values())
-    errors = split_kernel_error(load_scripted(folder / "director.ts"), load_data(load_config(config)).val)  # [N]
-    assert errors is not None and bool((errors > 0).all())
-    kernel_terms = [t for t in ood.get("combination", []) if t["score"] == "kernel_error"]
+    scores = split_input_scores(load_scripted(folder / "director.ts"), load_data(load_config(config)).val)
+    assert scores is not None and set(scores) == set(INPUT_SCORES)
+    assert bool((scores["kernel_error"] > 0).all()) and bool((scores["mds"] > 0).all())
     if ood["score"] == "combined":
-        assert len(kernel_terms) == 1 and kernel_terms[0]["log"]
-        assert abs(kernel_terms[0]["center"] - float(errors.double().log().mean())) < 1e-4
-        assert abs(kernel_terms[0]["scale"] - float(errors.double().log().std())) < 1e-4
+        for term in ood["combination"]:
+            values = scores[term["score"]].double() if term["score"] in scores else None
+            assert term["log"] == (term["score"] in LOG_SCALED)
+            if values is not None:
+                f = values.log() if term["log"] else values
+                assert abs(term["center"] - float(f.mean())) < 1e-3 * max(1.0, abs(float(f.mean())))
     else:
         assert "combination" not in ood
 

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
-from models.uncertainty import UncertaintySummary, ood_score, summarize
+from models.uncertainty import KERNEL_ERROR, UncertaintySummary, ood_score, summarize
 from training.baselines.models import ensemble_members, member_config
 from training.config import PipelineConfig
 from training.evaluate.ablations import ablation_config, ensure_distilled, seed_config
@@ -180,7 +180,7 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
                          method: Method = method, errors_of: dict[str, torch.Tensor] | None = errors_of
                          ) -> ScoreInputs:
             summary = summary_of(evaluation.logits(method.source, set_name, split, draws), method)
-            return ScoreInputs(summary, None if errors_of is None else errors_of[set_name])
+            return ScoreInputs(summary, None if errors_of is None else {KERNEL_ERROR: errors_of[set_name]})
 
         draws = draws_test if method.source in ("director", "mc_dropout") else None
         test_inputs = score_inputs("test", test, draws)

@@ -31,7 +31,8 @@ from models.text_director import TextDirector
 from training.config import USER_IMAGE_DATASET, PipelineConfig
 from training.data.images import Dataset, Split, digits_images, uniform_noise_images
 from training.data.tokens import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits
-from training.export.ood_selection import computes_kernel_error
+from training.export.feature_statistics import attach_feature_scores
+from training.export.ood_selection import computes_kernel_error, score_names
 from training.export.served_statistics import IMAGE_OOD_SELECTION_SET
 from training.export.writing import script_and_verify
 from training.families.base import Family
@@ -57,7 +58,8 @@ class ExportParts:
 
 def with_teacher(director: Director, view: View) -> Director:
     """A frozen copy of ``director`` whose rollout carries the backbone's own last K transitions, so that its
-    ``scored_rows`` returns the kernel error, an OOD score the exporter can choose."""
+    ``scored_rows`` returns the kernel error (and, once ``attach_feature_scores`` has run, the feature scores): OOD
+    scores the exporter can choose."""
     scored = copy.deepcopy(director).eval().requires_grad_(False)
     scored.rollout.set_teacher(copy.deepcopy(view.teacher_steps(scored.rollout.num_steps)).requires_grad_(False))
     return scored
@@ -69,6 +71,8 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
 
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         artifact_module = family.artifact_module(with_teacher(director, family.view(backbone)), cfg)
+        if cfg.export.feature_scores:
+            attach_feature_scores(artifact_module, data.train, len(data.labels), cfg.seed, cfg.export.knn_bank)
         return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
 
     labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
@@ -91,7 +95,8 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
                     "sample_rows": "sample_rows(pixels, repeats: Tensor[B] int64) "
                                    "-> Tensor[sum(repeats), num_classes]",
                     "scored_rows": "scored_rows(pixels, repeats: Tensor[B] int64) "
-                                   "-> (Tensor[sum(repeats), num_classes], kernel error Tensor[B] float32)"},
+                                   "-> (Tensor[sum(repeats), num_classes], per-input scores Tensor[B, F] float32 "
+                                   "in artifact.input_scores order)"},
         backbone_description=family.describe(backbone, cfg),
     )
 
@@ -129,6 +134,8 @@ def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Mo
 
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
         artifact_module = family.artifact_module(with_teacher(director, family.view(backbone)), cfg)
+        if ecfg.feature_scores:
+            attach_feature_scores(artifact_module, data.train, len(data.labels), cfg.seed, ecfg.knn_bank)
         served = script_and_verify(artifact_module, artifact_module, data.val.first_args(8), path)
         table = artifact_module.embedding.word_table
         details["word_table"] = {
@@ -160,7 +167,8 @@ def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Mo
                     "sample_rows": "sample_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
                                    "-> Tensor[sum(repeats), num_classes]",
                     "scored_rows": "scored_rows(input_ids, attention_mask, repeats: Tensor[B] int64) "
-                                   "-> (Tensor[sum(repeats), num_classes], kernel error Tensor[B] float32)"},
+                                   "-> (Tensor[sum(repeats), num_classes], per-input scores Tensor[B, F] float32 "
+                                   "in artifact.input_scores order)"},
         backbone_description=family.describe(backbone, cfg),
         files={TOKENIZER: Path(cfg.run_dir) / TOKENIZER_FILE},
         artifact_details=details,
@@ -175,6 +183,8 @@ def export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module)
 
 def artifact_info(parts: ExportParts, module: torch.nn.Module) -> ArtifactInfo:
     """The manifest's ``artifact`` section: the file, its format and signatures, and the module's size."""
-    signatures = {k: v for k, v in parts.signatures.items() if k != "scored_rows" or computes_kernel_error(module)}
+    scored = computes_kernel_error(module)
+    signatures = {k: v for k, v in parts.signatures.items() if k != "scored_rows" or scored}
     return ArtifactInfo(file=ARTIFACT, format="torchscript", torch=torch.__version__, **signatures,
+                        input_scores=list(score_names(module)) if scored else None,
                         parameters=sum(p.numel() for p in module.parameters()), **parts.artifact_details)

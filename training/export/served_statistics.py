@@ -17,7 +17,7 @@ from training.config import ExportConfig
 from training.data.images import Dataset, Split, photo_patch_images
 from training.data.tokens import TokenDataset
 from training.export.calibration import fit_temperature
-from training.export.ood_selection import KernelErrorCache, OodChoice, ScoreInputs, choose_ood_score
+from training.export.ood_selection import InputScoreCache, OodChoice, ScoreInputs, choose_ood_score
 from training.loading import AnySplit, Director, split_sampled_logits
 from training.metrics import classification_report
 from training.ood_metrics import threshold_at_tpr
@@ -108,7 +108,7 @@ class ServedStatistics:
     reference: dict[str, Any]
     ood: dict[str, Any]  # the manifest's ``ood`` section
     choice: OodChoice
-    kernel_errors: KernelErrorCache  # of the served module: "val", "ood_validation" and whatever export adds
+    input_scores: InputScoreCache  # of the served module: "val", "ood_validation" and whatever export adds
 
 
 def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
@@ -124,10 +124,10 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
         image_shape = tuple(int(s) for s in data.val.images.shape[1:])
         images = photo_patch_images(ecfg.ood_validation_images, image_shape, seed)
         ood_validation = Split(images, torch.zeros(images.shape[0], dtype=torch.long))
-    kernel_errors = KernelErrorCache(served)
-    val_inputs = ScoreInputs(val_summary, kernel_errors("val", data.val))
+    input_scores = InputScoreCache(served)
+    val_inputs = ScoreInputs(val_summary, input_scores("val", data.val))
     ood_val_inputs = ScoreInputs(summarize(sample_split(served, ood_validation, default_s, seed), temperature),
-                                 kernel_errors("ood_validation", ood_validation))
+                                 input_scores("ood_validation", ood_validation))
     choice = choose_ood_score(val_inputs, ood_val_inputs, default_s)
 
     thresholds: dict[str, dict[str, Any]] = {}
@@ -136,9 +136,9 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
     for n_samples in sample_counts:
         if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
             inputs = val_inputs.head(len(id_subset))
-        else:  # the kernel error does not depend on S
+        else:  # the per-input scores do not depend on S
             inputs = ScoreInputs(summarize(sample_split(served, id_subset, n_samples, seed), temperature),
-                                 val_inputs.head(len(id_subset)).kernel_error)
+                                 val_inputs.head(len(id_subset)).inputs)
         rule = choice.rule_at(n_samples)
         thresholds[str(n_samples)] = {"score": rule.name, "threshold": threshold_at_tpr(inputs.score(rule.name,
                                                                                                      rule.terms))}
@@ -150,4 +150,4 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
            "selection_choice": choice.label}
     if choice.terms:
         ood["combination"] = [dataclasses.asdict(term) for term in choice.terms]
-    return ServedStatistics(reference, ood, choice, kernel_errors)
+    return ServedStatistics(reference, ood, choice, input_scores)

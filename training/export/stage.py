@@ -98,7 +98,7 @@ def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts
     backbone_t = fit_temperature(parts.backbone_logits(data.val), data.val.labels)
     test_summary = summarize(sample_split(served, test, default_s, seed), temperature)
     s1_summary = summarize(sample_split(served, test, 1, seed), temperature)
-    choice, errors = stats.choice, stats.kernel_errors
+    choice, errors = stats.choice, stats.input_scores
     rule, threshold = choice.rule_at(default_s), stats.ood["thresholds"][str(default_s)]["threshold"]
     test_inputs = ScoreInputs(test_summary, errors("test", test))
     test_logvar = mean_logvar_score(director, test, seed)

@@ -121,8 +121,8 @@ def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, 
         raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
     if computes_kernel_error(artifact_module):  # the kernel error, from the artifact's own teacher layers
         ones = torch.ones(probe[0].shape[0], dtype=torch.long)  # [b]
-        eager_error = artifact_module.scored_rows(*probe, ones)[1]  # [b]
-        served_error = served.scored_rows(*probe, ones)[1]  # [b]
+        eager_error = artifact_module.scored_rows(*probe, ones)[1]  # [b, F]
+        served_error = served.scored_rows(*probe, ones)[1]  # [b, F]
         if not torch.allclose(eager_error, served_error, rtol=1e-3, atol=1e-7):
-            raise RuntimeError("the scripted artifact's kernel error differs from the eager module's")
+            raise RuntimeError("the scripted artifact's per-input scores differ from the eager module's")
     return served

@@ -1,0 +1,38 @@
+"""The feature-space OOD scores' statistics for an artifact (``models.feature_scores``), fitted on the training split
+only: the backbone's own penultimate features, read the way the artifact reads them at inference (the deterministic
+prefix, then the backbone's own last K transitions, which the artifact carries for the kernel error, then the
+readout's pooling and any dense layer before the final linear one). Fitting on the artifact module itself means the
+statistics see its stored precisions (a float16 layer, an int8 word table) exactly as served."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.feature_scores import fit_feature_scorer
+from training.data.images import key_padding
+from training.loading import AnySplit
+
+
+@torch.no_grad()
+def backbone_features(model: nn.Module, split: AnySplit, chunk: int = 256) -> torch.Tensor:
+    """The penultimate features [N, D'] of every input of ``split`` along the backbone's own trajectory (``model``: a
+    DIRECTOR whose rollout carries the teacher transitions)."""
+
+    def features(*args: torch.Tensor) -> torch.Tensor:
+        mask = key_padding(args)  # [b, L] or None
+        x = model.prefix(model.embedding(args[0]), mask)  # [b, N, D] X_{T-K}
+        for transition in model.rollout.teacher:
+            x = transition(x, mask)  # [b, N, D] the backbone's next state
+        return model.readout.features(x, mask).float().cpu()  # [b, D']
+
+    return split.map(features, chunk)  # [N, D']
+
+
+def attach_feature_scores(model: nn.Module, train: AnySplit, num_classes: int, seed: int, knn_bank: int) -> None:
+    """Fit the statistics on ``train`` and set them as ``model.feature_scorer``, so that its ``scored_rows`` returns
+    the feature scores beside the kernel error."""
+    features = backbone_features(model, train)  # [N, D']
+    weight, bias = model.readout.final_layer()
+    model.feature_scorer = fit_feature_scorer(features, train.labels, num_classes, weight.float(), bias.float(), seed,
+                                              bank_size=knn_bank)
