@@ -126,10 +126,13 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
     lines += [
         "",
         "`kernel_error` is the kernel's squared mean error against the backbone's own next state (the artifact "
-        "carries the backbone's last transitions and returns it from `scored_rows`); a `combined` score is "
-        "w * z(log kernel error) + (1 - w) * z(best logit score), z standardised on validation (terms in the "
-        "manifest's `ood.combination`). `mean_logvar` (the mean predicted log-variance along an S=1 rollout) is "
-        "reported, not selectable.",
+        "carries the backbone's last transitions and returns it from `scored_rows`). `mds`, `rmds`, `knn` and `vim` "
+        "are feature-space scores on the backbone's own penultimate features along that path (Mahalanobis to the "
+        "nearest class, relative Mahalanobis, 1 - cosine to the 50th nearest training feature, ViM), their "
+        "statistics fitted on the training split and carried in the artifact. A `combined (a w=... + b)` score is "
+        "w * z(a) + (1 - w) * z(b), z standardised on validation (log scale for the kernel error and mds; terms in "
+        "the manifest's `ood.combination`); the best combination is shown. `mean_logvar` (the mean predicted "
+        "log-variance along an S=1 rollout) is reported, not selectable.",
         "",
         f"Flagged as OOD at the S={s} threshold (95% of validation inputs pass): test split "
         f"{_pct(director['flagged_rate'])}, "
