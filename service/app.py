@@ -126,8 +126,9 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     docs = docs_paths(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
     # before the body limit: a client without the key gets 401 whatever it announces, and nothing of its body is read
-    app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key,
-                       open_paths=OPEN_PATHS | (docs if settings.public_docs else frozenset()),
+    opened = (OPEN_PATHS - ({"/metrics"} if settings.metrics_require_key else set())
+              | (docs if settings.public_docs else frozenset()))
+    app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key, open_paths=opened,
                        templates=lambda: [*app.openapi()["paths"], *docs])
     app.add_middleware(HttpMetrics, metrics=metrics_)  #: counts refusals by the guard and BodyLimit too
     app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # outermost: every response

@@ -4,10 +4,11 @@ Why here and not (only) in a route dependency: FastAPI reads and parses a reques
 route's dependencies, so a client without the key could make the server receive and parse megabytes of JSON before
 its 401. This pure ASGI middleware answers 401 from the headers alone; the body is never read (uvicorn discards it).
 
-Open without the key: health (``/health/*``, ``/v2/health/*``) and ``/metrics``, which probes and scrapers call
-without credentials, and, when ``DIRECTOR_PUBLIC_DOCS`` is set, the API documentation (``/docs``, ``/redoc``,
-``/openapi.json``). Everything else needs ``Authorization: Bearer <key>``, unknown paths included (a client without
-the key learns nothing about which routes exist). The key is compared in constant time."""
+Open without the key: health (``/health/*``, ``/v2/health/*``) and ``/metrics`` (unless
+``DIRECTOR_METRICS_REQUIRE_KEY``), which probes and scrapers call without credentials, and, when
+``DIRECTOR_PUBLIC_DOCS`` is set, the API documentation (``/docs``, ``/redoc``, ``/openapi.json``). Everything else
+needs ``Authorization: Bearer <key>``, unknown paths included (a client without the key learns nothing about which
+routes exist). The key is compared in constant time."""
 
 from __future__ import annotations
 

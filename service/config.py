@@ -65,6 +65,12 @@ class Settings(BaseSettings):
                                       "secret; surrounding whitespace stripped; an empty file is an error)")
     public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the API key (when a "
                               "key is set they need it unless this is on)")
+    metrics_require_key: bool = Field(False, description="/metrics needs the API key too (when one is set); off by "
+                                      "default because a Prometheus scrape sends no credentials unless its job is "
+                                      "given them (authorization.credentials_file); see docs/operations.md")
+    health_details: bool = Field(True, description="/health/ready lists every model, version and state; off: the "
+                                 "status alone (probes read only the status code), for a port untrusted clients "
+                                 "reach")
     trusted_digests: Path | None = Field(None, description="file of allowed sha256 digests of director.ts files, one "
                                          "per line (sha256sum format), kept outside the repository: any other "
                                          "artifact is refused before it is loaded and reported in /models")

@@ -1,4 +1,4 @@
-"""GET /health/live and /health/ready (no API key)."""
+"""GET /health/live and /health/ready (no API key; the ready body's details can be turned off)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ async def live(state: AppStateDep) -> Health:
                         "otherwise (a broken artifact that is not required does not make the server unready).")
 async def ready(state: AppStateDep) -> JSONResponse:
     readiness = state.readiness()
-    body = Health(status="ready" if readiness.ready else "not_ready", draining=state.lifecycle.draining,
-                  models=readiness.models, missing_required=readiness.missing, saturated=readiness.saturated)
+    status = "ready" if readiness.ready else "not_ready"
+    if state.settings.health_details:
+        body = Health(status=status, draining=state.lifecycle.draining, models=readiness.models,
+                      missing_required=readiness.missing, saturated=readiness.saturated)
+    else:  # DIRECTOR_HEALTH_DETAILS=false: the repository's inventory is not shown to whoever reaches the port
+        body = Health(status=status, draining=state.lifecycle.draining)
     return JSONResponse(body.model_dump(), status_code=200 if readiness.ready else 503)

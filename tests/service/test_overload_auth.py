@@ -65,6 +65,18 @@ def test_api_key_guards_everything_but_health_and_metrics(tiny_repository: Path,
             assert httpx.get(f"{server.url}{path}").status_code == 200, path
 
 
+def test_metrics_can_need_the_key_and_health_can_keep_its_inventory(tiny_repository: Path, tmp_path: Path) -> None:
+    settings = settings_for(tiny_repository, tmp_path, api_key="s3cret", metrics_require_key=True,
+                            health_details=False)
+    with serve(settings) as server:
+        assert httpx.get(f"{server.url}/metrics").status_code == 401
+        keyed = httpx.get(f"{server.url}/metrics", headers={"Authorization": "Bearer s3cret"})
+        assert keyed.status_code == 200 and "director_" in keyed.text
+        ready = httpx.get(f"{server.url}/health/ready")
+        assert ready.status_code == 200 and ready.json()["status"] == "ready"
+        assert ready.json()["models"] == {} and "tiny" not in ready.text
+
+
 def test_an_empty_api_key_guards_nothing(tiny_repository: Path, tmp_path: Path) -> None:
     """DIRECTOR_API_KEY= (compose passes a variable left empty in .env as "") is no key: before, it was a key no
     bearer token could match, and every request got 401."""
