@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(30.0, gt=0, description="queue + inference time before 504")
     body_timeout_s: float = Field(10.0, gt=0, description="seconds a request body may take to arrive in full, from "
                                   "the end of its headers (408 and the connection closed after)")
+    max_header_bytes: int = Field(32_768, ge=1024, description="request line and headers of one request, in bytes "
+                                  "(431 and the connection closed above: bounds what a connection buffers before "
+                                  "its request is even parsed)")
+    max_headers: int = Field(100, ge=8, description="header fields of one request (431 above)")
     header_timeout_s: float = Field(10.0, gt=0, description="seconds a connection may take to send a request's "
                                     "headers, from its opening or its request's first byte (408 and closed after)")
     max_connections: int = Field(1024, ge=1, description="open connections (or requests in progress) beyond which a "

@@ -47,7 +47,8 @@ class DirectorServer(uvicorn.Server):
 
 def uvicorn_config(app: object, settings: Settings, **extra: object) -> DirectorConfig:
     """uvicorn refuses the connection that brings the count to ``limit_concurrency``: + 1 serves ``max_connections``."""
-    return DirectorConfig(app, header_timeout_s=settings.header_timeout_s, host=settings.host, port=settings.port,
+    return DirectorConfig(app, header_timeout_s=settings.header_timeout_s, max_header_bytes=settings.max_header_bytes,
+                          max_headers=settings.max_headers, host=settings.host, port=settings.port,
                           log_level=settings.log_level, timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
                           limit_concurrency=settings.max_connections + 1, access_log=False, **extra)
 

@@ -103,6 +103,28 @@ def test_headers_that_do_not_arrive_get_408(tiny_repository: Path, tmp_path: Pat
                 assert client.get("/health/live").status_code == 200
 
 
+def test_oversized_or_too_many_headers_get_431_and_the_connection_closes(tiny_repository: Path, tmp_path: Path
+                                                                          ) -> None:
+    settings = settings_for(tiny_repository, tmp_path, max_header_bytes=8192, max_headers=20)
+    with serve(settings) as server:
+        big = b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+        many = (b"GET /health/live HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(40))
+                + b"\r\n")
+        for request, word in ((big, "larger than 8192 bytes"), (many, "more than 20 header fields")):
+            with connect(server) as sock:
+                with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # it may close while we send
+                    sock.sendall(request)
+                status, fields, body = read_response(sock)
+                assert status == 431 and word in body["error"], body
+                assert fields["connection"] == "close" and closed_by_server(sock)
+        # within the limits, on a keep-alive connection that already answered one request: served
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for _ in range(2):
+                response = client.get("/health/live", headers={"X-Fine": "a" * 6000,
+                                                                **{f"X-{i}": "1" for i in range(10)}})
+                assert response.status_code == 200
+
+
 def test_256_stalled_uploads_leave_predictions_and_readiness_alone(tiny_repository: Path, tmp_path: Path) -> None:
     """The default queue (256) and connection limit, as many stalled uploads as the queue has slots."""
     settings = settings_for(tiny_repository, tmp_path, body_timeout_s=3600.0)
