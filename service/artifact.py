@@ -80,7 +80,8 @@ def validate_manifest(document: dict[str, Any]) -> Manifest:
 def input_score_names(manifest: Manifest) -> tuple[str, ...]:
     """The columns of the artifact's ``scored_rows`` scores: ``artifact.input_scores``; an artifact from before
     feature-space scores returns the kernel error alone."""
-    return tuple(manifest.artifact.input_scores or (KERNEL_ERROR,))
+    given = manifest.artifact.input_scores if manifest.artifact is not None else None
+    return tuple(given or (KERNEL_ERROR,))
 
 
 def score_terms(ood: Ood) -> tuple[ScoreTerm, ...]:
