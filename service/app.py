@@ -26,8 +26,10 @@ from service.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
 from service.repository import ModelRepository
 from service.routes import feedback, health, metrics, models, oip, predict
 from service.state import AppState, Lifecycle
+from service.store_calls import StoreCalls
 
 log = logging.getLogger("service")
+FLUSH_TIMEOUT_S = 30.0  # one flush of the prediction log (it goes on in its thread past this; the next one waits)
 
 
 def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> AppState:
@@ -57,8 +59,11 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
                                  drain_timeout_s=settings.request_timeout_s,
                                  on_change=lambda: holder["state"].sync_version_metrics(),
                                  trusted_digests=settings.trusted_digests)
-    state = AppState(settings, device, metrics_, repository, open_feedback_store(settings), lifecycle,
-                     DecodePool(settings.decode_threads))
+    store = open_feedback_store(settings)
+    store.on_drop = metrics_.prediction_log_dropped.inc
+    state = AppState(settings, device, metrics_, repository, store, lifecycle,
+                     DecodePool(settings.decode_threads), StoreCalls(settings.feedback_threads,
+                                                                     settings.feedback_timeout_s))
     holder["state"] = state
     return state
 
@@ -75,7 +80,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
 
         async def load_then_poll() -> None:
             await state.repository.scan()
-            await asyncio.to_thread(state.refresh_live_gauges)  # they survive a restart
+            await state.refresh_live_gauges()  # they survive a restart
             if settings.poll_interval_s > 0:
                 await state.repository.poll(settings.poll_interval_s)
 
@@ -85,7 +90,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
                 await asyncio.sleep(FLUSH_INTERVAL_S)
                 if state.feedback.pending:
                     try:
-                        await asyncio.to_thread(state.feedback.flush)
+                        await state.store_calls.run(state.feedback.flush, timeout_s=FLUSH_TIMEOUT_S)
                     except Exception:  # the next flush retries what is still pending; predictions go on
                         if not failing:
                             log.exception("could not write the prediction log; retrying")
@@ -112,6 +117,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
             state.feedback.close()  # writes what is still pending
+            state.store_calls.close()
             mark_process_dead()
 
     app = FastAPI(title="DIRECTOR serving", version=__version__, lifespan=lifespan,

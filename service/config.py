@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     feedback_max_age_s: float = Field(7 * 24 * 3600.0, gt=0, description="logged predictions older than this "
                                                                          "are dropped")
     feedback_window: int = Field(1000, ge=1, description="latest labelled predictions behind live accuracy/ECE")
+    feedback_timeout_s: float = Field(2.0, gt=0, description="longest a feedback store call may take before "
+                                      "/feedback answers 503 (a locked or unreachable store); /metrics waits at "
+                                      "most this long for live accuracy and then shows the last values")
+    feedback_threads: int = Field(2, ge=1, description="threads of the feedback store's own pool (never shared "
+                                  "with inference or decoding)")
     drift_window: int = Field(1000, ge=10, description="live confidences kept for the drift monitor")
     drift_min_window: int = Field(200, ge=10, description="confidences needed before drift is reported")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ from service.config import Settings
 log = logging.getLogger("service.feedback")
 
 FLUSH_INTERVAL_S = 0.1
+FLUSH_CHUNK = 1000  # rows per transaction: a store short of space still takes a small one once space returns
 Row = tuple[str, int, str, str, int, int, str, float, float]  # request_id, idx, model, version, n_samples,
 # class_index, label, confidence, created: the columns of an insert, in the schema's order
 
@@ -61,6 +63,8 @@ class FeedbackStore(ABC):
         self._pending_lock = threading.Lock()
         self._pending: list[Row] = []  # rows logged and not yet written, oldest first
         self._inserts = 0
+        self.dropped = 0  # rows dropped unwritten (the buffer past max_rows, or at close)
+        self.on_drop: Callable[[int], None] | None = None  # told of every drop (a metric)
 
     def log(self, request_id: str, model: str, version: str, n_samples: int,
             rows: list[tuple[int, str, float]]) -> None:
@@ -74,6 +78,13 @@ class FeedbackStore(ABC):
             overflow = len(self._pending) - self.max_rows
             if overflow > 0:  # older than the newest max_rows: pruning would drop them anyway
                 del self._pending[:overflow]
+        if overflow > 0:
+            self._dropped(overflow)
+
+    def _dropped(self, rows: int) -> None:
+        self.dropped += rows
+        if self.on_drop is not None:
+            self.on_drop(rows)
 
     @property
     def pending(self) -> int:
@@ -81,20 +92,29 @@ class FeedbackStore(ABC):
         return len(self._pending)
 
     def flush(self) -> int:
-        """Write the logged rows in one transaction; returns how many. On failure they stay queued, in order."""
+        """Write the logged rows, oldest first, in transactions of at most ``FLUSH_CHUNK`` rows; returns how many.
+        On failure the unwritten rows stay queued, in order (what was written stays written)."""
         with self._flush_lock:
             with self._pending_lock:
                 rows, self._pending = self._pending, []
             if not rows:
                 return 0
+            written = 0
             try:
-                self._insert(rows)
+                for start in range(0, len(rows), FLUSH_CHUNK):
+                    chunk = rows[start : start + FLUSH_CHUNK]
+                    self._insert(chunk)
+                    written += len(chunk)
             except BaseException:
                 with self._pending_lock:  # kept for the next flush, ahead of what came since
-                    self._pending[:0] = rows
-                    del self._pending[:max(0, len(self._pending) - self.max_rows)]
+                    self._pending[:0] = rows[written:]
+                    overflow = max(0, len(self._pending) - self.max_rows)
+                    del self._pending[:overflow]
+                if overflow:
+                    self._dropped(overflow)
                 raise
-            self._inserts += len(rows)
+            finally:
+                self._inserts += written
             due = self._inserts >= max(1, min(1000, self.max_rows // 10))
         if due:
             self.prune()
@@ -112,6 +132,7 @@ class FeedbackStore(ABC):
             self.flush()
         except Exception:
             log.exception("closing the feedback store: %d logged predictions not written", self.pending)
+            self._dropped(self.pending)
         self._close()
 
     def count(self) -> int:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from service.feedback import FeedbackStore, LoggedPrediction, Row
+from service.feedback import FeedbackStore, FeedbackUnavailable, LoggedPrediction, Row
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS predictions (
@@ -42,8 +44,19 @@ class SqliteFeedbackStore(FeedbackStore):
         self._conn.executescript(SCHEMA)
         self.prune()
 
-    def _insert(self, rows: list[Row]) -> None:
+    @contextmanager
+    def _database(self) -> Iterator[None]:
+        """The connection, held; any SQLite error (locked past the busy timeout, disk full, read-only, corrupt) is
+        ``FeedbackUnavailable``: /feedback answers 503 and the prediction log keeps its rows for the next flush."""
         with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise FeedbackUnavailable(f"the feedback database cannot be used: {type(exc).__name__}: "
+                                          f"{exc}") from exc
+
+    def _insert(self, rows: list[Row]) -> None:
+        with self._database():
             self._conn.execute("BEGIN")
             try:
                 self._conn.executemany(INSERT, rows)
@@ -53,7 +66,7 @@ class SqliteFeedbackStore(FeedbackStore):
             self._conn.execute("COMMIT")
 
     def _prune(self, cutoff: float) -> int:
-        with self._lock:
+        with self._database():
             removed = self._conn.execute("DELETE FROM predictions WHERE created < ?", (cutoff,)).rowcount
             cur = self._conn.execute(
                 "DELETE FROM predictions WHERE rowid IN (SELECT rowid FROM predictions ORDER BY created DESC, "
@@ -61,28 +74,28 @@ class SqliteFeedbackStore(FeedbackStore):
             return removed + cur.rowcount
 
     def _count(self) -> int:
-        with self._lock:
+        with self._database():
             return int(self._conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0])
 
     def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
-        with self._lock:
+        with self._database():
             row = self._conn.execute("SELECT model, version, class_index, label FROM predictions "
                                      "WHERE request_id = ? AND idx = ?", (request_id, index)).fetchone()
         return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
 
     def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:
-        with self._lock:
+        with self._database():
             self._conn.execute("UPDATE predictions SET correct = ?, feedback_at = ? WHERE request_id = ? AND idx = ?",
                                (int(correct), at, request_id, index))
 
     def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
-        with self._lock:
+        with self._database():
             return self._conn.execute(
                 "SELECT confidence, correct FROM predictions WHERE model = ? AND version = ? AND correct IS NOT "
                 "NULL ORDER BY feedback_at DESC, request_id, idx LIMIT ?", (model, version, self.window)).fetchall()
 
     def _labelled_versions(self) -> list[tuple[str, str]]:
-        with self._lock:
+        with self._database():
             rows = self._conn.execute("SELECT DISTINCT model, version FROM predictions WHERE correct IS NOT NULL")
             return [(m, v) for m, v in rows.fetchall()]
 

@@ -135,6 +135,11 @@ class Metrics:
         self.drift_psi = Gauge("director_confidence_drift_psi", "PSI of live confidences over the reference "
                                "deciles", MV, registry=r, multiprocess_mode="livemostrecent")
         self.feedback = Counter("director_feedback_total", "ground-truth labels received", MV, registry=r)
+        self.prediction_log_dropped = Counter("director_prediction_log_dropped_total", "logged predictions dropped "
+                                              "unwritten: the store was away while more than feedback_max_rows "
+                                              "gathered, or at shutdown", registry=r)
+        self.prediction_log_pending = Gauge("director_prediction_log_pending", "logged predictions waiting to be "
+                                            "written to the feedback store", registry=r, multiprocess_mode="livesum")
         self.live_accuracy = Gauge("director_live_accuracy_ratio", "accuracy over the latest labelled predictions",
                                    MV, registry=r, multiprocess_mode="mostrecent")
         self.live_ece = Gauge("director_live_ece_ratio", "ECE over the latest labelled predictions", MV, registry=r,

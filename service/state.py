@@ -10,9 +10,10 @@ from service.config import Settings
 from service.decoding import DecodePool
 from service.device import Device
 from service.drift import DriftMonitor
-from service.feedback import FeedbackStore, FeedbackUnavailable
+from service.feedback import FeedbackStore, FeedbackUnavailable, LiveStats
 from service.metrics import UNKNOWN, Metrics
 from service.repository import ModelRepository, VersionState
+from service.store_calls import StoreCalls
 
 log = logging.getLogger("service.state")
 
@@ -42,6 +43,7 @@ class AppState:
     feedback: FeedbackStore
     lifecycle: Lifecycle
     decoder: DecodePool
+    store_calls: StoreCalls
     drift: dict[tuple[str, str], DriftMonitor] = field(default_factory=dict)
 
     def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:
@@ -65,18 +67,28 @@ class AppState:
         for (name, version), entry in ready.items():
             metrics.publish_version(name, version, entry.artifact.manifest.document(), entry.worker.max_queue)
 
-    def refresh_live_gauges(self) -> None:
-        """Live accuracy and ECE of every known version, read from the feedback store: labels that reached another
-        replica sharing the store (or an earlier process) count too. Blocking; the gauges keep their values while
-        the store is unavailable."""
+    async def refresh_live_gauges(self) -> None:
+        """Live accuracy and ECE of every known version, read from the feedback store (on its own threads, within
+        its timeout): labels that reached another replica sharing the store (or an earlier process) count too. The
+        gauges keep their last values while the store is slow or unavailable, so a scrape never waits past the
+        timeout and never fails on the store."""
         try:
-            for model, version in self.feedback.labelled_versions():
-                stats = self.feedback.live_stats(model, version)
-                if stats is not None and self.repository.is_known(model, version):
-                    self.metrics.live_accuracy.labels(model, version).set(stats.accuracy)
-                    self.metrics.live_ece.labels(model, version).set(stats.ece)
+            stats = await self.store_calls.run(self._live_stats)
         except FeedbackUnavailable as exc:
             log.warning("live accuracy and ECE not refreshed: %s", exc)
+            return
+        for (model, version), live in stats.items():
+            if self.repository.is_known(model, version):
+                self.metrics.live_accuracy.labels(model, version).set(live.accuracy)
+                self.metrics.live_ece.labels(model, version).set(live.ece)
+
+    def _live_stats(self) -> dict[tuple[str, str], LiveStats]:
+        out = {}
+        for model, version in self.feedback.labelled_versions():
+            stats = self.feedback.live_stats(model, version)
+            if stats is not None:
+                out[(model, version)] = stats
+        return out
 
     def readiness(self) -> Readiness:
         """Ready: the first scan is done, nothing is loading, at least one version is ready, every required

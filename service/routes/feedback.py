@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Depends
 
 from service.deps import AppStateDep, require_api_key
@@ -18,13 +16,14 @@ router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], r
 async def feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
     try:
         return await record_feedback(body, state)
-    except FeedbackUnavailable as exc:  # a shared database that is down: the label can be sent again later
+    except FeedbackUnavailable as exc:  # a store that is down, locked, full or slow: the label can be sent again
         raise overloaded(str(exc), retry_after_s=5) from exc
 
 
 async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
     store = state.feedback
-    logged = await asyncio.to_thread(store.lookup, body.id, body.index)
+    calls = state.store_calls
+    logged = await calls.run(store.lookup, body.id, body.index)
     if logged is None:
         raise not_found(f"no logged prediction {body.id!r} input {body.index} (unknown, or pruned)")
     entry = state.repository.get(logged.model, logged.version)
@@ -37,8 +36,8 @@ async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> Feedback
         if labels is not None and body.label not in labels:
             raise invalid(f"unknown label {body.label!r}; labels: {labels}", ["body", "label"])
         correct = body.label == logged.label
-    await asyncio.to_thread(store.record, body.id, body.index, correct)
-    stats = await asyncio.to_thread(store.live_stats, logged.model, logged.version)
+    await calls.run(store.record, body.id, body.index, correct)
+    stats = await calls.run(store.live_stats, logged.model, logged.version)
     model, version = state.metric_labels(logged.model, logged.version)
     state.metrics.feedback.labels(model, version).inc()
     if stats is not None:

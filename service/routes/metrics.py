@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -16,6 +14,7 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(state: AppStateDep) -> Response:
-    await asyncio.to_thread(state.refresh_live_gauges)  # replicas sharing a feedback store report the same values
+    await state.refresh_live_gauges()  # replicas sharing a store report the same values; bounded by its timeout
     state.metrics.observe_device_memory(state.device.memory_stats())
+    state.metrics.prediction_log_pending.set(state.feedback.pending)
     return Response(state.metrics.expose(), media_type=CONTENT_TYPE_LATEST)

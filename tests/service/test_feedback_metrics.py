@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from service.drift import DriftMonitor
-from service.feedback import FeedbackStore, live_ece
+from service.feedback import FLUSH_CHUNK, FeedbackStore, FeedbackUnavailable, live_ece
 from service.feedback_postgres import PostgresFeedbackStore
 from service.feedback_sqlite import SqliteFeedbackStore
 from tests.service.conftest import Running, metric_value, random_pixels, serve, settings_for
@@ -103,12 +104,67 @@ def test_a_failed_flush_keeps_its_rows_for_the_next(tmp_path: Path) -> None:
     store = SqliteFeedbackStore(tmp_path / "f.sqlite3", max_rows=100, max_age_s=3600, window=100)
     store.log("a", "m", "1", 4, [(0, "x", 0.9)])
     store.log("b", "m", "1", 4, [(0, "x", object())])  # type: ignore[list-item]  # not a number: the insert fails
-    with pytest.raises(sqlite3.Error):
+    with pytest.raises(FeedbackUnavailable, match="InterfaceError|ProgrammingError"):  # a store error, never a 500
         store.flush()
     assert store.pending == 2  # rolled back, and both rows still queued
     store._pending.pop()  # drop the bad row by hand; the good one is still queued, in order
     assert store.flush() == 1 and store.lookup("a", 0) is not None
     store.close()
+
+
+def test_the_log_is_written_in_bounded_transactions_and_what_overflows_is_counted(tmp_path: Path) -> None:
+    """A flush writes at most FLUSH_CHUNK rows per transaction (a store short of space takes a small one once space
+    returns), keeps what a failed chunk did not write, and counts every row dropped past max_rows."""
+    store = SqliteFeedbackStore(tmp_path / "f.sqlite3", max_rows=FLUSH_CHUNK * 3, max_age_s=3600, window=100)
+    drops: list[int] = []
+    store.on_drop = drops.append
+    calls: list[int] = []
+    insert = store._insert
+
+    def failing_third(rows: list) -> None:  # the third transaction fails once: the disk is full
+        calls.append(len(rows))
+        if len(calls) == 3:
+            raise FeedbackUnavailable("disk full")
+        insert(rows)
+
+    store._insert = failing_third  # type: ignore[method-assign]
+    store.log("a", "m", "1", 1, [(0, "x", 0.5)] * (FLUSH_CHUNK * 2 + 10))
+    with pytest.raises(FeedbackUnavailable):
+        store.flush()
+    assert calls == [FLUSH_CHUNK, FLUSH_CHUNK, 10] and store.pending == 10  # what was written stays written
+    store.log("b", "m", "1", 1, [(0, "x", 0.5)] * (FLUSH_CHUNK * 3))  # past max_rows waiting: the oldest go
+    assert store.pending == FLUSH_CHUNK * 3 and drops == [10] and store.dropped == 10
+    assert store.flush() == FLUSH_CHUNK * 3 and store.pending == 0
+    store.close()
+
+
+def test_a_locked_store_slows_only_feedback(tiny_repository: Path, tmp_path: Path) -> None:
+    """Another process holds the SQLite file locked: /feedback answers 503 with Retry-After within the store's
+    timeout, /metrics answers at once with the last live values, and /predict runs at its usual pace."""
+    settings = settings_for(tiny_repository, tmp_path, feedback_timeout_s=0.5, feedback_threads=1)
+    with serve(settings) as server:
+        body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(0))[0]}], "n_samples": 2}
+        first = httpx.post(f"{server.url}/predict", json=body, timeout=60)
+        assert first.status_code == 200
+        with sqlite3.connect(tmp_path / "feedback.sqlite3", timeout=1) as locker:
+            locker.execute("BEGIN EXCLUSIVE")  # writers and readers wait on it
+            try:
+                with httpx.Client(base_url=server.url, timeout=30) as client:
+                    start = time.monotonic()
+                    refused = [client.post("/feedback", json={"id": first.json()["id"], "index": 0, "label": 1})
+                               for _ in range(3)]
+                    assert all(r.status_code == 503 and "Retry-After" in r.headers for r in refused)
+                    assert time.monotonic() - start < 10
+                    start = time.monotonic()
+                    assert client.get("/metrics").status_code == 200
+                    assert time.monotonic() - start < 5
+                    for _ in range(10):
+                        assert client.post("/predict", json=body).status_code == 200
+            finally:
+                locker.rollback()
+        labelled = httpx.post(f"{server.url}/feedback", json={"id": first.json()["id"], "index": 0, "label": 1},
+                              timeout=30)
+        assert labelled.status_code == 200, labelled.text  # the store is back: so is /feedback
 
 
 def test_ece_of_perfectly_calibrated_and_overconfident_rows() -> None:
