@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_image_pixels: int = Field(4_000_000, ge=1, description="largest width x height of an image (413 above)")
     max_inputs_per_request: int = Field(256, ge=1, description="inputs per request (413 above)")
+    max_request_batches: int = Field(16, ge=1, description="what one request may cost, in full batches "
+                                     "(max_batch_samples rows for images, max_batch_tokens padded tokens x samples "
+                                     "for texts): 413 above, before it is queued, so that one request cannot hold "
+                                     "a model's forwards for long")
     max_request_pixels: int = Field(16_000_000, ge=1, description="decoded image pixels per request: width x height "
                                     "summed over its encoded images (413 above; bounds one request's decoding time)")
     decode_threads: int = Field(2, ge=1, description="threads that decode images, convert pixels and tokenize texts "

@@ -7,7 +7,8 @@ a text forward is right-padded to its longest text rounded up to a multiple of 8
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -38,18 +39,31 @@ def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repea
     ``[n, F]`` when the artifact's OOD score needs them (else None). Each forward is padded to the device's
     shape buckets (``service.shapes``) and its padding dropped; results stay on the device until one copy back."""
     outputs, errors = [], []
-    with device.lock, torch.inference_mode(), device.autocast(), device.guard_memory():
-        if seed is not None:
-            torch.manual_seed(seed)
+    with seeded_or_shared(device, seed) as turn, torch.inference_mode(), device.autocast(), device.guard_memory():
         for part in chunks_by_rows(repeats, max_batch_samples):
             padding = device.shapes.padding(repeats[part])
             x = device.to_device(pad_pixels(pixels[part], padding))  # [inputs, C, H, W]
             r = device.to_device(padding.repeats(repeats[part]))  # [inputs]
-            rows, error = artifact.rows(x, r)  # [rows, C], [inputs, F] or None
+            with turn():
+                rows, error = artifact.rows(x, r)  # [rows, C], [inputs, F] or None
             outputs.append(rows[:padding.real_rows])  # [sum(repeats[part]), C]
             if error is not None:
                 errors.append(error[:padding.real_inputs])  # [len(part)]
         return device.to_host(torch.cat(outputs).float()), host_errors(device, errors)
+
+
+@contextlib.contextmanager
+def seeded_or_shared(device: Device, seed: int | None) -> Iterator[Callable[[], contextlib.AbstractContextManager]]:
+    """How a batch's forwards take the device: a seeded batch holds its lock for all of them (no other forward may
+    draw from the generator between two of its forwards, or its answer would not repeat); any other batch takes
+    the lock per forward, so another model's batch can run between its forwards rather than wait for all of them.
+    Yields what each forward is wrapped in."""
+    if seed is None:
+        yield lambda: device.lock
+        return
+    with device.lock:
+        torch.manual_seed(seed)
+        yield contextlib.nullcontext
 
 
 def host_errors(device: Device, errors: list[torch.Tensor]) -> torch.Tensor | None:
@@ -83,15 +97,14 @@ def forward_token_rows(artifact: Artifact, device: Device, ids: list[list[int]],
     assert spec is not None
     outputs, errors, tokens = [], [], 0
     lengths = [len(row) for row in ids]
-    with device.lock, torch.inference_mode(), device.autocast(), device.guard_memory():
-        if seed is not None:
-            torch.manual_seed(seed)
+    with seeded_or_shared(device, seed) as turn, torch.inference_mode(), device.autocast(), device.guard_memory():
         for part in chunks_by_tokens(lengths, repeats, max_batch_tokens, spec.max_length):
             padding = device.shapes.padding(repeats[part], text=True)
             input_ids, mask = pad_tokens(*pad_batch(ids[part], spec.pad_id, spec.max_length), padding, spec.pad_id)
             tokens += int(input_ids.shape[1]) * padding.rows
-            rows, error = artifact.rows(device.to_device(input_ids), device.to_device(mask),
-                                        device.to_device(padding.repeats(repeats[part])))  # [rows, C], [inputs, F]
+            with turn():
+                rows, error = artifact.rows(device.to_device(input_ids), device.to_device(mask),
+                                            device.to_device(padding.repeats(repeats[part])))  # [rows, C], [inputs, F]
             outputs.append(rows[:padding.real_rows])  # [sum(repeats[part]), C]
             if error is not None:
                 errors.append(error[:padding.real_inputs])  # [len(part)]

@@ -174,6 +174,19 @@ def queue_slot(state: AppState, entry: ReadyVersion, ticket: Ticket | None) -> I
         ticket.release()  # a no-op once queued: queuing consumed it
 
 
+def check_request_cost(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: int) -> None:
+    """413 for a request that costs more than ``max_request_batches`` full batches of its version, before it is
+    queued: the limit and the request's cost are named, so the client can split it or lower n_samples."""
+    cost = entry.worker.batch_cost
+    size = len(inputs) if isinstance(inputs, list) else int(inputs.shape[0])
+    longest = max((t.tokens for t in inputs), default=0) if isinstance(inputs, list) else 0
+    spent, limit = cost.cost(size * n_samples, longest), cost.budget * state.settings.max_request_batches
+    if spent > limit:
+        raise too_large(f"the request costs {spent:,} {cost.unit}; model {entry.name!r} takes at most {limit:,} "
+                        f"per request ({state.settings.max_request_batches} batches of {cost.budget:,}, "
+                        "DIRECTOR_MAX_REQUEST_BATCHES): send fewer inputs or a smaller n_samples")
+
+
 async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: int, seed: int | None,
               ticket: Ticket | None = None) -> Outcome:
     """Queue ``inputs`` (pixels, or tokenised texts) on the version's worker (on the slot ``ticket`` reserved at
@@ -185,6 +198,7 @@ async def run(state: AppState, entry: ReadyVersion, inputs: Inputs, n_samples: i
         rule = ood_rule(entry.artifact.manifest.ood, n_samples)
     except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
         raise invalid(str(exc), ["body", "n_samples"]) from exc
+    check_request_cost(state, entry, inputs, n_samples)
     try:
         future = worker.enqueue(inputs, n_samples, seed, ticket)
         metrics.queue_depth.labels(*labels).set(worker.depth)

@@ -28,11 +28,17 @@ class BatchCost:
         return rows * padded_length(longest, self.max_length)
 
     def fits(self, rows: int, longest: int) -> bool:
-        return self.cost(rows, longest) <= self._budget
+        return self.cost(rows, longest) <= self.budget
 
     def full(self, rows: int, longest: int) -> bool:
-        return self.cost(rows, longest) >= self._budget
+        return self.cost(rows, longest) >= self.budget
 
     @property
-    def _budget(self) -> int:
+    def budget(self) -> int:
+        """One batch's cost: sampled rows (images) or padded tokens x samples (texts)."""
         return self.max_batch_samples if self.max_length is None else self.max_batch_tokens
+
+    @property
+    def unit(self) -> str:
+        return "sampled rows (inputs x n_samples)" if self.max_length is None else \
+            "padded tokens x samples (inputs x n_samples x the longest text's tokens, rounded up to 8)"

@@ -199,3 +199,24 @@ def test_prediction_routes_are_recognised_without_the_router() -> None:
     for method, path in [("GET", "/predict"), ("POST", "/feedback"), ("POST", "/v2/models//infer"),
                          ("POST", "/v2/models/m"), ("POST", "/v2/models/m/versions/2/ready"), ("POST", "/predictx")]:
         assert match(method, path) is None, (method, path)
+
+
+def test_a_request_costing_more_than_its_share_is_413_before_it_is_queued(tiny_repository: Path, tmp_path: Path
+                                                                          ) -> None:
+    """With 16-row batches and 2 batches per request, 4 inputs x 8 samples (32 rows) are served and 5 x 8 are
+    refused, naming the limit; the refused request never reaches a forward."""
+    settings = settings_for(tiny_repository, tmp_path, max_batch_samples=16, max_request_batches=2)
+    rng = np.random.default_rng(5)
+    with serve(settings) as server:
+        ok = httpx.post(f"{server.url}/predict", timeout=60,
+                        json={"inputs": [{"pixels": p} for p in random_pixels(rng, 4)], "n_samples": 8})
+        assert ok.status_code == 200, ok.text
+        before = metric_value(httpx.get(f"{server.url}/metrics").text, "director_predictions_total", model="tiny",
+                              version="1")
+        refused = httpx.post(f"{server.url}/predict", timeout=60,
+                             json={"inputs": [{"pixels": p} for p in random_pixels(rng, 5)], "n_samples": 8})
+        assert refused.status_code == 413 and "DIRECTOR_MAX_REQUEST_BATCHES" in refused.json()["error"]
+        assert "40 sampled rows" in refused.json()["error"] and "at most 32" in refused.json()["error"]
+        after = metric_value(httpx.get(f"{server.url}/metrics").text, "director_predictions_total", model="tiny",
+                             version="1")
+        assert after == before
