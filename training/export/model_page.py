@@ -46,6 +46,26 @@ def _sampling_choice(manifest: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _served_against_features(manifest: dict[str, Any]) -> list[str]:
+    """A line per reported set: the served score's test AUROC against the best feature-space score's (none when the
+    artifact carries no feature scores)."""
+    from models.uncertainty import FEATURE_SCORES
+
+    ood, tm = manifest["ood"], manifest["provenance"]["test_metrics"]
+    served = ood.get("selection_choice", ood["score"])
+    out = []
+    for name, block in tm["ood"].items():
+        features = {f: block["auroc_vs_test"][f] for f in FEATURE_SCORES if f in block["auroc_vs_test"]}
+        if not features or served not in block["auroc_vs_test"]:
+            continue
+        best = max(features, key=features.get)
+        mine = block["auroc_vs_test"][served]
+        out.append(f"- {name}: served {served} {mine:.4f} against the best feature score ({best}) "
+                   f"{features[best]:.4f}: {'at least as good' if mine >= features[best] else 'lower'}")
+    return ["The served score against the free detectors on the same backbone (test AUROC):", "", *out, ""] \
+        if out else []
+
+
 def render_results(manifest: dict[str, Any], command: str, reliability_png: str | None) -> str:
     prov = manifest["provenance"]
     tm = prov["test_metrics"]
@@ -55,7 +75,9 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
     ood = manifest["ood"]
     text = manifest.get("modality") == "text"
     secs = prov["seconds"]
-    columns = list(dict.fromkeys([*ood["selection_auroc"], *next(iter(tm["ood"].values()))["auroc_vs_test"]]))
+    # the reported scores (logit, per-input, the best combination); every candidate's validation AUROC is in the
+    # manifest's ood.selection_auroc
+    columns = list(next(iter(tm["ood"].values()))["auroc_vs_test"])
     lines = [
         f"# {manifest['name']} v{manifest['version']}: results",
         "",
@@ -125,6 +147,7 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
                      + " |")
     lines += [
         "",
+        *_served_against_features(manifest),
         "`kernel_error` is the kernel's squared mean error against the backbone's own next state (the artifact "
         "carries the backbone's last transitions and returns it from `scored_rows`). `mds`, `rmds`, `knn` and `vim` "
         "are feature-space scores on the backbone's own penultimate features along that path (Mahalanobis to the "
