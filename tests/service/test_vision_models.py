@@ -1,5 +1,6 @@
-"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v3
-(partial-depth DIRECTOR with the backbone's last transition, the default version), v2 (the same weights, scored by
+"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v4
+(partial-depth DIRECTOR with the backbone's last transition and the feature-space statistics, scored by the
+Mahalanobis distance; the default version), v3 (the same weights, the kernel error among its candidates), v2 (scored by
 energy) and v1 (whole-stack), kept for rollback, and the deterministic backbone baseline. Held-out Fashion-MNIST
 images get their labels from each, the default version is the newest, test images are flagged OOD at about the rate
 the threshold was set for, and the artifacts stay small."""
@@ -19,9 +20,11 @@ from tests.service.conftest import REPO_ROOT, Running, copy_version, flagged_sha
 VISION_MODEL = REPO_ROOT / "model_repository" / "fashion-vit"
 BASELINE_DIR = REPO_ROOT / "model_repository" / "fashion-vit-deterministic" / "1"
 FOLDERS = {("fashion-vit", "1"): VISION_MODEL / "1", ("fashion-vit", "2"): VISION_MODEL / "2",
-           ("fashion-vit", "3"): VISION_MODEL / "3", ("fashion-vit-deterministic", "1"): BASELINE_DIR}
-DEFAULT_VERSION = "3"
+           ("fashion-vit", "3"): VISION_MODEL / "3", ("fashion-vit", "4"): VISION_MODEL / "4",
+           ("fashion-vit-deterministic", "1"): BASELINE_DIR}
+DEFAULT_VERSION = "4"
 BUDGET_MIB = 5
+FEATURE_BANK_MIB = 4  # v4 carries the KNN bank: 10,000 training features x 96 floats (3.7 MiB) beside the model
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def predict(server: Running, images: np.ndarray, seed: int, model: str = "fashio
     return response.json()
 
 
-def test_every_version_is_ready_and_v3_is_the_default(vision_models: Running) -> None:
+def test_every_version_is_ready_and_v4_is_the_default(vision_models: Running) -> None:
     models = {m["name"]: m for m in httpx.get(f"{vision_models.url}/models", timeout=10).json()["models"]}
     assert {"fashion-vit", "fashion-vit-deterministic"} <= set(models)
     assert all(v["state"] == "ready" for m in models.values() for v in m["versions"])
@@ -56,10 +59,27 @@ def test_every_version_is_ready_and_v3_is_the_default(vision_models: Running) ->
     assert predict(vision_models, images, seed=0)["model_version"] == DEFAULT_VERSION
 
 
+def test_the_served_mahalanobis_score_is_the_artifacts_own(vision_models: Running) -> None:
+    """v4 serves ``mds``: the column ``artifact.input_scores`` names in the file's ``scored_rows``."""
+    import torch
+
+    folder = VISION_MODEL / DEFAULT_VERSION
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["ood"]["score"] == "mds"
+    images, _ = held_out(8)
+    pixels = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 255.0  # [8, 1, 28, 28] as the PNGs decode
+    with torch.inference_mode():
+        scores = torch.jit.load(str(folder / "director.ts")).scored_rows(pixels, torch.ones(8, dtype=torch.long))[1]
+    expected = scores[:, manifest["artifact"]["input_scores"].index("mds")]
+    served = torch.tensor([p["ood_score"] for p in predict(vision_models, images, seed=0)["predictions"]])
+    torch.testing.assert_close(served, expected, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("folder", sorted(FOLDERS.values(), key=str), ids=lambda p: f"{p.parent.name}-{p.name}")
 def test_artifact_size_budget(folder: Path) -> None:
     total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-    assert total < BUDGET_MIB * 2**20, f"{total / 2**20:.1f} MiB"
+    budget = BUDGET_MIB + (FEATURE_BANK_MIB if folder == VISION_MODEL / "4" else 0)
+    assert total < budget * 2**20, f"{total / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("model", ["fashion-vit", "fashion-vit-deterministic"])
