@@ -76,8 +76,9 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
         return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
 
     labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
-    noise = uniform_noise_images(1000, image_shape, cfg.seed + 1)
-    digits = digits_images(image_shape)
+    count = cfg.evaluate.ood_images  # as many as the text sets (each a forward per image: ViT-B/16 at 224 is costly)
+    noise = uniform_noise_images(count, image_shape, cfg.seed + 1)
+    digits = digits_images(image_shape)[:count]
     return ExportParts(
         data=data,
         backbone_logits=lambda split: split.map(backbone, 512),
