@@ -5,18 +5,21 @@ uvicorn's own multiprocess mode builds plain ``uvicorn.Server`` workers: no shut
 (``spawn``: no torch state inherited from the parent) that each run ``DirectorServer`` on it, and on SIGTERM or
 SIGINT forwards SIGTERM to every worker, so each one drains through ``shutdown_grace_s`` as a single process
 does, then waits for them all. A worker that dies while serving is replaced; one that fails to start stops the
-whole server (the next would fail the same way). A dead worker's metric files are marked dead for
+whole server (the next would fail the same way). A supervisor that dies takes its workers with it (SIGTERM from the
+kernel, ``die_with_parent``), so no orphan keeps the port. A dead worker's metric files are marked dead for
 prometheus-client's multiprocess mode, whether it exited cleanly or was killed."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import socket
 import threading
+import time
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
@@ -30,10 +33,35 @@ log = logging.getLogger("service.supervisor")
 POLL_S = 0.5  # how often the parent looks for dead workers
 
 
-def run_worker(settings: Settings, sock: socket.socket) -> None:
-    """A worker process: the app and ``DirectorServer`` built here, serving on the inherited socket."""
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGTERM to this worker when the supervisor ``parent`` dies, however it dies (even SIGKILL, which it cannot
+    pass on): the worker drains as on any SIGTERM, and a new server can bind the port. Linux's prctl does it at
+    once; elsewhere a thread watches the parent's pid. A parent already gone by now means the same."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        watched = libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        watched = False
+    if not watched:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(POLL_S)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_worker(settings: Settings, sock: socket.socket, parent: int) -> None:
+    """A worker process: the app and ``DirectorServer`` built here, serving on the inherited socket until SIGTERM
+    (from the supervisor, or from the kernel when the supervisor dies)."""
     from service.server import serve_on  # in the worker: the environment (PROMETHEUS_MULTIPROC_DIR) is final
 
+    die_with_parent(parent)
     if not serve_on(settings, [sock]):
         raise SystemExit(STARTUP_FAILURE)
 
@@ -75,7 +103,8 @@ class Supervisor:
         self.stopping.set()
 
     def _start(self) -> BaseProcess:
-        worker = self.context.Process(target=run_worker, args=(self.settings, self.sock), name="director-worker")
+        worker = self.context.Process(target=run_worker, args=(self.settings, self.sock, os.getpid()),
+                                      name="director-worker")
         worker.start()
         return worker
 

@@ -93,3 +93,34 @@ def test_two_workers_share_totals_and_feedback_and_drain_through_the_grace(tiny_
         log = proc.stdout.read() if proc.stdout else ""
         assert log.count("draining: not ready for 10.0s") == 2, log  # each worker took the grace
         assert not list(prom_dir.glob("gauge_live*.db"))  # both workers' live gauges marked dead
+
+
+def test_workers_exit_when_their_supervisor_is_killed(tiny_repository: Path, tmp_path: Path) -> None:
+    """SIGKILL to the parent, which cannot pass anything on: its workers still get SIGTERM (the kernel's parent-death
+    signal), drain and exit, so the port is free for the next server."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    env = {"DIRECTOR_FEEDBACK_DB": str(tmp_path / "f.sqlite3"), "DIRECTOR_TORCH_THREADS": "1"}
+    args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--workers", "2",
+            "--shutdown-grace-s", "0", "--poll-interval-s", "0"]
+    with service_process(args, env) as (proc, url):
+        workers = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(workers) >= 2, workers  # the spawned workers (and multiprocessing's resource tracker)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+        def running(pid: int) -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            except (FileNotFoundError, ProcessLookupError):
+                return False
+
+        deadline = time.monotonic() + 60
+        while any(running(pid) for pid in workers):
+            assert time.monotonic() < deadline, "workers outlived their supervisor"
+            time.sleep(0.2)
+        parts = urlsplit(url)
+        with socket.socket() as probe:  # nobody listens any more
+            assert probe.connect_ex((parts.hostname, parts.port)) != 0
