@@ -83,6 +83,15 @@ class HalfStoredLinear(nn.Module):
         return F.linear(x, self.weight_cache, self.bias)
 
 
+def drop_weight_caches(module: nn.Module) -> nn.Module:
+    """Empty every ``HalfStoredLinear``'s float32 weight cache in ``module`` (a forward before export fills them, and
+    TorchScript saves a buffer whether or not it is persistent: a saved cache would double the layers' size)."""
+    for child in module.modules():
+        if isinstance(child, HalfStoredLinear):
+            child.weight_cache = torch.zeros(0)
+    return module
+
+
 def store_linears_in_half(module: nn.Module) -> nn.Module:
     """Replace every ``nn.Linear`` inside ``module`` (in place) by a ``HalfStoredLinear``; returns ``module``."""
     for name, child in list(module.named_modules()):

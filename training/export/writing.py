@@ -14,13 +14,16 @@ from typing import Any
 import torch
 
 from artifact.contract import MANIFEST, Manifest, retired_folder, sha256_file, staging_folder
+from models.half_storage import drop_weight_caches
 from training.data.images import ForwardArgs
 from training.export.ood_selection import computes_kernel_error
 
 
 def script_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
     """``torch.jit.script`` with its deprecation warning silenced on purpose: TorchScript is the artifact
-    format the product promises; a ``torch.export`` artifact can sit beside it later."""
+    format the product promises; a ``torch.export`` artifact can sit beside it later. Half-stored layers' weight
+    caches are emptied first, so what an earlier forward cached is not saved with the file."""
+    drop_weight_caches(module)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)

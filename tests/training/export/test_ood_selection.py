@@ -1,6 +1,6 @@
-"""The OOD score choice shared by the exporter and the evaluation: the kernel error and its combinations are
-candidates only when it is known, a combination is standardised on in-distribution validation, ties go to the simpler
-score, and mutual information falls back at S = 1."""
+"""The OOD score choice shared by the exporter and the evaluation: the per-input scores (kernel error, feature scores)
+and their combinations are candidates only when they are known, a combination is standardised on in-distribution
+validation, ties go to the simpler score, and mutual information falls back at S = 1."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def inputs(n: int, logit_scale: float, error_level: float, seed: int) -> ScoreIn
     logits = torch.randn(4, n, 3, generator=gen) * 0.1  # [S, n, C]
     logits[..., 0] += logit_scale
     error = error_level * torch.exp(0.3 * torch.randn(n, generator=gen))  # [n] log-normal around the level
-    return ScoreInputs(summarize(logits), error)
+    return ScoreInputs(summarize(logits), {KERNEL_ERROR: error})
 
 
 def test_the_kernel_error_wins_where_only_it_separates() -> None:
@@ -24,8 +24,12 @@ def test_the_kernel_error_wins_where_only_it_separates() -> None:
     choice = choose_ood_score(val, ood_val, n_samples=4)
     assert choice.label == KERNEL_ERROR and choice.chosen.name == KERNEL_ERROR and choice.terms == ()
     assert choice.selection_auroc[KERNEL_ERROR] > 0.99
-    assert set(choice.selection_auroc) == {"max_softmax", "predictive_entropy", "mutual_information", "energy",
-                                           KERNEL_ERROR, *map(combination_label, COMBINATION_WEIGHTS)}
+    fallback = choice.fallback_label if not choice.fallback_label.startswith(COMBINED) else "max_softmax"
+    pairs = {label for label in choice.selection_auroc if label.startswith(COMBINED)}
+    assert set(choice.selection_auroc) - pairs == {"max_softmax", "predictive_entropy", "mutual_information", "energy",
+                                                   KERNEL_ERROR}
+    assert len(pairs) == len(COMBINATION_WEIGHTS)  # the kernel error with the best logit score only
+    assert all(label.startswith(f"{COMBINED} ({KERNEL_ERROR} w=") for label in pairs), (pairs, fallback)
     reported = choice.reported()
     assert sum(label.startswith(COMBINED) for label in reported) == 1 and choice.combined in reported
 
@@ -33,8 +37,9 @@ def test_the_kernel_error_wins_where_only_it_separates() -> None:
 def test_a_combination_is_standardised_on_validation() -> None:
     val, ood_val = inputs(300, 3.0, 0.01, 0), inputs(300, 1.0, 0.02, 1)
     choice = choose_ood_score(val, ood_val, n_samples=4)
-    combined = choice.candidates[combination_label(0.5)]
-    assert combined.name == COMBINED and [t.score for t in combined.terms] == [KERNEL_ERROR, "max_softmax"]
+    best_logit = max(("max_softmax", "predictive_entropy", "energy"), key=choice.selection_auroc.get)
+    combined = choice.candidates[combination_label(KERNEL_ERROR, 0.5, best_logit)]
+    assert combined.name == COMBINED and [t.score for t in combined.terms] == [KERNEL_ERROR, best_logit]
     values = val.score(COMBINED, combined.terms)  # [300] two standardised terms, weights 0.5 each
     assert abs(float(values.mean())) < 1e-4
     kernel_term, logit_term = combined.terms
@@ -46,9 +51,28 @@ def test_without_kernel_errors_only_logit_scores_compete_and_ties_go_to_the_simp
     val, ood_val = inputs(100, 3.0, 0.01, 0), inputs(100, 3.0, 0.01, 1)
     plain = choose_ood_score(ScoreInputs(val.summary), ScoreInputs(ood_val.summary), n_samples=1)
     assert set(plain.selection_auroc) == {"max_softmax", "predictive_entropy", "energy"} and plain.combined is None
-    same = ScoreInputs(val.summary, torch.ones(100))
-    tied = choose_ood_score(same, ScoreInputs(val.summary, torch.ones(100)), n_samples=2)
+    same = ScoreInputs(val.summary, {KERNEL_ERROR: torch.ones(100)})
+    tied = choose_ood_score(same, ScoreInputs(val.summary, {KERNEL_ERROR: torch.ones(100)}), n_samples=2)
     assert tied.selection_auroc[KERNEL_ERROR] == 0.5 and tied.label == "max_softmax"  # all 0.5: the first wins
+
+
+def test_feature_scores_and_their_pairs_compete_when_the_artifact_gives_them() -> None:
+    """A feature score that alone separates wins; every pair (kernel error + logit, kernel error + feature, feature +
+    logit) was a candidate at each weight; the mds term of a pair is standardised on a log scale."""
+    val, ood_val = inputs(300, 3.0, 0.01, 0), inputs(300, 3.0, 0.01, 1)  # the same logits and errors
+    gen = torch.Generator().manual_seed(2)
+    for target, level in ((val, 10.0), (ood_val, 40.0)):
+        target.inputs.update({"mds": level * torch.exp(0.2 * torch.randn(300, generator=gen)),
+                              "knn": torch.rand(300, generator=gen) * 0.1})
+    choice = choose_ood_score(val, ood_val, n_samples=4)
+    assert choice.label == "mds" and choice.selection_auroc["mds"] > 0.99
+    best_logit = max(("max_softmax", "predictive_entropy", "energy"), key=choice.selection_auroc.get)
+    for first, second in ((KERNEL_ERROR, best_logit), (KERNEL_ERROR, "mds"), (KERNEL_ERROR, "knn"), ("mds", best_logit),
+                          ("knn", best_logit)):
+        for weight in COMBINATION_WEIGHTS:
+            assert combination_label(first, weight, second) in choice.selection_auroc
+    terms = choice.candidates[combination_label("mds", 0.5, best_logit)].terms
+    assert terms[0].log and not terms[1].log
 
 
 def test_mutual_information_falls_back_where_it_is_undefined() -> None:
