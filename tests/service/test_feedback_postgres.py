@@ -81,7 +81,8 @@ def test_a_database_that_goes_away_fails_feedback_not_predictions(tiny_repositor
             assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
             body = refused.json()
             assert body["type"] == "unavailable" and body["status"] == 503
-            assert "feedback database is unavailable" in body["error"]
+            # the pool's own error, or the store's time limit when the pool is still waiting for a connection
+            assert "feedback database is unavailable" in body["error"] or "did not answer within" in body["error"]
             accuracy, ece = live(server.url)  # /metrics answers, with the last values it read
             assert accuracy == 1.0 and ece is not None
             assert httpx.get(f"{server.url}/health/ready", timeout=30).status_code == 200

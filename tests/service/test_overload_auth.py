@@ -15,8 +15,9 @@ HEAVY = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0
 
 
 def test_full_queue_is_refused_with_retry_after(tiny_repository: Path, tmp_path: Path) -> None:
-    # 32 inputs x 8 samples in forwards of 8 rows: each request keeps the worker busy for a while
-    settings = settings_for(tiny_repository, tmp_path, max_queue=1, max_batch_samples=8, max_batch_delay_ms=0)
+    # 32 inputs x 8 samples in forwards of 8 rows (32 batches, allowed): each request keeps the worker busy a while
+    settings = settings_for(tiny_repository, tmp_path, max_queue=1, max_batch_samples=8, max_batch_delay_ms=0,
+                            max_request_batches=32)
     with serve(settings) as server:
 
         async def fire() -> list[httpx.Response]:
@@ -38,7 +39,7 @@ def test_full_queue_is_refused_with_retry_after(tiny_repository: Path, tmp_path:
 
 def test_request_over_its_time_limit_gets_504(tiny_repository: Path, tmp_path: Path) -> None:
     settings = settings_for(tiny_repository, tmp_path, request_timeout_s=0.001, max_batch_samples=8,
-                            max_batch_delay_ms=50)
+                            max_batch_delay_ms=50, max_request_batches=32)
     with serve(settings) as server:
         response = httpx.post(f"{server.url}/predict", json=HEAVY, timeout=60)
         assert response.status_code == 504 and response.json()["type"] == "timeout"

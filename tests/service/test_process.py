@@ -92,7 +92,7 @@ def test_flags_override_the_environment(monkeypatch) -> None:  # noqa: ANN001 - 
 def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> None:
     env = {"DIRECTOR_FEEDBACK_DB": str(tmp_path / "f.sqlite3"), "DIRECTOR_TORCH_THREADS": "1"}
     args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--shutdown-grace-s", "1.5",
-            "--max-batch-samples", "8", "--poll-interval-s", "0", "--log-level", "info"]
+            "--max-batch-samples", "8", "--max-request-batches", "32", "--poll-interval-s", "0", "--log-level", "info"]
     body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
     with service_process(args, env) as (proc, url):
 
