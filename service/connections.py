@@ -94,6 +94,7 @@ class DirectorHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_request = True
+        self._in_headers, self._header_count, self._too_many_headers = True, 0, False  # counted per request
         if self._header_timer is None:
             self._arm_header_timer()
 
