@@ -94,7 +94,9 @@ class DirectorHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_request = True
-        self._in_headers, self._header_count, self._too_many_headers = True, 0, False  # counted per request
+        # counted per request; not at the previous response's end, when its unread body may still be arriving
+        self._in_headers, self._header_count, self._too_many_headers = True, 0, False
+        self._header_bytes = 0
         if self._header_timer is None:
             self._arm_header_timer()
 
@@ -123,8 +125,6 @@ class DirectorHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self._in_request = False
-        self._in_headers, self._header_bytes, self._header_count = True, 0, 0  # the next request's headers
-        self._too_many_headers = False
         super().on_response_complete()
 
     def _refuse_headers(self, message: str) -> None:

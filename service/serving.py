@@ -17,7 +17,7 @@ import torch
 
 from models.uncertainty import UncertaintySummary, ood_score
 from service.artifact import ArtifactError, OodRule, ood_rule
-from service.batching import BatchResult, Draining, Inputs, QueueFull, Ticket
+from service.batching import BatchResult, Draining, Inputs, QueueFull, Ticket, input_count, longest_text
 from service.device import DeviceOutOfMemory
 from service.drift import DriftMonitor
 from service.errors import ApiError, invalid, not_found, overloaded, shown, too_large
@@ -178,9 +178,8 @@ def check_request_cost(state: AppState, entry: ReadyVersion, inputs: Inputs, n_s
     """413 for a request that costs more than ``max_request_batches`` full batches of its version, before it is
     queued: the limit and the request's cost are named, so the client can split it or lower n_samples."""
     cost = entry.worker.batch_cost
-    size = len(inputs) if isinstance(inputs, list) else int(inputs.shape[0])
-    longest = max((t.tokens for t in inputs), default=0) if isinstance(inputs, list) else 0
-    spent, limit = cost.cost(size * n_samples, longest), cost.budget * state.settings.max_request_batches
+    spent = cost.cost(input_count(inputs) * n_samples, longest_text(inputs))
+    limit = cost.budget * state.settings.max_request_batches
     if spent > limit:
         raise too_large(f"the request costs {spent:,} {cost.unit}; model {entry.name!r} takes at most {limit:,} "
                         f"per request ({state.settings.max_request_batches} batches of {cost.budget:,}, "

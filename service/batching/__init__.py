@@ -3,7 +3,16 @@
 
 from service.batching.cost import BatchCost
 from service.batching.slots import QueueFull, Slots, Ticket
-from service.batching.worker import BatchResult, BatchStats, BatchWorker, Draining, Inputs, WorkItem
+from service.batching.worker import (
+    BatchResult,
+    BatchStats,
+    BatchWorker,
+    Draining,
+    Inputs,
+    WorkItem,
+    input_count,
+    longest_text,
+)
 
 __all__ = ["BatchCost", "BatchResult", "BatchStats", "BatchWorker", "Draining", "Inputs", "QueueFull", "Slots",
-           "Ticket", "WorkItem"]
+           "Ticket", "WorkItem", "input_count", "longest_text"]

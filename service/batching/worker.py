@@ -33,6 +33,15 @@ class Draining(Exception):
     """The worker no longer accepts requests (shutdown or version retired)."""
 
 
+def input_count(inputs: Inputs) -> int:
+    return len(inputs) if isinstance(inputs, list) else int(inputs.shape[0])
+
+
+def longest_text(inputs: Inputs) -> int:
+    """Tokens of the longest text (0 for images)."""
+    return max((t.tokens for t in inputs), default=0) if isinstance(inputs, list) else 0
+
+
 @dataclass
 class WorkItem:
     inputs: Inputs
@@ -43,7 +52,7 @@ class WorkItem:
 
     @property
     def size(self) -> int:
-        return len(self.inputs) if isinstance(self.inputs, list) else int(self.inputs.shape[0])
+        return input_count(self.inputs)
 
     @property
     def rows(self) -> int:
@@ -52,7 +61,7 @@ class WorkItem:
     @property
     def longest(self) -> int:
         """Tokens of the longest text (0 for images)."""
-        return max((t.tokens for t in self.inputs), default=0) if isinstance(self.inputs, list) else 0
+        return longest_text(self.inputs)
 
 
 @dataclass(frozen=True)
