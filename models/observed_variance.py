@@ -50,7 +50,8 @@ def mixture_attention(
     weighted second moment of the centred values and subtracts the square of their weighted mean (the
     corrected two-pass form, sum_j A_ij (u_j - m_i)^2 = A (u - c)^2 - (A (u - c))^2), with the products in
     fp64. It equals the pairwise-deviation form to fp32 rounding (tested) at a tenth of its cost: no
-    [B, N, N, D] tensor.
+    [B, N, N, D] tensor, and the heads are taken one at a time, so the fp64 working set is a few [B, N, D]
+    tensors whatever the head count.
     """
     batch, heads, tokens, head_dim = v.shape
     scores = (q.float() * scale) @ k.float().transpose(-2, -1)  # [B, H, N, N]
@@ -64,16 +65,19 @@ def mixture_attention(
 
     w32 = w_out.float()  # [D, H*hd]
     w_heads = w32.view(w32.shape[0], heads, head_dim).permute(1, 2, 0)  # [H, hd, D]
-    u = torch.einsum("bhnk,hkd->bhnd", v.float(), w_heads).double()  # [B, H, N, D] each value through W_O^h
-    if key_padding_mask is None:
-        shift = u.mean(dim=2, keepdim=True)  # [B, H, 1, D]
-    else:
-        real = key_padding_mask[:, None, :, None].double()  # [B, 1, N, 1]
-        shift = (u * real).sum(dim=2, keepdim=True) / real.sum(dim=2, keepdim=True)  # [B, H, 1, D]
-    centred = u - shift  # [B, H, N, D]
-    w64 = weights.double()  # [B, H, N, N]
-    head_variance = w64 @ centred.square() - (w64 @ centred).square()  # [B, H, N, D]
-    return mixed, head_variance.sum(dim=1).clamp_min(0.0).float()  # heads are independent: variances add
+    real = None if key_padding_mask is None else key_padding_mask[:, :, None].double()  # [B, N, 1]
+    variance = torch.zeros(batch, tokens, w32.shape[0], dtype=torch.float64, device=v.device)  # [B, N, D]
+    for h in range(heads):  # one head at a time: the fp64 working set is [B, N, D], not [B, H, N, D]
+        u = (v[:, h].float() @ w_heads[h]).double()  # [B, N, D] each value through W_O^h
+        if real is None:
+            shift = u.mean(dim=1, keepdim=True)  # [B, 1, D]
+        else:
+            shift = (u * real).sum(dim=1, keepdim=True) / real.sum(dim=1, keepdim=True)  # [B, 1, D]
+        centred = u.sub_(shift)  # [B, N, D]
+        w64 = weights[:, h].double()  # [B, N, N]
+        spread = w64 @ centred  # [B, N, D]
+        variance += (w64 @ centred.square_()).sub_(spread.square_())  # heads are independent: variances add
+    return mixed, variance.clamp_min(0.0).float()
 
 
 def post_layernorm_variance(variance: torch.Tensor, pre_norm: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:

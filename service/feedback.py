@@ -203,4 +203,4 @@ def open_feedback_store(settings: Settings) -> FeedbackStore:
         return PostgresFeedbackStore(settings.feedback_url.get_secret_value(), *bounds)
     from service.feedback_sqlite import SqliteFeedbackStore
 
-    return SqliteFeedbackStore(settings.feedback_db, *bounds)
+    return SqliteFeedbackStore(settings.feedback_db, *bounds, busy_timeout_s=settings.feedback_timeout_s)

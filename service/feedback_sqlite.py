@@ -33,11 +33,14 @@ INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, 
 
 
 class SqliteFeedbackStore(FeedbackStore):
-    def __init__(self, path: Path, max_rows: int, max_age_s: float, window: int) -> None:
+    def __init__(self, path: Path, max_rows: int, max_age_s: float, window: int, busy_timeout_s: float = 10.0) -> None:
+        """``busy_timeout_s``: how long a call waits on another process's lock before it fails; the server passes
+        its store-call timeout, so a thread gives up about when its caller does instead of staying busy after."""
         super().__init__(max_rows, max_age_s, window)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # the connection
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10.0, isolation_level=None)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=busy_timeout_s,
+                                     isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
         # in WAL mode NORMAL still survives a crash of the process (not of the machine) without an fsync per commit
         self._conn.execute("PRAGMA synchronous=NORMAL")

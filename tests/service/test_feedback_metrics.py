@@ -162,9 +162,15 @@ def test_a_locked_store_slows_only_feedback(tiny_repository: Path, tmp_path: Pat
                         assert client.post("/predict", json=body).status_code == 200
             finally:
                 locker.rollback()
-        labelled = httpx.post(f"{server.url}/feedback", json={"id": first.json()["id"], "index": 0, "label": 1},
-                              timeout=30)
-        assert labelled.status_code == 200, labelled.text  # the store is back: so is /feedback
+        # the store is back: so is /feedback, once the calls that queued behind the lock have drained
+        deadline = time.monotonic() + 10
+        while True:
+            labelled = httpx.post(f"{server.url}/feedback", json={"id": first.json()["id"], "index": 0, "label": 1},
+                                  timeout=30)
+            if labelled.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(float(labelled.headers["Retry-After"]) / 4)
+        assert labelled.status_code == 200, labelled.text
 
 
 def test_ece_of_perfectly_calibrated_and_overconfident_rows() -> None:
