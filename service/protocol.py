@@ -178,6 +178,10 @@ class VersionInfo(BaseModel):
                                                            "truncation, padding)")
     max_text_characters: int | None = Field(None, description="text models: the longest text accepted, min of "
                                                               "input.max_characters and DIRECTOR_MAX_TEXT_CHARS")
+    samples_informative: bool | None = Field(None, description="whether n_samples > 1 changes anything measurable "
+                                                              "on this version, from what its export measured (null: "
+                                                              "not measured, or the version is not loaded)")
+    samples_note: str | None = Field(None, description="the evidence behind samples_informative, in words")
 
 
 class ModelSummary(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from artifact.contract import samples_verdict
 from service import serving
 from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, not_found, shown
@@ -19,12 +20,15 @@ def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
     section = entry.manifest.get("input")
     ready = entry.ready()
     text_limit = serving.text_limit(state, ready) if ready is not None and ready.artifact.text else None
+    verdict = samples_verdict(ready.artifact.manifest) if ready is not None else None
     return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
                        reload_error=entry.reload_error,
                        method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
                        default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
                        loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None,
-                       input=section if isinstance(section, dict) else None, max_text_characters=text_limit)
+                       input=section if isinstance(section, dict) else None, max_text_characters=text_limit,
+                       samples_informative=verdict.informative if verdict else None,
+                       samples_note=verdict.note if verdict else None)
 
 
 def summary(state: AppState, name: str) -> ModelSummary:

@@ -70,6 +70,10 @@ def test_all_committed_models_are_ready_and_v4_is_the_default(text_models: Runni
     manifest = json.loads((TEXT_MODEL_DIR / "manifest.json").read_text())
     assert answer["model_version"] == "4" and answer["ood"]["score"] == manifest["ood"]["score"] == "combined"
     assert {term["score"] for term in manifest["ood"]["combination"]} <= {"kernel_error", "mds", "rmds", "knn", "vim"}
+    served = {v["version"]: v for v in models["movie-reviews-minilm"]["versions"]}["4"]
+    assert served["samples_informative"] is False and "change nothing measurable" in served["samples_note"]
+    baseline = models["movie-reviews-minilm-deterministic"]["versions"][0]
+    assert baseline["samples_informative"] is False and "deterministic" in baseline["samples_note"]
 
 
 @pytest.mark.parametrize("folder", sorted(BUDGET_MIB, key=str), ids=lambda p: f"{p.parent.name}-{p.name}")
