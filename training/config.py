@@ -145,8 +145,8 @@ class EvaluateConfig:
     kernels are cached under ``<run_dir>/baselines`` and ``<run_dir>/ablations``; logits under ``<run_dir>/eval``."""
 
     task: str = "fashion-mnist"
-    stages: list[str] = field(default_factory=lambda: ["test_and_ood", "shift", "sweep", "cost", "ablations",
-                                                       "variance"])
+    stages: list[str] = field(default_factory=lambda: ["test_and_ood", "detectors", "shift", "sweep", "cost",
+                                                       "ablations", "variance"])
     ensemble_members: int = 3  # member 0 is the pipeline's own backbone
     samples: int = 16  # S for MC dropout and DIRECTOR
     sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])

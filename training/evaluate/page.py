@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from models.feature_scores import FEATURE_SCORES
 from training.evaluate.plots import domain_shift_plot, reliability_grid, shift_plot, sweep_plot
 
 
@@ -68,8 +69,9 @@ def ood_tables(results: dict[str, Any]) -> list[str]:
     selection_set = results.get("ood_validation_set", "sklearn sample-photo patches (OOD validation only)")
     lines = ["Each method's score is chosen, as the exporter chooses the manifest's, among the scores the server "
              "computes (from sampled logits: max softmax, predictive entropy, mutual information, energy; for "
-             "DIRECTOR also the kernel error, the kernel's squared error against the backbone's own next state, and "
-             "its standardised combinations with the best logit score) by AUROC on "
+             "DIRECTOR also what its artifact's `scored_rows` returns: the kernel error, the kernel's squared error "
+             "against the backbone's own next state, the feature-space scores MDS, RMDS, KNN and ViM on the "
+             "backbone's own penultimate features, and their standardised combinations) by AUROC on "
              f"the OOD-validation set ({selection_set}, used for nothing else); then on every reported "
              "set: AUROC / AUPR-In / AUPR-Out / FPR at 95% TPR (OOD positive, higher score = more OOD; TPR is the "
              "in-distribution pass rate).", "",
@@ -82,17 +84,50 @@ def ood_tables(results: dict[str, Any]) -> list[str]:
             cells.append(f"{m['auroc']:.3f} / {m['aupr_in']:.3f} / {m['aupr_out']:.3f} / {m['fpr95']:.3f}")
         lines.append(f"| {r['label']} | {r['ood_score']} | " + " | ".join(cells) + " |")
     scores = ["max_softmax", "predictive_entropy", "mutual_information", "energy", "mean_logvar", "kernel_error",
-              "combined"]
+              *FEATURE_SCORES, "combined"]
     for s in sets:
         lines += ["", f"AUROC of every score on **{s}** (`-`: undefined for the method, e.g. mutual information "
-                      "at S = 1; the mean log-variance (reported only), the kernel error and the combination chosen "
-                      "among the weights on OOD validation (`combined`) only for DIRECTOR):", "",
+                      "at S = 1; the mean log-variance (reported only), the kernel error, the feature scores and the "
+                      "combination chosen among the weights on OOD validation (`combined`) only for DIRECTOR):", "",
                   "| method | " + " | ".join(scores) + " | mean MI (nats) |",
                   "| --- | " + " | ".join("---" for _ in scores) + " | --- |"]
         for r in results["test_and_ood"].values():
             row = {("combined" if k.startswith("combined") else k): v for k, v in r["ood"][s].items()}
             cells = [f"{row[n]['auroc']:.3f}" if n in row else "-" for n in scores]
             lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {row['mean_mutual_information']:.2e} |")
+    return lines
+
+
+DETECTOR_LABELS = {"deterministic": "Deterministic backbone", "mc_dropout": "MC dropout", "ensemble": "Deep ensemble",
+                   "director": "DIRECTOR"}
+
+
+def detector_tables(results: dict[str, Any]) -> list[str]:
+    """Per OOD set: every free detector on every method's features, and the served score against each."""
+    det = results["detectors"]
+    sets = list(det["served_score_auroc"])
+    names = list(next(iter(next(iter(det["methods"].values()))["ood"].values())))
+    lines = ["MDS, RMDS, KNN (k = 50, L2-normalised features, a bounded bank) and ViM on each method's own penultimate "
+             "features (the input of its class head: per sample for MC dropout and DIRECTOR, per member for the "
+             "ensemble, each scored with statistics fitted on the training split and averaged per input), GEN "
+             "(gamma 0.1) and MaxLogit on its logits. The served score is DIRECTOR's S = 1 choice above. Cells: AUROC "
+             "/ FPR at 95% TPR; below each table, served minus detector AUROC with a 95% interval from "
+             f"{results['settings']['bootstrap']} paired resamples of the test and OOD inputs (above 0: the served "
+             "score is better)."]
+    for s in sets:
+        served = det["served_score_auroc"][s]
+        lines += ["", f"**{s}**: the served score reaches AUROC {served['auroc']:.3f} / FPR95 {served['fpr95']:.3f}.",
+                  "", "| method (rows per input) | " + " | ".join(names) + " |",
+                  "| --- | " + " | ".join("---" for _ in names) + " |"]
+        for key, entry in det["methods"].items():
+            row = entry["ood"][s]
+            cells = [f"{row[n]['auroc']:.3f} / {row[n]['fpr95']:.3f}" for n in names]
+            lines.append(f"| {DETECTOR_LABELS.get(key, key)} ({entry['rows_per_input']}) | " + " | ".join(cells) + " |")
+        backbone = det["methods"]["deterministic"]["ood"][s]
+        diffs = [f"{n} {backbone[n]['served_minus_detector']['difference']:+.3f} "
+                 f"[{backbone[n]['served_minus_detector']['ci95'][0]:+.3f}, "
+                 f"{backbone[n]['served_minus_detector']['ci95'][1]:+.3f}]" for n in names]
+        lines += ["", "Served minus the backbone's detectors: " + "; ".join(diffs) + "."]
     return lines
 
 
@@ -272,6 +307,8 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
             "(an interval that excludes 0 is a difference this test split can see).", "", *paired_table(results), ""]
           if results.get("paired") else []),
         "## Out-of-distribution detection", "", *ood_tables(results), "",
+        "### The free detectors, on each method's own features", "",
+        *(detector_tables(results) if "detectors" in results else [PENDING]), "",
         "### Does DIRECTOR's predicted variance follow its own error?", "", *variance_table(results), "",
     ]
     text_shift = "shift" in results and "by_domain" in next(iter(results["shift"].values()))

@@ -41,6 +41,7 @@ class ShiftSet:
 
 @dataclass
 class EvalInputs:
+    train: AnySplit  # fits the feature-space statistics only
     val: AnySplit
     test: AnySplit
     ood: dict[str, AnySplit]  # reported OOD sets
@@ -65,14 +66,14 @@ def image_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> Eval
            "sklearn_digits": unlabelled(digits_images(shape)[: ev.ood_images]),
            "letters": unlabelled(letter_images(ev.ood_images, shape, seed + 2))}
     ood_val = unlabelled(photo_patch_images(cfg.export.ood_validation_images, shape, seed))
-    return EvalInputs(data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
+    return EvalInputs(data.train, data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
 
 
 def text_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:
     tokenizer = load_run_tokenizer(cfg.run_dir)
     ood, ood_val = text_ood_splits(tokenizer, cfg.text, cfg.evaluate.ood_images, cfg.export.ood_validation_images,
                                    cfg.seed)
-    return EvalInputs(data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
+    return EvalInputs(data.train, data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
 
 
 def image_shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:

@@ -23,17 +23,19 @@ import torch
 from tqdm import tqdm
 
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
-from models.uncertainty import KERNEL_ERROR, UncertaintySummary, ood_score, summarize
+from models.uncertainty import UncertaintySummary, ood_score, summarize
 from training.baselines.models import ensemble_members, member_config
 from training.config import PipelineConfig
 from training.evaluate.ablations import ablation_config, ensure_distilled, seed_config
 from training.evaluate.cost import latencies_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
-from training.evaluate.logit_cache import LogitCache, fingerprint
+from training.evaluate.detectors import DetectorScores, detector_report, source_detectors
+from training.evaluate.logit_cache import LogitCache, fingerprint, stable_seed
 from training.evaluate.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
 from training.evaluate.sets import EvalInputs, load_eval_inputs, shift_sets
 from training.evaluate.targets import RESULTS, write_targets
 from training.export.calibration import fit_temperature
-from training.export.ood_selection import ScoreInputs, choose_ood_score
+from training.export.feature_statistics import attach_feature_scores
+from training.export.ood_selection import InputScores, ScoreInputs, choose_ood_score, split_input_scores
 from training.export.parts import with_teacher
 from training.export.served_statistics import fit_noise_scale
 from training.export.writing import git_commit, json_safe
@@ -49,7 +51,7 @@ from training.loading import (
 )
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.ood_metrics import ood_report
-from training.runtime import set_threads
+from training.runtime import save_checkpoint, set_threads
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,35 @@ class Evaluation:
         self.inputs: EvalInputs = load_eval_inputs(cfg)
         self.cache = LogitCache(self.run_dir / "eval" / "logits")
         self.sources: dict[str, Source] = {}
+        self.input_scores: dict[str, InputScores] = {}  # set name -> DIRECTOR's per-input scores (scored_rows)
+        self.served_scores: dict[str, torch.Tensor] = {}  # set name -> DIRECTOR's chosen score at S = 1 [N]
 
     # --- models -----------------------------------------------------------------------------------------
     def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
         self.sources[name] = Source(model.eval(), model_id, draws)
+
+    def director_input_scores(self, set_name: str, split: AnySplit) -> InputScores:
+        """DIRECTOR's per-input scores on a set (the kernel error and the feature-space scores, as its artifact's
+        ``scored_rows`` returns them), computed once."""
+        if set_name not in self.input_scores:
+            scores = split_input_scores(self.sources["director"].model, split)
+            assert scores is not None  # build_sources gives DIRECTOR the backbone's last transitions
+            self.input_scores[set_name] = scores
+        return self.input_scores[set_name]
+
+    def detector_scores(self, source: Source, sets: dict[str, AnySplit], compute: Callable[[], DetectorScores]
+                        ) -> DetectorScores:
+        """A method's detector scores [N, 6] on ``sets`` (``compute()`` fits and scores them all), cached on disk."""
+        key = f"{source.model_id}-detectors-s{source.draws}"
+        names = sorted(sets)
+        paths = [self.cache.folder / f"{key}__{name}.pt" for name in names]
+        if all(path.exists() for path in paths):
+            return {name: torch.load(path, weights_only=True)["scores"]
+                    for name, path in zip(names, paths, strict=True)}
+        scores = compute()
+        for name, path in zip(names, paths, strict=True):
+            save_checkpoint(path, {"scores": scores[name]})
+        return scores
 
     def logits(self, source: str, set_name: str, split: AnySplit, draws: int | None = None) -> torch.Tensor:
         src = self.sources[source]
@@ -115,6 +142,9 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
                           len(members))
     director, _ = load_director(run)
     director = with_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
+    if cfg.export.feature_scores:  # as exported: the feature-space statistics of the training split beside it
+        train = evaluation.inputs.train
+        attach_feature_scores(director, train, int(train.labels.max()) + 1, cfg.seed, cfg.export.knn_bank)
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
     noisy = copy.deepcopy(director)
@@ -159,28 +189,29 @@ def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) ->
             "accuracy_ci95": accuracy_interval(probs, labels, n_boot), "n": int(labels.shape[0])}
 
 
-def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int, errors: KernelErrors
-                          ) -> dict[str, Any]:
+def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int) -> dict[str, Any]:
     """Test-split calibration table and, per OOD set, every reported score of every method; each method's own score is
-    chosen on the OOD-validation set as the exporter chooses the manifest's (``training.export.ood_selection``)."""
+    chosen on the OOD-validation set as the exporter chooses the manifest's (``training.export.ood_selection``).
+    DIRECTOR's candidates include what its artifact's ``scored_rows`` returns (the kernel error and the feature-space
+    scores); its S = 1 choice is recorded as the served score the detectors stage compares against."""
     inputs, ev, seed = evaluation.inputs, evaluation.ev, evaluation.cfg.seed
     test, ood_sets, ood_val = inputs.test, inputs.ood, inputs.ood_validation
     director = evaluation.sources["director"].model
     sets = {"test": test, "val": inputs.val, "ood_val": ood_val, **ood_sets}
-    # DIRECTOR-native: the kernel's squared error against the backbone's own next state (a candidate: the artifact
-    # carries the backbone's last K transitions) and the mean predicted log-variance (reported only)
-    kernel_error = {name: errors(name, split)[:, 0] for name, split in sets.items()}  # name -> [N]
+    # DIRECTOR-native: the kernel's squared error against the backbone's own next state and the feature scores
+    # (candidates: the artifact carries both) and the mean predicted log-variance (reported only)
+    native_scores = {name: evaluation.director_input_scores(name, split) for name, split in sets.items()}
     logvar = {name: mean_logvar_score(director, split, seed) for name, split in sets.items()}  # name -> [N]
     results: dict[str, Any] = {}
     for method in tqdm(methods, desc="test + OOD", leave=False):
         native = method.family == "director"
-        errors_of = kernel_error if native else None
+        scores_of = native_scores if native else None
 
         def score_inputs(set_name: str, split: AnySplit, draws: int | None = None,
-                         method: Method = method, errors_of: dict[str, torch.Tensor] | None = errors_of
+                         method: Method = method, scores_of: dict[str, InputScores] | None = scores_of
                          ) -> ScoreInputs:
             summary = summary_of(evaluation.logits(method.source, set_name, split, draws), method)
-            return ScoreInputs(summary, None if errors_of is None else {KERNEL_ERROR: errors_of[set_name]})
+            return ScoreInputs(summary, None if scores_of is None else scores_of[set_name])
 
         draws = draws_test if method.source in ("director", "mc_dropout") else None
         test_inputs = score_inputs("test", test, draws)
@@ -188,6 +219,11 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
         selection = dict(choice.selection_auroc)
         if native:
             selection["mean_logvar"] = ood_report(logvar["val"], logvar["ood_val"])["auroc"]
+        if method.key == "director_s1":
+            served = choice.rule_at(1)
+            evaluation.served_scores = {name: score_inputs(name, split, draws_test if name == "test" else None)
+                                        .score(served.name, served.terms) for name, split in
+                                        {"test": test, **ood_sets}.items()}
         per_set = {}
         for set_name, split in ood_sets.items():
             set_inputs = score_inputs(set_name, split)
@@ -204,6 +240,41 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
             "ood_selection_auroc": selection, "ood_score": choice.label, "ood": per_set,
         }
     return results
+
+
+DETECTOR_SOURCES = ("deterministic", "mc_dropout", "ensemble", "director")  # the methods with features
+
+
+def evaluate_detectors(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
+    """The free detectors (``training.evaluate.detectors``) on each method's own features and logits, per OOD set,
+    each against DIRECTOR's served score (its S = 1 choice in ``test_and_ood``, which runs first). Scores are cached
+    beside the logits, so a rerun fits nothing."""
+    inputs, ev, cfg = evaluation.inputs, evaluation.ev, evaluation.cfg
+    sets = {"test": inputs.test, **inputs.ood}
+    num_classes = int(inputs.train.labels.max()) + 1
+    out: dict[str, Any] = {"served_score_auroc": {name: ood_report(evaluation.served_scores["test"],
+                                                                   evaluation.served_scores[name])
+                                                  for name in inputs.ood},
+                           "methods": {}}
+    for source_name in DETECTOR_SOURCES:
+        source = evaluation.sources[source_name]
+
+        def logits(set_name: str, split: AnySplit, source_name: str = source_name, draws: int = source.draws
+                   ) -> tuple[torch.Tensor, UncertaintySummary]:
+            wide = draws_test if set_name == "test" and source_name in ("director", "mc_dropout") else None
+            sampled = evaluation.logits(source_name, set_name, split, wide)[:draws]  # [S, N, C]
+            return sampled, summarize(sampled)
+
+        def compute(source: Source = source, logits: Callable[..., Any] = logits) -> DetectorScores:
+            torch.manual_seed(stable_seed(source.model_id, "detectors"))
+            return source_detectors(source.model, source.draws, sets, inputs.train, num_classes, logits, cfg.seed,
+                                    cfg.export.knn_bank, ev.rows_per_forward)
+
+        scores = evaluation.detector_scores(source, sets, compute)
+        out["methods"][source_name] = {"rows_per_input": source.draws,
+                                       "ood": detector_report(scores, evaluation.served_scores, list(inputs.ood),
+                                                              ev.bootstrap, cfg.seed)}
+    return out
 
 
 def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, Any]:
@@ -361,7 +432,8 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         "methods": [asdict(m) for m in methods],
     }
     stages: list[tuple[str, Stage]] = [
-        ("test_and_ood", lambda: evaluate_test_and_ood(evaluation, methods, draws_test, errors)),
+        ("test_and_ood", lambda: evaluate_test_and_ood(evaluation, methods, draws_test)),
+        ("detectors", lambda: evaluate_detectors(evaluation, draws_test)),
         ("shift", lambda: evaluate_shift(evaluation, methods)),
         ("sweep", lambda: evaluate_sweep(evaluation, draws_test)),
         ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),

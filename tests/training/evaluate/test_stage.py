@@ -80,7 +80,8 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     assert set(shift["by_type"]) == {"gaussian_noise", "pixelate"}
     assert set(shift["by_severity"]) == {"1", "5"}
     assert set(results["sweep"]) == {"director", "mc_dropout"}
-    assert set(results["load_average_1m"]) == {"test_and_ood", "shift", "sweep", "cost", "ablations", "variance"}
+    assert set(results["load_average_1m"]) == {"test_and_ood", "detectors", "shift", "sweep", "cost", "ablations",
+                                               "variance"}
     assert set(results["sweep"]["director"]) == {"1", "2", "8"}
     cost = results["cost"]
     assert cost["deterministic"]["latency_ms_ratio"] == 1.0
@@ -97,6 +98,31 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     for entry in [*ab["ablation"].values(), *ab["seed"].values()]:  # each served score's AUROC on each OOD set
         assert all(0.0 <= entry[f"auroc_{score}_{name}"] <= 1.0 for score in ("mi", "max_softmax", "energy")
                    for name in ("uniform_noise", "sklearn_digits", "letters"))
+
+
+def test_free_detectors_on_every_method_against_the_served_score(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    """MDS, RMDS, KNN, ViM, GEN and MaxLogit on the features and logits of every method that has them, per OOD set,
+    each with its paired AUROC difference from DIRECTOR's served score; DIRECTOR's own candidates include the
+    feature scores its artifact would serve."""
+    config, results = evaluated
+    detectors = results["detectors"]
+    sets = {"uniform_noise", "sklearn_digits", "letters"}
+    assert set(detectors["served_score_auroc"]) == sets
+    assert set(detectors["methods"]) == {"deterministic", "mc_dropout", "ensemble", "director"}
+    assert detectors["methods"]["director"]["rows_per_input"] == 4
+    assert detectors["methods"]["ensemble"]["rows_per_input"] == 2
+    for entry in detectors["methods"].values():
+        assert set(entry["ood"]) == sets
+        for per_set in entry["ood"].values():
+            assert set(per_set) == {"mds", "rmds", "knn", "vim", "gen", "max_logit"}
+            for report in per_set.values():
+                assert 0.0 <= report["auroc"] <= 1.0 and 0.0 <= report["fpr95"] <= 1.0
+                low, high = report["served_minus_detector"]["ci95"]
+                assert -1.0 <= low <= high <= 1.0
+    # the backbone's MDS is one of DIRECTOR's candidates (the artifact carries its statistics)
+    assert {"mds", "rmds", "knn", "vim"} <= set(results["test_and_ood"]["director_s1"]["ood_selection_auroc"])
+    page = (config.parent / "docs" / "tiny-task.md").read_text()
+    assert "### The free detectors, on each method's own features" in page and "Served minus the backbone" in page
 
 
 def test_predicted_variance_is_set_beside_the_kernels_own_error(evaluated: tuple[Path, dict[str, Any]]) -> None:
@@ -168,7 +194,7 @@ def test_a_partial_run_marks_the_missing_stages_pending(evaluated: tuple[Path, d
                  "--set", "evaluate.task=partial"]) == 0
     docs = config.parent / "docs"
     results = json.loads((docs / "partial.json").read_text())
-    assert "sweep" in results and "shift" not in results and "cost" not in results and "ablations" not in results
+    assert "sweep" in results and all(stage not in results for stage in ("detectors", "shift", "cost", "ablations"))
     page = (docs / "partial.md").read_text()
-    assert page.count("Not run: this stage is not in this run") == 4  # costs are marked beside the main table
+    assert page.count("Not run: this stage is not in this run") == 5  # costs are marked beside the main table
     assert "--set 'evaluate.stages=[test_and_ood, sweep]'" in page
