@@ -23,7 +23,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     raw = tiny_text_config_dict(tmp)
     raw["distil"]["epochs"] = 1
     raw["evaluate"] = {
-        "task": "tiny-reviews", "stages": ["test_and_ood", "shift", "sweep", "cost"], "ensemble_members": 2,
+        "task": "tiny-reviews", "stages": ["test_and_ood", "detectors", "shift", "sweep", "cost"], "ensemble_members": 2,
         "samples": 4, "sweep_samples": [1, 2, 4], "noise_scale_grid": [0.5, 1.0], "shift_texts": 50,
         "ood_images": 40, "ablations": [], "distil_seeds": [], "latency_images": 3, "latency_repeats": 1,
         "bootstrap": 20,
@@ -51,6 +51,13 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
     assert rows["deterministic"]["test"]["mean_mutual_information"] == 0.0
     assert rows["ensemble"]["test"]["mean_mutual_information"] > 0.0  # two differently seeded members
     assert {"mean_logvar", "kernel_error"} <= set(rows["director_s4"]["ood"]["fortunes_quotes"])
+    # the free detectors on texts: the encoders' pooled features (per sample for DIRECTOR and MC dropout)
+    detectors = results["detectors"]["methods"]
+    assert set(detectors) == {"deterministic", "mc_dropout", "ensemble", "director"}
+    for entry in detectors.values():
+        report = entry["ood"]["python_docstrings"]
+        assert set(report) == {"mds", "rmds", "knn", "vim", "gen", "max_logit"}
+        assert all(0.0 <= r["auroc"] <= 1.0 for r in report.values())
     assert "licences" in results["ood_validation_set"]
     pair = results["paired"]["director_s4 - temperature_scaling"]  # DIRECTOR minus a baseline, same inputs
     for metric in ("accuracy", "ece", "nll"):
@@ -67,6 +74,7 @@ def test_shift_is_per_domain(evaluated: tuple[Path, dict[str, Any]]) -> None:
         means = [entry["accuracy"] for entry in result["by_domain"].values()]
         assert result["mean"]["accuracy"] == pytest.approx(sum(means) / 3)
         assert "by_severity" not in result
+        assert all(0.0 <= entry["flag_rate"] <= 1.0 for entry in result["by_domain"].values())
 
 
 def test_sweep_and_costs(evaluated: tuple[Path, dict[str, Any]]) -> None:
@@ -86,6 +94,8 @@ def test_page_names_the_text_sets(evaluated: tuple[Path, dict[str, Any]]) -> Non
     assert "fortunes_quotes" in page and "python_docstrings" in page and "tweets (n=50)" in page
     assert "DIRECTOR against each baseline, paired" in page
     assert "each domain cut to 50 sentences" in page
+    assert "### Flags by domain" in page and "domain nyt_editorials: flagged / acc kept / acc flagged" in page
     assert "## Ablations" in page and "Not run" in page  # not in this config's stages
-    for png in ("tiny-reviews-reliability.png", "tiny-reviews-shift.png", "tiny-reviews-ece-latency.png"):
+    for png in ("tiny-reviews-reliability.png", "tiny-reviews-risk-coverage.png", "tiny-reviews-shift.png",
+                "tiny-reviews-ece-latency.png"):
         assert (docs / png).stat().st_size > 1000

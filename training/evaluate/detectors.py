@@ -20,7 +20,9 @@ from torch import nn
 from tqdm import tqdm
 
 from models.feature_scores import FEATURE_SCORES, FeatureScorer, fit_feature_scorer
-from models.uncertainty import UncertaintySummary
+from models.uncertainty import UncertaintySummary, summarize
+from training.evaluate.evaluation import DetectorScores, Evaluation, Source
+from training.evaluate.logit_cache import stable_seed
 from training.loading import AnySplit
 from training.ood_metrics import auroc, ood_report
 
@@ -119,9 +121,6 @@ def paired_auroc_difference(a_id: torch.Tensor, a_ood: torch.Tensor, b_id: torch
     return {"difference": auroc(a_id, a_ood) - auroc(b_id, b_ood), "ci95": [float(low), float(high)]}
 
 
-DetectorScores = dict[str, torch.Tensor]  # set name -> [N, len(DETECTORS)]
-
-
 def detector_report(scores: DetectorScores, served: dict[str, torch.Tensor], ood_sets: list[str], n_boot: int,
                     seed: int) -> dict[str, Any]:
     """Per OOD set, every detector's AUROC / AUPR / FPR95 against the test split and its paired AUROC difference
@@ -149,4 +148,39 @@ def source_detectors(model: nn.Module, n_samples: int, sets: dict[str, AnySplit]
         features = head_features(model, split, n_samples, num_classes, rows_per_forward)  # [N, H, R, D']
         out[name] = torch.cat([feature_detector_scores(scorers, features), logit_detector_scores(*logits(name, split))],
                               dim=1)  # [N, 6]
+    return out
+
+
+DETECTOR_SOURCES = ("deterministic", "mc_dropout", "ensemble", "director")  # the methods with features
+
+
+def evaluate_detectors(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
+    """The free detectors (``training.evaluate.detectors``) on each method's own features and logits, per OOD set,
+    each against DIRECTOR's served score (its S = 1 choice in ``test_and_ood``, which runs first). Scores are cached
+    beside the logits, so a rerun fits nothing."""
+    inputs, ev, cfg = evaluation.inputs, evaluation.ev, evaluation.cfg
+    sets = {"test": inputs.test, **inputs.ood}
+    num_classes = int(inputs.train.labels.max()) + 1
+    out: dict[str, Any] = {"served_score_auroc": {name: ood_report(evaluation.served_scores["test"],
+                                                                   evaluation.served_scores[name])
+                                                  for name in inputs.ood},
+                           "methods": {}}
+    for source_name in DETECTOR_SOURCES:
+        source = evaluation.sources[source_name]
+
+        def logits(set_name: str, split: AnySplit, source_name: str = source_name, draws: int = source.draws
+                   ) -> tuple[torch.Tensor, UncertaintySummary]:
+            wide = draws_test if set_name == "test" and source_name in ("director", "mc_dropout") else None
+            sampled = evaluation.logits(source_name, set_name, split, wide)[:draws]  # [S, N, C]
+            return sampled, summarize(sampled)
+
+        def compute(source: Source = source, logits: Callable[..., Any] = logits) -> DetectorScores:
+            torch.manual_seed(stable_seed(source.model_id, "detectors"))
+            return source_detectors(source.model, source.draws, sets, inputs.train, num_classes, logits, cfg.seed,
+                                    cfg.export.knn_bank, ev.rows_per_forward)
+
+        scores = evaluation.detector_scores(source, sets, compute)
+        out["methods"][source_name] = {"rows_per_input": source.draws,
+                                       "ood": detector_report(scores, evaluation.served_scores, list(inputs.ood),
+                                                              ev.bootstrap, cfg.seed)}
     return out

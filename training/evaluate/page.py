@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from models.feature_scores import FEATURE_SCORES
-from training.evaluate.plots import domain_shift_plot, reliability_grid, shift_plot, sweep_plot
+from training.evaluate.plots import domain_shift_plot, reliability_grid, risk_coverage_plot, shift_plot, sweep_plot
 
 
 def pct(value: float) -> str:
@@ -128,6 +128,33 @@ def detector_tables(results: dict[str, Any]) -> list[str]:
                  f"[{backbone[n]['served_minus_detector']['ci95'][0]:+.3f}, "
                  f"{backbone[n]['served_minus_detector']['ci95'][1]:+.3f}]" for n in names]
         lines += ["", "Served minus the backbone's detectors: " + "; ".join(diffs) + "."]
+    return lines
+
+
+def flag_table(results: dict[str, Any]) -> list[str]:
+    """Per method: the share flagged OOD on the test split and on each shifted group (text domains, or corruption
+    severities averaged over the types), with the accuracy of the kept and of the flagged inputs."""
+    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    first = next(iter(results["shift"].values()))
+    groups = "by_domain" if "by_domain" in first else "by_severity"
+    names = list(first[groups])
+
+    def cell(entry: dict[str, Any]) -> str:
+        flagged = "-" if entry["accuracy_flagged"] is None else pct(entry["accuracy_flagged"])
+        kept = "-" if entry["accuracy_kept"] is None else pct(entry["accuracy_kept"])
+        return f"{pct(entry['flag_rate'])} / {kept} / {flagged}"
+
+    heading = "domain" if groups == "by_domain" else "severity"
+    lines = ["Each method's own OOD flag (its chosen score above, at the threshold that passes 95% of validation "
+             "inputs): the share flagged, then the accuracy of the kept and of the flagged inputs (`-`: none). A flag "
+             "that separates errors keeps the accurate inputs and sends the inaccurate ones to review.", "",
+             "| method | test: flagged | " + " | ".join(f"{heading} {n}: flagged / acc kept / acc flagged"
+                                                       for n in names) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
+    for key, r in results["shift"].items():
+        test_rate = results["test_and_ood"][key].get("test_flag_rate")
+        cells = [cell(r[groups][n]) for n in names]
+        lines.append(f"| {labels[key]} | {'-' if test_rate is None else pct(test_rate)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -277,6 +304,7 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
     task = results["task"]
     labels_by_key = {k: r["label"] for k, r in results["test_and_ood"].items()}
     reliability = reliability_grid(probs, labels, out_dir / f"{task}-reliability.png")
+    risk_coverage = risk_coverage_plot(probs, labels, out_dir / f"{task}-risk-coverage.png")
     first = next(iter(results["test_and_ood"].values()))["test"]
     st = results["settings"]
     binning = "; ".join(f"{k}: {v}" for k, v in results["binning"].items())
@@ -301,6 +329,9 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         + cost_note + "Temperatures are fitted on the validation split; the noise temperature scales every DIRECTOR "
         f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}.", "",
         *main_table(results), "", f"![reliability]({reliability.name})", "",
+        "Risk against coverage: keep the most confident inputs first; the curve gives the error rate of what is "
+        "kept at each share kept, so a threshold can be chosen by the error rate a user accepts (AURC, the area "
+        "under it, is in the JSON).", "", f"![risk-coverage]({risk_coverage.name})", "",
         "### Where DIRECTOR (default S) stands", "", *findings(results), "",
         *(["### DIRECTOR against each baseline, paired", "",
             f"Differences on the same test inputs; 95% intervals from {st['bootstrap']} paired bootstrap resamples "
@@ -317,13 +348,15 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         lines += ["## Shift: other domains of the same corpus", "",
                   "Sentences from other sources, labelled by the same rule as the training data (mean human rating "
                   f"above +0.5 positive, below -0.5 negative){_shift_cut(st)}.", "",
-                  *domain_shift_table(results), "", f"![shift]({shift.name})", ""]
+                  *domain_shift_table(results), "", f"![shift]({shift.name})", "",
+                  "### Flags by domain", "", *flag_table(results), ""]
     elif "shift" in results:
         lines += [f"## Shift: corrupted test images ({st['corruption_images']} per type and severity, mean over the "
                   "types)", ""]
         shift = shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
         lines += ["Types: " + ", ".join(next(iter(results["shift"].values()))["by_type"]) + ". Per type in the JSON.",
-                  "", *shift_table(results), "", f"![shift]({shift.name})", ""]
+                  "", *shift_table(results), "", f"![shift]({shift.name})", "",
+                  "### Flags by severity", "", *flag_table(results), ""]
     else:
         lines += ["## Shift", "", PENDING, ""]
     lines += ["## ECE against latency over sample counts", ""]

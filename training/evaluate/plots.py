@@ -1,5 +1,5 @@
-"""Figures of the evaluation page: reliability per method, accuracy/ECE against shift severity, and ECE
-against latency over sample counts."""
+"""Figures of the evaluation page: reliability per method, risk against coverage, accuracy/ECE against shift
+severity, and ECE against latency over sample counts."""
 
 from __future__ import annotations
 
@@ -101,4 +101,20 @@ def sweep_plot(sweep: dict[str, Any], path: Path) -> Path:
     ax.set(xscale="log", xlabel="latency per input (ms, batch of one, log scale)", ylabel="ECE (%)",
            title="ECE against latency over sample counts")
     ax.legend()
+    return _save(fig, path)
+
+
+def risk_coverage_plot(named_probs: dict[str, torch.Tensor], labels: torch.Tensor, path: Path) -> Path:
+    """Selective risk (the error rate of the inputs kept) against coverage (the share kept) when inputs are kept in
+    order of confidence, one line per method: a user reads off the confidence threshold that meets the error rate
+    they accept."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name, probs in named_probs.items():
+        confidence, prediction = probs.max(-1)  # [N] each
+        errors = (prediction != labels)[confidence.argsort(descending=True)].double()  # [N] most confident first
+        kept = torch.arange(1, len(errors) + 1, dtype=torch.float64)  # [N]
+        ax.plot((kept / len(errors)).numpy(), (100 * errors.cumsum(0) / kept).numpy(), linewidth=1.2, label=name)
+    ax.set(xlabel="coverage (share of inputs kept, most confident first)", ylabel="error rate of the kept inputs (%)",
+           title="Risk against coverage on the test split")
+    ax.legend(fontsize=7)
     return _save(fig, path)

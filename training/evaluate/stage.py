@@ -9,178 +9,45 @@ OOD-validation set (score choice only), three reported OOD sets, and the corrupt
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
-from models.uncertainty import UncertaintySummary, ood_score, summarize
-from training.baselines.models import ensemble_members, member_config
+from models.uncertainty import ood_score, summarize
 from training.config import PipelineConfig
 from training.evaluate.ablations import ablation_config, ensure_distilled, seed_config
 from training.evaluate.cost import latencies_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
-from training.evaluate.detectors import DetectorScores, detector_report, source_detectors
-from training.evaluate.logit_cache import LogitCache, fingerprint, stable_seed
+from training.evaluate.detectors import evaluate_detectors
+from training.evaluate.evaluation import Evaluation, Method, build_methods, build_sources, summary_of
+from training.evaluate.logit_cache import fingerprint
 from training.evaluate.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
-from training.evaluate.sets import EvalInputs, load_eval_inputs, shift_sets
+from training.evaluate.shift import evaluate_shift
 from training.evaluate.targets import RESULTS, write_targets
-from training.export.calibration import fit_temperature
-from training.export.feature_statistics import attach_feature_scores
-from training.export.ood_selection import InputScores, ScoreInputs, choose_ood_score, split_input_scores
-from training.export.parts import with_teacher
-from training.export.served_statistics import fit_noise_scale
+from training.export.ood_selection import (
+    InputScores,
+    ScoreInputs,
+    choose_ood_score,
+)
 from training.export.writing import git_commit, json_safe
 from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
     AnySplit,
-    load_backbone,
     load_director,
     load_view,
     run_family,
-    split_sampled_logits,
 )
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
-from training.ood_metrics import ood_report
-from training.runtime import save_checkpoint, set_threads
-
-
-@dataclass(frozen=True)
-class Method:
-    key: str  # stable id in the JSON
-    label: str  # name in the tables
-    source: str  # which model's cached logits it reads
-    n_samples: int
-    temperature: float = 1.0
-    family: str = "director"  # deterministic | mc_dropout | ensemble | director
-
-
-@dataclass
-class Source:
-    """A model behind the artifact contract and the fingerprint of what it was built from."""
-
-    model: torch.nn.Module
-    model_id: str
-    draws: int  # samples drawn per input on every set (test draws max(sweep) for the sweep)
-
-
-def summary_of(logits: torch.Tensor, method: Method) -> UncertaintySummary:
-    return summarize(logits[: method.n_samples], method.temperature)
-
-
-class Evaluation:
-    """Holds the input sets, the models and the logit cache of one evaluation run."""
-
-    def __init__(self, cfg: PipelineConfig) -> None:
-        self.cfg = cfg
-        self.ev = cfg.evaluate
-        self.run_dir = Path(cfg.run_dir)
-        self.inputs: EvalInputs = load_eval_inputs(cfg)
-        self.cache = LogitCache(self.run_dir / "eval" / "logits")
-        self.sources: dict[str, Source] = {}
-        self.input_scores: dict[str, InputScores] = {}  # set name -> DIRECTOR's per-input scores (scored_rows)
-        self.served_scores: dict[str, torch.Tensor] = {}  # set name -> DIRECTOR's chosen score at S = 1 [N]
-
-    # --- models -----------------------------------------------------------------------------------------
-    def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
-        self.sources[name] = Source(model.eval(), model_id, draws)
-
-    def director_input_scores(self, set_name: str, split: AnySplit) -> InputScores:
-        """DIRECTOR's per-input scores on a set (the kernel error and the feature-space scores, as its artifact's
-        ``scored_rows`` returns them), computed once."""
-        if set_name not in self.input_scores:
-            scores = split_input_scores(self.sources["director"].model, split)
-            assert scores is not None  # build_sources gives DIRECTOR the backbone's last transitions
-            self.input_scores[set_name] = scores
-        return self.input_scores[set_name]
-
-    def detector_scores(self, source: Source, sets: dict[str, AnySplit], compute: Callable[[], DetectorScores]
-                        ) -> DetectorScores:
-        """A method's detector scores [N, 6] on ``sets`` (``compute()`` fits and scores them all), cached on disk."""
-        key = f"{source.model_id}-detectors-s{source.draws}"
-        names = sorted(sets)
-        paths = [self.cache.folder / f"{key}__{name}.pt" for name in names]
-        if all(path.exists() for path in paths):
-            return {name: torch.load(path, weights_only=True)["scores"]
-                    for name, path in zip(names, paths, strict=True)}
-        scores = compute()
-        for name, path in zip(names, paths, strict=True):
-            save_checkpoint(path, {"scores": scores[name]})
-        return scores
-
-    def logits(self, source: str, set_name: str, split: AnySplit, draws: int | None = None) -> torch.Tensor:
-        src = self.sources[source]
-        n = draws or src.draws
-        return self.cache.get(src.model_id, set_name, n,
-                              lambda: split_sampled_logits(src.model, split, n,
-                                                           rows_per_forward=self.ev.rows_per_forward))  # [S, N, C]
-
-
-def build_sources(evaluation: Evaluation) -> dict[str, Any]:
-    """The models every method reads from; returns fitted settings (noise scale) for the record."""
-    cfg, ev, run = evaluation.cfg, evaluation.ev, evaluation.run_dir
-    draws_test = max([*ev.sweep_samples, ev.samples])
-    family, _ = run_family(run)  # the same three baseline modules serve every family
-    classifier, contract = family.classifier, family.contract
-    backbone = classifier(load_backbone(run))
-    backbone_id = fingerprint(run / BACKBONE_FILE)
-    evaluation.add_source("deterministic", contract(DeterministicModel(backbone)), f"det-{backbone_id}", 1)
-    evaluation.add_source("mc_dropout", contract(MCDropoutModel(backbone)), f"mcd-{backbone_id}", ev.samples)
-    members = [classifier(m) for m in ensemble_members(cfg, ev.ensemble_members)]
-    member_files = [Path(member_config(cfg, s).run_dir) / BACKBONE_FILE
-                    for s in range(cfg.seed, cfg.seed + ev.ensemble_members)]
-    evaluation.add_source("ensemble", contract(EnsembleModel(members)), f"ens-{fingerprint(*member_files)}",
-                          len(members))
-    director, _ = load_director(run)
-    director = with_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
-    if cfg.export.feature_scores:  # as exported: the feature-space statistics of the training split beside it
-        train = evaluation.inputs.train
-        attach_feature_scores(director, train, int(train.labels.max()) + 1, cfg.seed, cfg.export.knn_bank)
-    director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
-    evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
-    noisy = copy.deepcopy(director)
-    # the fit samples the validation split once per grid value: keep its result so a rerun samples nothing
-    fits_path = evaluation.run_dir / "eval" / "noise_scale_fits.json"
-    fits = json.loads(fits_path.read_text()) if fits_path.exists() else {}
-    fit_key = f"{director_id}|{ev.noise_scale_grid}|S={ev.samples}|n={cfg.export.threshold_images}|seed={cfg.seed}"
-    if fit_key in fits:
-        scale, nll_by_scale = fits[fit_key]["scale"], fits[fit_key]["val_nll"]
-        noisy.rollout.noise_scale.fill_(scale)
-    else:
-        scale, nll_by_scale = fit_noise_scale(noisy, evaluation.inputs.val.head(cfg.export.threshold_images),
-                                              ev.noise_scale_grid, ev.samples, cfg.seed)
-        fits[fit_key] = {"scale": scale, "val_nll": nll_by_scale}
-        fits_path.write_text(json.dumps(fits, indent=2) + "\n")
-    evaluation.add_source("director_noise", noisy, f"dir-{director_id}-noise{scale}", ev.samples)
-    return {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
-
-
-def build_methods(evaluation: Evaluation) -> list[Method]:
-    """The compared methods; temperatures are fitted on validation NLL of the method's own sampled logits."""
-    ev, val = evaluation.ev, evaluation.inputs.val
-    s, m = ev.samples, ev.ensemble_members
-    det_t = fit_temperature(evaluation.logits("deterministic", "val", val), val.labels)
-    dir_t = fit_temperature(evaluation.logits("director", "val", val), val.labels)
-    return [
-        Method("deterministic", "Deterministic (max softmax)", "deterministic", 1, family="deterministic"),
-        Method("temperature_scaling", f"Temperature scaling (T={det_t:.2f})", "deterministic", 1, det_t,
-               family="deterministic"),
-        Method("mc_dropout", f"MC dropout (S={s})", "mc_dropout", s, family="mc_dropout"),
-        Method("ensemble", f"Deep ensemble (M={m})", "ensemble", m, family="ensemble"),
-        Method("director_s1", "DIRECTOR (S=1)", "director", 1),
-        Method(f"director_s{s}", f"DIRECTOR (S={s})", "director", s),
-        Method(f"director_s{s}_ts", f"DIRECTOR (S={s}) + TS (T={dir_t:.2f})", "director", s, dir_t),
-        Method(f"director_s{s}_noise", f"DIRECTOR (S={s}) + noise temperature", "director_noise", s),
-    ]
+from training.ood_metrics import ood_report, threshold_at_tpr
+from training.runtime import set_threads
 
 
 def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) -> dict[str, Any]:
@@ -219,6 +86,9 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
         selection = dict(choice.selection_auroc)
         if native:
             selection["mean_logvar"] = ood_report(logvar["val"], logvar["ood_val"])["auroc"]
+        rule = choice.rule_at(method.n_samples)
+        threshold = threshold_at_tpr(score_inputs("val", inputs.val).score(rule.name, rule.terms))
+        evaluation.flag_rules[method.key] = (rule, threshold)
         if method.key == "director_s1":
             served = choice.rule_at(1)
             evaluation.served_scores = {name: score_inputs(name, split, draws_test if name == "test" else None)
@@ -238,73 +108,10 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
             "test": {**calibration_block(test_inputs.summary.probabilities, test.labels, ev.bootstrap),
                      "mean_mutual_information": float(test_inputs.summary.mutual_information.mean())},
             "ood_selection_auroc": selection, "ood_score": choice.label, "ood": per_set,
+            "flag_threshold": threshold, "test_flag_rate": float((test_inputs.score(rule.name, rule.terms)
+                                                                 > threshold).float().mean()),
         }
     return results
-
-
-DETECTOR_SOURCES = ("deterministic", "mc_dropout", "ensemble", "director")  # the methods with features
-
-
-def evaluate_detectors(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
-    """The free detectors (``training.evaluate.detectors``) on each method's own features and logits, per OOD set,
-    each against DIRECTOR's served score (its S = 1 choice in ``test_and_ood``, which runs first). Scores are cached
-    beside the logits, so a rerun fits nothing."""
-    inputs, ev, cfg = evaluation.inputs, evaluation.ev, evaluation.cfg
-    sets = {"test": inputs.test, **inputs.ood}
-    num_classes = int(inputs.train.labels.max()) + 1
-    out: dict[str, Any] = {"served_score_auroc": {name: ood_report(evaluation.served_scores["test"],
-                                                                   evaluation.served_scores[name])
-                                                  for name in inputs.ood},
-                           "methods": {}}
-    for source_name in DETECTOR_SOURCES:
-        source = evaluation.sources[source_name]
-
-        def logits(set_name: str, split: AnySplit, source_name: str = source_name, draws: int = source.draws
-                   ) -> tuple[torch.Tensor, UncertaintySummary]:
-            wide = draws_test if set_name == "test" and source_name in ("director", "mc_dropout") else None
-            sampled = evaluation.logits(source_name, set_name, split, wide)[:draws]  # [S, N, C]
-            return sampled, summarize(sampled)
-
-        def compute(source: Source = source, logits: Callable[..., Any] = logits) -> DetectorScores:
-            torch.manual_seed(stable_seed(source.model_id, "detectors"))
-            return source_detectors(source.model, source.draws, sets, inputs.train, num_classes, logits, cfg.seed,
-                                    cfg.export.knn_bank, ev.rows_per_forward)
-
-        scores = evaluation.detector_scores(source, sets, compute)
-        out["methods"][source_name] = {"rows_per_input": source.draws,
-                                       "ood": detector_report(scores, evaluation.served_scores, list(inputs.ood),
-                                                              ev.bootstrap, cfg.seed)}
-    return out
-
-
-def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, Any]:
-    """Accuracy, ECE and NLL per shifted set. Images: per corruption type and severity, and per severity averaged
-    over the types (``by_type``, ``by_severity``); texts: per domain and averaged over the domains (``by_domain``)."""
-    per_method: dict[str, Any] = {m.key: {} for m in methods}
-    for shifted in tqdm(shift_sets(evaluation.cfg, evaluation.inputs), desc="shift", leave=False):
-        for method in methods:
-            summary = summary_of(evaluation.logits(method.source, shifted.set_name, shifted.split), method)
-            report = classification_report(summary.probabilities, shifted.split.labels)
-            entry = {k: report[k] for k in ("accuracy", "ece", "nll")}
-            entry["mean_mutual_information"] = float(summary.mutual_information.mean())
-            entry["n"] = len(shifted.split)
-            result = per_method[method.key]
-            if shifted.level is None:
-                result.setdefault("by_domain", {})[shifted.group] = entry
-            else:
-                result.setdefault("by_type", {}).setdefault(shifted.group, {})[str(shifted.level)] = entry
-    for result in per_method.values():
-        if "by_domain" in result:
-            result["mean"] = mean_entry(list(result["by_domain"].values()))
-            continue
-        result["by_severity"] = {str(severity): mean_entry([by_level[str(severity)]
-                                                            for by_level in result["by_type"].values()])
-                                 for severity in evaluation.ev.severities}
-    return per_method
-
-
-def mean_entry(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k != "n"}
 
 
 def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) -> dict[str, Any]:

@@ -79,6 +79,14 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     shift = results["shift"]["director_s4"]
     assert set(shift["by_type"]) == {"gaussian_noise", "pixelate"}
     assert set(shift["by_severity"]) == {"1", "5"}
+    for method, per_method in results["shift"].items():  # each method's own OOD flag on the shifted inputs
+        entry = per_method["by_type"]["pixelate"]["5"]
+        assert 0.0 <= entry["flag_rate"] <= 1.0, method
+        assert (entry["accuracy_flagged"] is None) == (entry["flag_rate"] == 0.0)
+        assert (entry["accuracy_kept"] is None) == (entry["flag_rate"] == 1.0)
+        kept, flagged = entry["accuracy_kept"] or 0.0, entry["accuracy_flagged"] or 0.0
+        assert entry["accuracy"] == pytest.approx((1 - entry["flag_rate"]) * kept + entry["flag_rate"] * flagged)
+        assert 0.0 <= results["test_and_ood"][method]["test_flag_rate"] <= 1.0
     assert set(results["sweep"]) == {"director", "mc_dropout"}
     assert set(results["load_average_1m"]) == {"test_and_ood", "detectors", "shift", "sweep", "cost", "ablations",
                                                "variance"}
@@ -134,6 +142,15 @@ def test_predicted_variance_is_set_beside_the_kernels_own_error(evaluated: tuple
         assert ("auroc_error" in entry) == (name != "test")
     page = (config.parent / "docs" / "tiny-task.md").read_text()
     assert "### Does DIRECTOR's predicted variance follow its own error?" in page and "| letters |" in page
+
+
+def test_flags_and_risk_coverage_are_on_the_page(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    config, _ = evaluated
+    docs = config.parent / "docs"
+    page = (docs / "tiny-task.md").read_text()
+    assert "### Flags by severity" in page and "flagged / acc kept / acc flagged" in page
+    assert "![risk-coverage](tiny-task-risk-coverage.png)" in page
+    assert (docs / "tiny-task-risk-coverage.png").stat().st_size > 0
 
 
 def test_page_and_plots_are_written(evaluated: tuple[Path, dict[str, Any]]) -> None:
