@@ -155,7 +155,7 @@ DETECTOR_SOURCES = ("deterministic", "mc_dropout", "ensemble", "director")  # th
 
 
 def evaluate_detectors(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
-    """The free detectors (``training.evaluate.detectors``) on each method's own features and logits, per OOD set,
+    """The free detectors above on each method's own features and logits, per OOD set,
     each against DIRECTOR's served score (its S = 1 choice in ``test_and_ood``, which runs first). Scores are cached
     beside the logits, so a rerun fits nothing."""
     inputs, ev, cfg = evaluation.inputs, evaluation.ev, evaluation.cfg
@@ -166,6 +166,8 @@ def evaluate_detectors(evaluation: Evaluation, draws_test: int) -> dict[str, Any
                                                   for name in inputs.ood},
                            "methods": {}}
     for source_name in DETECTOR_SOURCES:
+        if source_name == "ensemble" and ev.ensemble_members < 2:
+            continue  # an ensemble of one is the backbone itself
         source = evaluation.sources[source_name]
 
         def logits(set_name: str, split: AnySplit, source_name: str = source_name, draws: int = source.draws
