@@ -168,6 +168,9 @@ class Metrics:
                                        "sample count)")
         self.reference_ood_rate = reference("director_reference_ood_ratio", "share of in-distribution validation "
                                             "inputs the manifest's OOD rule flags (else 1 - ood.tpr)")
+        self.ood_threshold = reference("director_ood_threshold", "the manifest's OOD flag threshold (is_ood = "
+                                       "ood_score > threshold) per calibrated sample count, and the score it applies "
+                                       "to", (*MV, "n_samples", "score"))
         self.reference_distributions = {
             "confidence": reference("director_reference_confidence_ratio", "validation confidence at a quantile "
                                     "level", quantile),
@@ -223,6 +226,8 @@ class Metrics:
                 value = reference.get(f"{distribution}@{q}")
                 if value is not None:
                     values[(gauge, (*labels, str(q)))] = value
+        for (count, score), threshold in ood_thresholds(manifest).items():
+            values[(self.ood_threshold, (*labels, count, score))] = threshold
         for key in self._published.get(labels, set()) - set(values):
             self._remove(*key)
         for (gauge, series), value in values.items():
@@ -343,6 +348,23 @@ def reference_values(manifest: Mapping[str, Any]) -> dict[str, float]:
             continue
         if math.isfinite(number):
             found[name] = number
+    return found
+
+
+def ood_thresholds(manifest: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """The manifest's ``ood.thresholds`` as {(sample count, score): threshold}; malformed entries are left out."""
+    ood = manifest.get("ood")
+    thresholds = ood.get("thresholds") if isinstance(ood, Mapping) else None
+    found: dict[tuple[str, str], float] = {}
+    for count, rule in (thresholds.items() if isinstance(thresholds, Mapping) else []):
+        if not isinstance(rule, Mapping) or not isinstance(rule.get("score"), str):
+            continue
+        try:
+            value = float(rule.get("threshold"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            found[(str(count), rule["score"])] = value
     return found
 
 

@@ -108,12 +108,20 @@ def test_the_issue_panels_are_there() -> None:
                           ("Live accuracy vs reference", "director_reference_accuracy_ratio"),
                           ("Live ECE vs reference", "director_reference_ece_ratio"),
                           ("OOD rate per model", "director_reference_ood_ratio"),
+                          ("OOD flag threshold per model", "director_ood_threshold"),
                           ("Confidence quantiles vs reference", "director_reference_confidence_ratio"),
                           ("Predictive entropy quantiles vs reference", "director_reference_predictive_entropy_nats"),
                           ("Mutual information quantiles vs reference", "director_reference_mutual_information_nats"),
                           ("Queue depth and refusals", "director_queue_capacity"),
                           ("Request latency quantiles", "director:threshold:latency_p99_seconds")]:
         assert any(series in target["expr"] for target in titles[title]["targets"]), title
+
+
+def test_ood_scores_are_drawn_per_model() -> None:
+    """Models' OOD scores have different scales: the score heatmap is repeated per model, never summed across."""
+    (heatmap,) = [panel for panel in panels() if panel["title"].startswith("OOD score distribution")]
+    assert heatmap["repeat"] == "model" and "$model" in heatmap["title"]
+    assert heatmap["targets"][0]["expr"].startswith("sum by (le)")
 
 
 def test_queries_name_only_metrics_that_exist() -> None:

@@ -191,6 +191,9 @@ def test_published_series_follow_the_version() -> None:
     assert metric_value(text, "director_reference_confidence_ratio", model="m", version="1", quantile="0.9") is not None
     assert metric_value(text, "director_queue_capacity", model="m", version="1") == 64.0
     assert metric_value(text, "director_queue_depth", model="m", version="1") == 0.0
+    for count, rule in manifest["ood"]["thresholds"].items():  # the flag's threshold, per calibrated sample count
+        assert metric_value(text, "director_ood_threshold", model="m", version="1", n_samples=count,
+                            score=rule["score"]) == pytest.approx(rule["threshold"])
     for reason in REJECT_REASONS:  # every counter child exists before its first increment
         assert metric_value(text, "director_rejected_requests_total", model="m", version="1", reason=reason) == 0.0
     for counter in ("director_predictions_total", "director_ood_predictions_total", "director_feedback_total"):
@@ -204,6 +207,7 @@ def test_published_series_follow_the_version() -> None:
     text = metrics.expose().decode()
     for name in ("director_reference_ood_ratio", "director_queue_capacity"):
         assert metric_value(text, name, model="m", version="1") is None, name
+    assert "director_ood_threshold{" not in text
     assert metric_value(text, "director_predictions_total", model="m", version="1") == 0.0  # counters are history
     metrics.set_model_info({("m", "1", "director", "loading")})
     metrics.set_model_info({("m", "1", "director", "ready")})
