@@ -34,7 +34,7 @@ FLUSH_TIMEOUT_S = 30.0  # one flush of the prediction log (it goes on in its thr
 
 def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> AppState:
     device = resolve_device(settings.device, settings.bf16, settings.torch_threads, settings.max_batch_samples,
-                            settings.max_batch_tokens, settings.shape_buckets)
+                            settings.max_batch_tokens, settings.shape_buckets, settings.concurrent_forwards)
     device.on_out_of_memory = metrics_.gpu_out_of_memory.inc
     holder: dict[str, AppState] = {}
 

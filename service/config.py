@@ -27,6 +27,9 @@ class Settings(BaseSettings):
         default_factory=list, description="comma-separated models that must be ready before /health/ready is 200")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch's default)")
+    concurrent_forwards: int = Field(0, ge=0, description="forwards of different models that may run at once on "
+                                     "the device; a seeded batch always runs alone (0 = by device: on a CPU its "
+                                     "cores over torch_threads, at least 1; on CUDA 1)")
     bf16: bool = Field(False, description="bf16 autocast for inference on CUDA (ignored on CPU)")
     max_batch_samples: int | None = Field(None, ge=1, description="rows per forward: sum over inputs of n_samples "
                                           "(unset: 128 on CPU, measured best on a 2-core CPU in docs/benchmarks.md; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import subprocess
 import threading
@@ -49,15 +50,85 @@ class DeviceOutOfMemory(RuntimeError):
     """A forward ran out of device memory; that batch failed, the device and the server go on."""
 
 
+class ForwardGate:
+    """Who may run a forward on a device: up to ``slots`` shared holders at once (unseeded forwards of different
+    models: on a CPU whose cores are more than one forward's torch threads, one model's long forward then leaves
+    cores to another model's), or one exclusive holder (a seeded batch, which needs the global generator to itself
+    for all its forwards; warm-ups). An exclusive request waits for the shared holders and keeps new ones out, so
+    it is not starved. ``acquire`` / ``release`` / ``locked`` and ``with gate:`` are the exclusive side, as on a
+    ``threading.Lock``."""
+
+    def __init__(self, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"a forward gate needs at least one slot, got {slots}")
+        self.slots = slots
+        self._condition = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        with self._condition:
+            self._exclusive_waiting += 1
+            try:
+                free = lambda: not self._exclusive and self._shared == 0  # noqa: E731
+                got = self._condition.wait_for(free, None if timeout < 0 else timeout) if blocking else free()
+                if got:
+                    self._exclusive = True
+                return got
+            finally:
+                self._exclusive_waiting -= 1
+                self._condition.notify_all()
+
+    def release(self) -> None:
+        with self._condition:
+            if not self._exclusive:
+                raise RuntimeError("release of a forward gate that is not held exclusively")
+            self._exclusive = False
+            self._condition.notify_all()
+
+    def locked(self) -> bool:
+        """Whether it is held exclusively."""
+        return self._exclusive
+
+    def __enter__(self) -> ForwardGate:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """One of the ``slots`` shared turns, once no exclusive holder has or waits for the gate."""
+        with self._condition:
+            self._condition.wait_for(lambda: not self._exclusive and self._exclusive_waiting == 0
+                                     and self._shared < self.slots)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._shared -= 1
+                self._condition.notify_all()
+
+
+def cpu_forward_slots(torch_threads: int, cores: int | None = None) -> int:
+    """How many forwards fit side by side on this CPU: its cores over one forward's torch threads (torch's own
+    default uses every core: one slot)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // torch_threads) if torch_threads > 0 else 1
+
+
 @dataclass
 class Device:
-    """Forwards on one device are serialised by ``lock``: they would only compete for the same cores or
-    SMs, and a seeded request needs the global RNG to itself for the length of its forward."""
+    """Forwards on one device take turns at ``lock`` (``ForwardGate``): unseeded ones share it up to its slots, a
+    seeded batch holds it alone, since it needs the global RNG to itself for the length of its forwards."""
 
     torch_device: torch.device
     bf16: bool = False
     shapes: BatchShapes = field(default_factory=lambda: BatchShapes(128, 2048, buckets=False))
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: ForwardGate = field(default_factory=ForwardGate)
     on_out_of_memory: Callable[[], None] | None = None  # counts OOMs (set by the app to its metric)
 
     @property
@@ -151,9 +222,12 @@ def nvidia_smi() -> str:
 
 
 def resolve_device(name: str, bf16: bool, torch_threads: int, max_batch_samples: int | None = None,
-                   max_batch_tokens: int | None = None, shape_buckets: bool | None = None) -> Device:
+                   max_batch_tokens: int | None = None, shape_buckets: bool | None = None,
+                   concurrent_forwards: int = 0) -> Device:
     """The device ``name`` names (``auto``: CUDA when it works, else the CPU), with the per-device defaults for
-    the batch settings left unset. ``cuda`` that does not work raises ``DeviceUnavailable``: never the CPU."""
+    the batch settings left unset. ``cuda`` that does not work raises ``DeviceUnavailable``: never the CPU.
+    ``concurrent_forwards`` (0: by device) is how many models' forwards may run at once: on a CPU its cores over
+    ``torch_threads``, on CUDA one (kernels of one process queue on the same device anyway)."""
     if torch_threads > 0:
         torch.set_num_threads(torch_threads)
     kind = "cpu"
@@ -170,8 +244,9 @@ def resolve_device(name: str, bf16: bool, torch_threads: int, max_batch_samples:
                          max_batch_tokens or defaults.max_batch_tokens,
                          defaults.shape_buckets if shape_buckets is None else shape_buckets)
     if kind == "cpu":
-        return Device(torch.device("cpu"), bf16=False, shapes=shapes)
+        slots = concurrent_forwards or cpu_forward_slots(torch_threads)
+        return Device(torch.device("cpu"), bf16=False, shapes=shapes, lock=ForwardGate(slots))
     # TF32 tensor cores for fp32 matmuls and convolutions: about 1e-3 relative error, far inside what sampling adds
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.allow_tf32 = True
-    return Device(torch.device("cuda"), bf16=bf16, shapes=shapes)
+    return Device(torch.device("cuda"), bf16=bf16, shapes=shapes, lock=ForwardGate(concurrent_forwards or 1))

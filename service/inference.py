@@ -54,12 +54,12 @@ def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repea
 
 @contextlib.contextmanager
 def seeded_or_shared(device: Device, seed: int | None) -> Iterator[Callable[[], contextlib.AbstractContextManager]]:
-    """How a batch's forwards take the device: a seeded batch holds its lock for all of them (no other forward may
-    draw from the generator between two of its forwards, or its answer would not repeat); any other batch takes
-    the lock per forward, so another model's batch can run between its forwards rather than wait for all of them.
-    Yields what each forward is wrapped in."""
+    """How a batch's forwards take the device: a seeded batch holds its gate alone for all of them (no other forward
+    may draw from the generator between two of its forwards, or its answer would not repeat); any other batch takes
+    a shared turn per forward, so another model's batch runs beside it (up to the gate's slots) or between its
+    forwards rather than wait for all of them. Yields what each forward is wrapped in."""
     if seed is None:
-        yield lambda: device.lock
+        yield device.lock.shared
         return
     with device.lock:
         torch.manual_seed(seed)

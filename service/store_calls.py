@@ -37,8 +37,10 @@ class StoreCalls:
         except TimeoutError as exc:
             raise FeedbackUnavailable(f"the feedback store did not answer within {limit:g} s") from exc
 
-    def _done(self, _: object) -> None:
+    def _done(self, future: asyncio.Future[object]) -> None:
         self._in_flight -= 1
+        if not future.cancelled():
+            future.exception()  # read, so a call that failed after its caller gave up logs no "never retrieved" error
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

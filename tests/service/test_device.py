@@ -15,7 +15,15 @@ import torch
 from artifact.contract import MANIFEST, parse_manifest
 from service import device as device_module
 from service.artifact import Artifact, warm_up_buckets
-from service.device import DEVICE_DEFAULTS, Device, DeviceOutOfMemory, DeviceUnavailable, resolve_device
+from service.device import (
+    DEVICE_DEFAULTS,
+    Device,
+    DeviceOutOfMemory,
+    DeviceUnavailable,
+    ForwardGate,
+    cpu_forward_slots,
+    resolve_device,
+)
 from service.inference import forward_rows
 from service.metrics import Metrics
 from service.shapes import WARM_CALLS, BatchShapes, Padding, bucket, bucket_sizes, pad_tokens, warm_counts
@@ -215,3 +223,54 @@ def test_gpu_memory_gauges_and_no_utilisation_sample_without_cuda() -> None:
     assert metric_value(text, "director_gpu_memory_peak_bytes") == 2048.0
     assert "# TYPE director_gpu_utilization_ratio gauge" in text
     assert metric_value(text, "director_gpu_utilization_ratio") is None
+
+
+def test_the_forward_gate_shares_its_slots_and_lets_one_exclusive_holder_in_alone() -> None:
+    """Unseeded forwards share the gate up to its slots; a seeded batch (exclusive) waits for them, keeps new shared
+    turns out while it waits, and runs alone."""
+    import threading
+    import time
+
+    gate = ForwardGate(slots=2)
+    inside, events = [0], []
+    most = [0]
+    guard = threading.Lock()
+
+    def shared(name: str, hold_s: float) -> None:
+        with gate.shared():
+            with guard:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                events.append(f"{name} in")
+            time.sleep(hold_s)
+            with guard:
+                inside[0] -= 1
+
+    def exclusive() -> None:
+        with gate, guard:
+            events.append(f"exclusive in with {inside[0]} shared")
+
+    first = [threading.Thread(target=shared, args=(f"s{i}", 0.3)) for i in range(2)]
+    for thread in first:
+        thread.start()
+    time.sleep(0.1)  # both shared turns are taken
+    writer = threading.Thread(target=exclusive)
+    writer.start()
+    time.sleep(0.05)  # the exclusive request waits
+    late = threading.Thread(target=shared, args=("late", 0.0))
+    late.start()
+    for thread in [*first, writer, late]:
+        thread.join(timeout=10)
+    assert most[0] == 2
+    assert events.index("exclusive in with 0 shared") < events.index("late in")  # no shared turn jumps the queue
+    assert not gate.locked() and gate.acquire(blocking=False)
+    gate.release()
+    with pytest.raises(RuntimeError):
+        gate.release()
+
+
+def test_cpu_forward_slots_follow_the_cores_over_the_threads() -> None:
+    assert cpu_forward_slots(1, cores=2) == 2 and cpu_forward_slots(2, cores=2) == 1
+    assert cpu_forward_slots(0, cores=16) == 1  # torch's default already uses every core
+    assert cpu_forward_slots(4, cores=2) == 1
+    assert resolve_device("cpu", bf16=False, torch_threads=0, concurrent_forwards=3).lock.slots == 3

@@ -112,6 +112,24 @@ def test_a_failed_flush_keeps_its_rows_for_the_next(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_read_only_database_fails_as_the_store_and_recovers(tmp_path: Path) -> None:
+    """SQLite's own read-only error (staged with ``PRAGMA query_only``: root ignores file modes) is FeedbackUnavailable
+    for the log's flush and for a label, never a 500; the rows wait and are written once writes return."""
+    store = SqliteFeedbackStore(tmp_path / "f.sqlite3", max_rows=100, max_age_s=3600, window=100)
+    store.log("a", "m", "1", 4, [(0, "x", 0.9)])
+    assert store.flush() == 1
+    store._conn.execute("PRAGMA query_only = ON")
+    store.log("b", "m", "1", 4, [(0, "x", 0.8)])
+    with pytest.raises(FeedbackUnavailable, match="readonly"):
+        store.flush()
+    with pytest.raises(FeedbackUnavailable, match="readonly"):
+        store.record("a", 0, True)
+    assert store.pending == 1  # the row waits for the next flush
+    store._conn.execute("PRAGMA query_only = OFF")
+    assert store.flush() == 1 and store.lookup("b", 0) is not None
+    store.close()
+
+
 def test_the_log_is_written_in_bounded_transactions_and_what_overflows_is_counted(tmp_path: Path) -> None:
     """A flush writes at most FLUSH_CHUNK rows per transaction (a store short of space takes a small one once space
     returns), keeps what a failed chunk did not write, and counts every row dropped past max_rows."""

@@ -1,0 +1,247 @@
+"""``/predict`` on one model while another model's work or the feedback store misbehaves, and ``/health/live`` during a
+header flood, each against an unloaded baseline measured in the same run.
+
+``python -m benchmarks.faults [--seconds 20]``: serves the committed repository (torch pinned to one thread, default
+settings otherwise) and, for ``--seconds`` per scenario, sends sequential one-image predictions to ``fashion-vit`` and
+probes ``/health/live`` every 50 ms while:
+
+- ``unloaded``: nothing else runs;
+- ``costly_request``: a second client sends the costliest text requests the server accepts to
+  ``movie-reviews-minilm``, back to back (it first sends 256 texts of 1,000 characters at ``n_samples`` 64 and
+  records the answer: the per-request cost bound refuses it);
+- ``store_locked``: another process holds the SQLite feedback file in an exclusive transaction, five clients send
+  ``/feedback`` and one scrapes ``/metrics`` every second;
+- ``store_full``: the same senders while the file system holding the store (a 2 MiB tmpfs the benchmark mounts;
+  needs root) is full; afterwards the space returns and one ``/feedback`` must succeed again. (A read-only store is
+  not staged here: Linux refuses to remount read-only a file system with the server's database open for writing,
+  and root ignores file modes; the store's tests stage SQLite's read-only error with ``query_only``.)
+- ``header_flood``: eight connections stream request headers of 1,000 bytes every 20 ms until the server refuses
+  them (431 at ``DIRECTOR_MAX_HEADER_BYTES``), and reconnect.
+
+Prints one JSON object and writes it to ``--out``; the figures go to docs/benchmarks.md ("Faults").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+from benchmarks.server import ROOT, running_server
+from benchmarks.stalled_clients import summary
+
+IMAGE_MODEL, TEXT_MODEL = "fashion-vit", "movie-reviews-minilm"
+COSTLY = [(256, 64), (64, 16), (32, 8), (16, 8), (8, 4)]  # (texts of 1,000 characters, n_samples), costliest first
+STORE_SIZE = "2m"
+
+
+class Probe:
+    """Sequential requests in a thread until stopped: latencies and status codes."""
+
+    def __init__(self, send: Callable[[httpx.Client], httpx.Response], url: str, pause_s: float = 0.0) -> None:
+        self.send, self.url, self.pause_s = send, url, pause_s
+        self.latencies: list[float] = []
+        self.codes: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self._stop.is_set():
+                start = time.perf_counter()
+                try:
+                    code = str(self.send(client).status_code)
+                except httpx.HTTPError as exc:
+                    code = type(exc).__name__
+                self.latencies.append(time.perf_counter() - start)
+                self.codes[code] += 1
+                self._stop.wait(self.pause_s)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+    def report(self) -> dict[str, object]:
+        return {**summary(self.latencies), "codes": dict(self.codes),
+                "server_errors": sum(n for code, n in self.codes.items() if code.startswith("5") and code != "503")}
+
+
+def image_body(seed: int) -> dict:
+    pixels = np.random.default_rng(seed).random((1, 28, 28)).round(4).tolist()
+    return {"model": IMAGE_MODEL, "inputs": [{"pixels": pixels}], "n_samples": 1}
+
+
+def text_body(texts: int, n_samples: int) -> dict:
+    text = ("a long and winding review of a film that goes on " * 20)[:1000]
+    return {"model": TEXT_MODEL, "inputs": [{"text": text}] * texts, "n_samples": n_samples}
+
+
+def costliest_accepted(url: str) -> tuple[dict, dict[str, int]]:
+    """The costliest of ``COSTLY`` the server accepts, and the answer to each one tried before it."""
+    tried: dict[str, int] = {}
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for texts, n_samples in COSTLY:
+            code = client.post("/predict", json=text_body(texts, n_samples)).status_code
+            tried[f"{texts} texts x S={n_samples}"] = code
+            if code == 200:
+                return text_body(texts, n_samples), tried
+    raise RuntimeError(f"no costly request was accepted: {tried}")
+
+
+def measure(url: str, seconds: float, seed: int, *background: Probe) -> dict[str, object]:
+    """The image model's /predict and /health/live for ``seconds`` while ``background`` probes run."""
+    body = image_body(seed)
+    with contextlib.ExitStack() as stack:
+        for probe in background:
+            stack.enter_context(probe)
+        time.sleep(0.5)  # the background load is under way
+        with Probe(lambda c: c.post("/predict", json=body), url) as predict, \
+                Probe(lambda c: c.get("/health/live"), url, pause_s=0.05) as live:
+            time.sleep(seconds)
+    return {"predict": predict.report(), "live": live.report(),
+            "background": [probe.report() for probe in background]}
+
+
+def store_clients(url: str, request_id: str) -> list[Probe]:
+    """Five /feedback senders and a /metrics scraper (every second, as Prometheus would)."""
+    label = {"id": request_id, "index": 0, "label": 1}
+    senders = [Probe(lambda c: c.post("/feedback", json=label), url) for _ in range(5)]
+    return [*senders, Probe(lambda c: c.get("/metrics"), url, pause_s=1.0)]
+
+
+@contextlib.contextmanager
+def header_flood(url: str, connections: int = 8) -> Iterator[Counter[str]]:
+    """``connections`` threads streaming 1,000-byte header lines every 20 ms, reconnecting when refused."""
+    parts = urlsplit(url)
+    stop = threading.Event()
+    outcomes: Counter[str] = Counter()
+
+    def flood(index: int) -> None:
+        while not stop.is_set():
+            with socket.create_connection((parts.hostname, parts.port)) as sock:
+                sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n")
+                line = f"X-Filler-{index}: ".encode() + b"a" * 1000 + b"\r\n"
+                try:
+                    while not stop.is_set():
+                        sock.sendall(line)
+                        stop.wait(0.02)
+                except OSError:  # the server refused the headers and closed the connection
+                    pass
+                with contextlib.suppress(OSError):
+                    sock.settimeout(1.0)
+                    answer = sock.recv(64)
+                    outcomes[answer.split(b" ")[1].decode() if answer.count(b" ") else "closed"] += 1
+
+    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield outcomes
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def small_file_system(folder: Path) -> Iterator[Path | None]:
+    """A tmpfs of ``STORE_SIZE`` mounted at ``folder`` (None without root: those scenarios are left out)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        yield None
+        return
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STORE_SIZE}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file until the file system is full; returns it (delete it to give the space back)."""
+    filler = folder / "filler"
+    with filler.open("wb") as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * 65536)
+            handle.flush()
+    return filler
+
+
+def recovered(url: str, request_id: str, within_s: float = 30.0) -> bool:
+    """Whether /feedback answers 200 again within ``within_s`` once the fault is gone."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        answer = httpx.post(f"{url}/feedback", json={"id": request_id, "index": 0, "label": 1}, timeout=30)
+        if answer.status_code == 200:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
+    results: dict[str, object] = {}
+    with small_file_system(work / "store") as store:
+        database = (store or work) / "feedback.sqlite3"
+        with running_server(args.repository, IMAGE_MODEL, 1, ["--feedback-db", str(database)]) as url:
+            request_id = httpx.post(f"{url}/predict", json=image_body(0), timeout=60).json()["id"]
+            results["unloaded"] = measure(url, args.seconds, 1)
+            costly, tried = costliest_accepted(url)
+            results["costly_request"] = {**measure(url, args.seconds, 2, Probe(
+                lambda c: c.post("/predict", json=costly), url)), "tried": tried}
+            with sqlite3.connect(database, timeout=1) as locker:
+                locker.execute("BEGIN EXCLUSIVE")
+                results["store_locked"] = measure(url, args.seconds, 3, *store_clients(url, request_id))
+                locker.rollback()
+            results["store_locked"]["recovered"] = recovered(url, request_id)  # type: ignore[index]
+            if store is None:
+                results["store_full"] = "not run: needs root to mount a tmpfs"
+            else:
+                filler = fill(store)
+                results["store_full"] = measure(url, args.seconds, 4, *store_clients(url, request_id))
+                filler.unlink()
+                results["store_full"]["recovered"] = recovered(url, request_id)  # type: ignore[index]
+            with header_flood(url) as outcomes:
+                results["header_flood"] = measure(url, args.seconds, 6)
+            results["header_flood"]["flood_answers"] = dict(outcomes)  # type: ignore[index]
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-faults.json")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="director-faults-") as tmp:
+        results = run(args, Path(tmp))
+    base = results["unloaded"]["predict"]["p99_ms"]  # type: ignore[index]
+    for entry in results.values():
+        if isinstance(entry, dict):
+            entry["predict_p99_ratio"] = round(entry["predict"]["p99_ms"] / base, 2)
+    payload = {"command": "python -m benchmarks.faults --seconds " + f"{args.seconds:g}", "cpu_count": os.cpu_count(),
+               "torch_threads": 1, "scenarios": results}
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
