@@ -19,11 +19,24 @@ from pathlib import Path
 import torch
 
 from training.config import PipelineConfig
+from training.data.images import Split
+from training.data.tokens import TokenSplit
 from training.families.checkpoint import Checkpoint
 
 BYTES_FP32 = 4
 BYTES_FP16 = 2
 OVERHEAD = 1.7  # measured time / matrix-product time of a calibrate run (the module docstring)
+IMAGE_TEACHER_CHUNK, TEXT_TEACHER_CHUNK = Split.teacher_chunk, TokenSplit.teacher_chunk  # inputs per forward
+RUNTIME_BYTES = 3 * 2**29  # the interpreter, torch, tokenizers and data loaders, before any model (1.5 GiB)
+
+
+def forward_bytes(chunk: int, tokens: int, dim: int, heads: int, intermediate: int) -> int:
+    """The working set of one teacher forward of ``chunk`` inputs, in float32: a layer's attention scores and their
+    softmax [chunk, heads, tokens, tokens], its MLP hidden layer before and after the activation [chunk, tokens,
+    intermediate] and a few [chunk, tokens, dim] states. Layers run one after another, so one layer's set bounds it;
+    the teacher's statistics pass adds the mixture variance, taken one head at a time (a few [chunk, tokens, dim]
+    tensors in float64), which fits inside it."""
+    return chunk * (2 * heads * tokens**2 + 2 * tokens * intermediate + 4 * tokens * dim) * BYTES_FP32
 
 
 @dataclass
@@ -134,7 +147,10 @@ def plan_run(cfg: PipelineConfig, checkpoint: Checkpoint, parameters: int, token
     budget = cfg.distil.start_states_memory_bytes
     spilled = budget is not None and states > budget  # then on disk in float16 (training.distil.start_states)
     weights = parameters * BYTES_FP32
-    memory = int(3 * weights + (0 if spilled else states) + input_bytes + 2**30)  # checkpoint, view, artifact copies
+    chunk = IMAGE_TEACHER_CHUNK if checkpoint.family.modality == "image" else TEXT_TEACHER_CHUNK
+    working = forward_bytes(chunk, tokens, dim, max(checkpoint.heads, 1), intermediate)
+    # the checkpoint, the transition view, the artifact's eager and scripted copies, and the distillation's own parts
+    memory = int(5 * weights + (0 if spilled else states) + input_bytes + working + RUNTIME_BYTES)
     disk = int(2 * weights + 2 * parameters * BYTES_FP16 * len(depths) + (states // 2 if spilled else 0) + stored_bytes
                + 2**27)
     target = Path(cfg.run_dir).resolve()
