@@ -3,18 +3,22 @@ header flood, each against an unloaded baseline measured in the same run.
 
 ``python -m benchmarks.faults [--seconds 20]``: serves the committed repository (torch pinned to one thread, default
 settings otherwise) and, for ``--seconds`` per scenario, sends sequential one-image predictions to ``fashion-vit`` and
-probes ``/health/live`` every 50 ms while:
+probes ``/health/live`` every 50 ms (the background clients run in a process of their own) while:
 
 - ``unloaded``: nothing else runs;
 - ``costly_request``: a second client sends the costliest text requests the server accepts to
   ``movie-reviews-minilm``, back to back (it first sends 256 texts of 1,000 characters at ``n_samples`` 64 and
   records the answer: the per-request cost bound refuses it);
-- ``store_locked``: another process holds the SQLite feedback file in an exclusive transaction, five clients send
-  ``/feedback`` and one scrapes ``/metrics`` every second;
-- ``store_full``: the same senders while the file system holding the store (a 2 MiB tmpfs the benchmark mounts;
+- ``store_healthy``: five clients send ``/feedback`` back to back and one scrapes ``/metrics`` every second, the store
+  working (what those clients cost by themselves);
+- ``store_locked``: the same clients while another process holds the SQLite feedback file in an exclusive
+  transaction;
+- ``store_full``: the same senders while the file system holding the store (a 64 MiB tmpfs the benchmark mounts;
   needs root) is full; afterwards the space returns and one ``/feedback`` must succeed again. (A read-only store is
   not staged here: Linux refuses to remount read-only a file system with the server's database open for writing,
   and root ignores file modes; the store's tests stage SQLite's read-only error with ``query_only``.)
+- ``unloaded_one_slot`` and ``costly_request_one_slot``: the first two again on a server started with
+  ``--concurrent-forwards 1`` (one forward at a time on the device, as before the forward gate had slots);
 - ``header_flood``: eight connections stream request headers of 1,000 bytes every 20 ms until the server refuses
   them (431 at ``DIRECTOR_MAX_HEADER_BYTES``), and reconnect.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import socket
 import sqlite3
@@ -46,7 +51,7 @@ from benchmarks.stalled_clients import summary
 
 IMAGE_MODEL, TEXT_MODEL = "fashion-vit", "movie-reviews-minilm"
 COSTLY = [(256, 64), (64, 16), (32, 8), (16, 8), (8, 4)]  # (texts of 1,000 characters, n_samples), costliest first
-STORE_SIZE = "2m"
+STORE_SIZE = "64m"  # room for the prediction log of a whole run; filled on purpose for store_full
 
 
 class Probe:
@@ -106,18 +111,46 @@ def costliest_accepted(url: str) -> tuple[dict, dict[str, int]]:
     raise RuntimeError(f"no costly request was accepted: {tried}")
 
 
+class BackgroundLoad:
+    """``probes`` run in a child process of their own (forked), so that their threads never hold the interpreter
+    lock the measuring probes need: the latencies measured are the server's, not the load generator's."""
+
+    def __init__(self, probes: list[Probe]) -> None:
+        self.probes = probes
+        context = multiprocessing.get_context("fork")
+        self._stop, self._reports = context.Event(), context.Queue()
+        self._process = context.Process(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with contextlib.ExitStack() as stack:
+            for probe in self.probes:
+                stack.enter_context(probe)
+            self._stop.wait()
+        self._reports.put([probe.report() for probe in self.probes])
+
+    def __enter__(self) -> BackgroundLoad:
+        self._process.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+
+    def reports(self) -> list[dict[str, object]]:
+        reports = self._reports.get(timeout=300) if self.probes else []
+        self._process.join(timeout=60)
+        return reports
+
+
 def measure(url: str, seconds: float, seed: int, *background: Probe) -> dict[str, object]:
     """The image model's /predict and /health/live for ``seconds`` while ``background`` probes run."""
     body = image_body(seed)
-    with contextlib.ExitStack() as stack:
-        for probe in background:
-            stack.enter_context(probe)
-        time.sleep(0.5)  # the background load is under way
+    load = BackgroundLoad(list(background))
+    with load:
+        time.sleep(1.0)  # the background load is under way
         with Probe(lambda c: c.post("/predict", json=body), url) as predict, \
                 Probe(lambda c: c.get("/health/live"), url, pause_s=0.05) as live:
             time.sleep(seconds)
-    return {"predict": predict.report(), "live": live.report(),
-            "background": [probe.report() for probe in background]}
+    return {"predict": predict.report(), "live": live.report(), "background": load.reports()}
 
 
 def store_clients(url: str, request_id: str) -> list[Probe]:
@@ -206,6 +239,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
             costly, tried = costliest_accepted(url)
             results["costly_request"] = {**measure(url, args.seconds, 2, Probe(
                 lambda c: c.post("/predict", json=costly), url)), "tried": tried}
+            results["store_healthy"] = measure(url, args.seconds, 7, *store_clients(url, request_id))
             with sqlite3.connect(database, timeout=1) as locker:
                 locker.execute("BEGIN EXCLUSIVE")
                 results["store_locked"] = measure(url, args.seconds, 3, *store_clients(url, request_id))
@@ -221,6 +255,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
             with header_flood(url) as outcomes:
                 results["header_flood"] = measure(url, args.seconds, 6)
             results["header_flood"]["flood_answers"] = dict(outcomes)  # type: ignore[index]
+        # the same costly request with one forward at a time on the device: what the forward gate's second slot buys
+        with running_server(args.repository, IMAGE_MODEL, 1, ["--feedback-db", str(work / "one-slot.sqlite3"),
+                                                               "--concurrent-forwards", "1"]) as url:
+            results["unloaded_one_slot"] = measure(url, args.seconds, 8)
+            results["costly_request_one_slot"] = measure(url, args.seconds, 9, Probe(
+                lambda c: c.post("/predict", json=costly), url))
     return results
 
 
