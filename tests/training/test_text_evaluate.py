@@ -23,7 +23,8 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     raw = tiny_text_config_dict(tmp)
     raw["distil"]["epochs"] = 1
     raw["evaluate"] = {
-        "task": "tiny-reviews", "stages": ["test_and_ood", "detectors", "shift", "sweep", "cost"], "ensemble_members": 2,
+        "task": "tiny-reviews", "stages": ["test_and_ood", "detectors", "shift", "sweep", "cost"],
+        "ensemble_members": 2,
         "samples": 4, "sweep_samples": [1, 2, 4], "noise_scale_grid": [0.5, 1.0], "shift_texts": 50,
         "ood_images": 40, "ablations": [], "distil_seeds": [], "latency_images": 3, "latency_repeats": 1,
         "bootstrap": 20,
