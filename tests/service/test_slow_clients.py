@@ -125,6 +125,49 @@ def test_oversized_or_too_many_headers_get_431_and_the_connection_closes(tiny_re
                 assert response.status_code == 200
 
 
+def test_a_header_flood_is_refused_while_probes_and_predictions_are_served(tiny_repository: Path, tmp_path: Path
+                                                                            ) -> None:
+    """Eight connections stream 1,000-byte header lines until the server refuses them, and reconnect; meanwhile every
+    probe and prediction is answered 200, and every flooding connection that got an answer got 431. (The latencies
+    under a flood are measured by ``benchmarks/faults.py``, not asserted here.)"""
+    import threading
+
+    settings = settings_for(tiny_repository, tmp_path, max_header_bytes=8192)
+    stop, answers, lock = threading.Event(), [], threading.Lock()
+
+    def flood(server: Running, index: int) -> None:
+        while not stop.is_set():
+            with connect(server) as sock:
+                sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n")
+                try:
+                    while not stop.is_set():
+                        sock.sendall(b"X-Flood-%d: " % index + b"a" * 1000 + b"\r\n")
+                        stop.wait(0.01)
+                    continue  # the test is over before this connection was refused: nothing to read
+                except OSError:  # refused: the server answered and closed the connection
+                    pass
+                with contextlib.suppress(OSError, AssertionError):  # an answer cut by the close is not counted
+                    status, _, _ = read_response(sock)
+                    with lock:
+                        answers.append(status)
+
+    with serve(settings) as server:
+        threads = [threading.Thread(target=flood, args=(server, i), daemon=True) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                probes = [client.get("/health/live").status_code for _ in range(40)]
+                served = [client.post("/predict", json=BODY).status_code for _ in range(5)]
+            wait_for(lambda: len(answers) >= 8, "eight refused flooding connections")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+    assert probes == [200] * 40 and served == [200] * 5
+    assert len(answers) >= 8 and set(answers) == {431}, answers
+
+
 def test_256_stalled_uploads_leave_predictions_and_readiness_alone(tiny_repository: Path, tmp_path: Path) -> None:
     """The default queue (256) and connection limit, as many stalled uploads as the queue has slots."""
     settings = settings_for(tiny_repository, tmp_path, body_timeout_s=3600.0)
