@@ -3,8 +3,10 @@ are cached (``training.evaluate.logit_cache``), trained baselines and ablation k
 command resumes where it stopped and a rerun only re-renders.
 
 Methods: deterministic backbone, temperature scaling, MC dropout, deep ensemble, DIRECTOR at S = 1 and S,
-DIRECTOR + temperature scaling, DIRECTOR + noise temperature. Sets: validation (fitting only), test, the
-OOD-validation set (score choice only), three reported OOD sets, and the corrupted test subsets.
+DIRECTOR + temperature scaling, DIRECTOR + noise temperature. Sets: training (feature statistics only), validation
+(fitting only), test, the OOD-validation set (score choice only), the reported OOD sets, and the shifted sets.
+Stages (``evaluate.stages``): test_and_ood (always first: it chooses each method's OOD score and flag), detectors
+(``training.evaluate.detectors``), shift (``training.evaluate.shift``), sweep, cost, ablations, variance.
 """
 
 from __future__ import annotations
