@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import torch
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from service import __doc__ as package_doc
 from service import __version__
@@ -24,7 +25,7 @@ from service.feedback import FLUSH_INTERVAL_S, open_feedback_store
 from service.metrics import Metrics, mark_process_dead
 from service.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
 from service.repository import ModelRepository
-from service.routes import feedback, health, metrics, models, oip, predict
+from service.routes import feedback, health, metrics, models, oip, predict, repository
 from service.state import AppState, Lifecycle
 from service.store_calls import StoreCalls
 
@@ -50,6 +51,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
             for wait in stats.queue_waits:
                 metrics_.queue_wait.labels(*labels).observe(wait)
             metrics_.observe_device_memory(device.memory_stats())
+            holder["state"].statistics.of(*labels).forward(stats.inputs, stats.requests, stats.inference_s,
+                                                           stats.queue_waits)
 
         return BatchWorker(artifact, device, device.shapes.max_batch_samples, settings.max_batch_delay_ms,
                            settings.max_queue, on_batch, reservation_timeout_s=settings.request_timeout_s,
@@ -125,7 +128,8 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
                   "`{\"error\": message, \"status\": code, \"type\": kind, \"details\": [...]}`.")
     app.state.lifecycle = lifecycle
     register_error_handlers(app)
-    for router in (predict.router, feedback.router, models.router, health.router, metrics.router, oip.router):
+    for router in (predict.router, feedback.router, models.router, health.router, metrics.router, oip.router,
+                   repository.router):
         app.include_router(router)
     # innermost first: admission refuses an overloaded model's requests before their body is read
     app.add_middleware(Admission, get_state=lambda: getattr(app.state, "director", None))
@@ -137,5 +141,9 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key, open_paths=opened,
                        templates=lambda: [*app.openapi()["paths"], *docs])
     app.add_middleware(HttpMetrics, metrics=metrics_)  #: counts refusals by the guard and BodyLimit too
-    app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # outermost: every response
+    app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # every response
+    if settings.cors_origins:  # outermost: a browser's preflight carries no key and is answered here
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "Inference-Header-Content-Length"],
+                           expose_headers=["Inference-Header-Content-Length", "Retry-After"], max_age=600)
     return app

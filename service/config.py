@@ -102,11 +102,14 @@ class Settings(BaseSettings):
                                       "most this long for live accuracy and then shows the last values")
     feedback_threads: int = Field(2, ge=1, description="threads of the feedback store's own pool (never shared "
                                   "with inference or decoding)")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="comma-separated browser origins allowed to call the API across origins "
+        "(CORS; e.g. https://app.example.com, or * for any); empty = CORS off")
     drift_window: int = Field(1000, ge=10, description="live confidences kept for the drift monitor")
     drift_min_window: int = Field(200, ge=10, description="confidences needed before drift is reported")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
 
-    @field_validator("required_models", mode="before")
+    @field_validator("required_models", "cors_origins", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:
         if isinstance(value, str):

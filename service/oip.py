@@ -1,7 +1,8 @@
 """Open Inference Protocol v2 (KServe / Triton HTTP) tensors <-> the server's requests and results.
 
-Inputs: ``pixels`` FP32 ``[-1, C, H, W]`` for image models, ``text`` BYTES ``[-1]`` (UTF-8; ``[N, 1]`` accepted too)
-for text models, the other one refused with 422; JSON data (flat or nested) or the binary tensor extension
+Inputs: ``pixels`` FP32 ``[-1, C, H, W]`` for image models, ``text`` BYTES ``[-1, 1]`` for text models (UTF-8, one
+string per input as Triton batches them; ``[N]`` accepted too), the other one refused with 422; JSON data (flat or
+nested) or the binary tensor extension
 (``Inference-Header-Content-Length``; BYTES elements as 4-byte little-endian length + bytes). Parameters:
 ``n_samples`` and ``seed``. Outputs (JSON): ``probabilities`` FP32 ``[N, K]``, ``confidence``,
 ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``ood_score`` FP32 ``[N]``,
@@ -124,10 +125,10 @@ def text_strings(body: dict[str, Any], tail: bytes) -> tuple[list[str], list[str
     """The strings of the single ``text`` BYTES input (UTF-8) and its location, for error messages."""
     inputs = named_inputs(body, tail)
     if "pixels" in inputs:
-        raise invalid("input 'pixels' sent to a text model; it takes 'text' BYTES [-1] (UTF-8 strings)",
+        raise invalid("input 'pixels' sent to a text model; it takes 'text' BYTES [-1, 1] (UTF-8 strings)",
                       ["body", "inputs", inputs["pixels"][0]])
     if "text" not in inputs:
-        raise invalid("no input named 'text' (BYTES [-1], UTF-8 strings)", ["body", "inputs"])
+        raise invalid("no input named 'text' (BYTES [-1, 1], UTF-8 strings)", ["body", "inputs"])
     i, spec, chunk = inputs["text"]
     loc: list[str | int] = ["body", "inputs", i]
     if spec.get("datatype") != "BYTES":
@@ -135,7 +136,7 @@ def text_strings(body: dict[str, Any], tail: bytes) -> tuple[list[str], list[str
     dims = spec.get("shape")
     if not (isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)
             and (len(dims) == 1 or (len(dims) == 2 and dims[1] == 1)) and dims[0] >= 1):
-        raise invalid(f"text shape {dims!r} must be [N] (or [N, 1]) with N >= 1", loc)
+        raise invalid(f"text shape {dims!r} must be [N, 1] (or [N]) with N >= 1", loc)
     count = dims[0]
     if chunk is not None:
         elements = _bytes_elements(chunk, loc)
@@ -268,7 +269,7 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
 def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, Any]:
     num_classes = len(artifact.labels)
     if artifact.text is not None:
-        inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
     else:
         inputs = [{"name": "pixels", "datatype": "FP32", "shape": [-1, *artifact.input_shape]}]
     outputs = ([{"name": "probabilities", "datatype": "FP32", "shape": [-1, num_classes]}]

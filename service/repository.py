@@ -117,6 +117,7 @@ class ModelRepository:
         self.scanned_once = False
         self._scan_lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self.unloaded: set[str] = set()  # models taken out by ``unload``: scans skip their folders until ``load``
 
     # lookups -------------------------------------------------------------------------------------------
     def versions(self, name: str) -> list[ModelVersion]:
@@ -144,6 +145,8 @@ class ModelRepository:
         if not self.root.is_dir():
             return found
         for model_dir in filter(is_published, sorted(self.root.iterdir())):
+            if model_dir.name in self.unloaded:
+                continue
             for version_dir in filter(is_published, sorted(model_dir.iterdir())):
                 found[(model_dir.name, version_dir.name)] = version_dir
         return found
@@ -164,7 +167,8 @@ class ModelRepository:
                 for version in list(self.models[name]):
                     if (name, version) not in found:
                         entry = self.models[name].pop(version)
-                        log.info("model %s version %s removed from the repository", name, version)
+                        log.info("model %s version %s %s", name, version,
+                                 "unloaded" if name in self.unloaded else "removed from the repository")
                         self._notify()
                         self._retire(entry)
                 if not self.models[name]:
@@ -226,6 +230,31 @@ class ModelRepository:
         task.add_done_callback(self._retiring.discard)
         # once the scan that retired it has let go of the entry too
         task.add_done_callback(lambda _: loop.call_later(RETIRED_COLLECT_DELAY_S, collect_retired))
+
+    # explicit control (Triton's repository extension), beside polling ------------------------------------
+    def published_models(self) -> list[str]:
+        """Every model folder of the repository, loaded or not."""
+        if not self.root.is_dir():
+            return []
+        return [d.name for d in filter(is_published, sorted(self.root.iterdir())) if d.is_dir()]
+
+    async def load(self, name: str) -> bool:
+        """Serve ``name`` again if it was unloaded, and scan now: a changed or new version is checked and swapped
+        in as a poll would do it. False when the repository has no such model folder."""
+        if name not in self.published_models():
+            return False
+        self.unloaded.discard(name)
+        await self.scan()
+        return True
+
+    async def unload(self, name: str) -> bool:
+        """Stop serving every version of ``name`` (queued requests finish first) until ``load``; later scans leave
+        its folder alone. False when no such model is known."""
+        if name not in self.models and name not in self.published_models():
+            return False
+        self.unloaded.add(name)
+        await self.scan()
+        return True
 
     async def poll(self, interval_s: float) -> None:
         while True:

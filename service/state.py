@@ -13,6 +13,7 @@ from service.drift import DriftMonitor
 from service.feedback import FeedbackStore, FeedbackUnavailable, LiveStats
 from service.metrics import UNKNOWN, Metrics
 from service.repository import ModelRepository, VersionState
+from service.statistics import Statistics
 from service.store_calls import StoreCalls
 
 log = logging.getLogger("service.state")
@@ -45,6 +46,7 @@ class AppState:
     decoder: DecodePool
     store_calls: StoreCalls
     drift: dict[tuple[str, str], DriftMonitor] = field(default_factory=dict)
+    statistics: Statistics = field(default_factory=Statistics)  # Triton's statistics extension
 
     def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:
         """Bounded label values: names the repository does not know become ``unknown``."""

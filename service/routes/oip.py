@@ -12,6 +12,7 @@ from service.admission import ticket_of
 from service.batching import Inputs
 from service.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, not_found, shown
+from service.model_config import model_config
 from service.oip_binary import binary_outputs, infer_response
 from service.repository import ModelVersion, ReadyVersion, VersionState
 from service.state import AppState
@@ -43,7 +44,8 @@ async def v2_ready(state: AppStateDep) -> JSONResponse:
 
 @guarded.get("", summary="OIP server metadata")
 async def v2_server() -> dict[str, Any]:
-    return {"name": SERVER_NAME, "version": __version__, "extensions": ["binary_tensor_data"]}
+    return {"name": SERVER_NAME, "version": __version__,
+            "extensions": ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]}
 
 
 def _entry(state: AppState, name: str, version: str | None) -> ModelVersion:
@@ -110,6 +112,35 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     return infer_response(response, binary)
 
 
+def _stats(state: AppState, name: str | None, version: str | None) -> dict[str, Any]:
+    """Triton's statistics of every version (``name`` None), of every version of ``name``, or of one version."""
+    if name is None:
+        entries = state.repository.all_versions()
+    elif version is None:
+        if not state.repository.is_known(name):
+            raise not_found(f"unknown model {shown(name)}")
+        entries = state.repository.versions(name)
+    else:
+        entries = [_entry(state, name, version)]
+    return state.statistics.report([(e.name, e.version) for e in entries])
+
+
+# before /models/{name}: a model named "stats" is shadowed here, as in Triton
+@guarded.get("/models/stats", summary="Triton statistics of every model version")
+async def v2_all_stats(state: AppStateDep) -> dict[str, Any]:
+    return _stats(state, None, None)
+
+
+@guarded.get("/models/{name}/stats", summary="Triton statistics of every version of a model")
+async def v2_model_stats(name: str, state: AppStateDep) -> dict[str, Any]:
+    return _stats(state, name, None)
+
+
+@guarded.get("/models/{name}/versions/{version}/stats", summary="Triton statistics of one model version")
+async def v2_model_version_stats(name: str, version: str, state: AppStateDep) -> dict[str, Any]:
+    return _stats(state, name, version)
+
+
 @guarded.get("/models/{name}", summary="OIP model metadata (default version)")
 async def v2_model(name: str, state: AppStateDep) -> dict[str, Any]:
     return _metadata(state, name, None)
@@ -129,6 +160,21 @@ async def v2_model_ready(name: str, state: AppStateDep) -> JSONResponse:
              responses={503: {"description": "not ready"}})
 async def v2_model_version_ready(name: str, version: str, state: AppStateDep) -> JSONResponse:
     return _ready(state, name, version)
+
+
+def _config(state: AppState, name: str, version: str | None) -> dict[str, Any]:
+    entry = serving.resolve(state, name, version)
+    return model_config(entry.name, entry.artifact, state.settings, state.device)
+
+
+@guarded.get("/models/{name}/config", summary="Triton model configuration (default version)")
+async def v2_model_config(name: str, state: AppStateDep) -> dict[str, Any]:
+    return _config(state, name, None)
+
+
+@guarded.get("/models/{name}/versions/{version}/config", summary="Triton model configuration (one version)")
+async def v2_model_version_config(name: str, version: str, state: AppStateDep) -> dict[str, Any]:
+    return _config(state, name, version)
 
 
 @guarded.post("/models/{name}/infer", summary="OIP inference (default version)", openapi_extra=INFER_BODY)

@@ -143,7 +143,7 @@ def text_input(texts: list[str], binary: bool) -> triton.InferInput:
 def test_text_model_metadata(text_client: triton.InferenceServerClient) -> None:
     assert text_client.is_model_ready(TEXT_MODEL)
     meta = text_client.get_model_metadata(TEXT_MODEL)
-    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]  # Triton's batched form
     datatypes = {o["name"]: o["datatype"] for o in meta["outputs"]}
     assert datatypes["tokens"] == "INT64" and datatypes["truncated"] == "BOOL" and datatypes["label"] == "BYTES"
     assert meta["outputs"][0] == {"name": "probabilities", "datatype": "FP32", "shape": [-1, 2]}
