@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.server import ROOT
 from benchmarks.stack import checks
-from benchmarks.stack.compose import RULE_WAIT, Stack, free_port
+from benchmarks.stack.compose import RULE_WAIT, Stack
 from benchmarks.stack.daemon import folder_bytes, private_engine
 from benchmarks.stack.images import local_images, project_images
 from benchmarks.stack.report import write_markdown
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         print("building the serving and training images ...", flush=True)
         project = project_images(docker, local["torch"].tag, rebuild=True)
         results["images"] = {name: vars(built) for name, built in {**local, **project}.items()}
-        stack = Stack(docker, work / "run", local["torch"].tag, webhook_port=free_port())
+        stack = Stack(docker, work / "run", local["torch"].tag)
         found: list[checks.Check] = []
         try:
             with checks.receiving(stack.webhook_port) as receiver:

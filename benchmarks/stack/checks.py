@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 
 from benchmarks.stack.compose import SERVER, Stack
-from benchmarks.stack.daemon import Docker
+from benchmarks.stack.daemon import Docker, DockerError
 from benchmarks.stack.images import SERVICE_IMAGE
 from benchmarks.stack.traffic import Traffic
 
@@ -97,7 +97,14 @@ def cold_start(stack: Stack) -> Check:
     start = time.monotonic()
     stack.compose("up", "-d")
     up_s = time.monotonic() - start
-    ready = wait_until(lambda: httpx.get(f"{stack.url}/health/ready", timeout=5).status_code == 200, 600, 0.25)
+
+    def server_ready() -> bool:
+        state = stack.health().get(SERVER)
+        if state not in ("starting", "healthy", "running"):  # created but never started, or exited
+            raise DockerError(f"the server container is {state}: {stack.logs(SERVER)[-1500:]}")
+        return httpx.get(f"{stack.url}/health/ready", timeout=5).status_code == 200
+
+    ready = wait_until(server_ready, 600, 0.25)
     ready_s = time.monotonic() - start
     healthy_s = up_s + stack.wait_healthy({SERVER, "postgres", "prometheus", "alertmanager"}, 600)
     return Check("every healthcheck turns healthy", bool(ready), {

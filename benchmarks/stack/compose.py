@@ -6,6 +6,7 @@ receiver on the host, and a copy of the Prometheus folder whose alert rules wait
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -31,10 +32,13 @@ COMPOSE = Path(sys.executable).parent / "docker-compose"  # Compose v2: PyPI's c
 FILES = [ROOT / "docker-compose.yml", ROOT / "docker" / "compose.cpu.yml"]  # as a CPU host runs the stack
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all bound at once, then released (each bound alone could repeat one)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("0.0.0.0", 0))  # free on every interface: the webhook receiver listens on all of them
+        return [sock.getsockname()[1] for sock in socks]
 
 
 def fast_prometheus(folder: Path) -> Path:
@@ -65,13 +69,14 @@ class Stack:
     docker: Docker
     folder: Path
     torch_image: str
-    webhook_port: int
-    ports: dict[str, int] = field(default_factory=lambda: {
-        "SERVICE_PORT": free_port(), "PROMETHEUS_PORT": free_port(), "ALERTMANAGER_PORT": free_port()})
+    ports: dict[str, int] = field(default_factory=dict)  # the published ports and the alert receiver's
     api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if not self.ports:
+            names = ("SERVICE_PORT", "PROMETHEUS_PORT", "ALERTMANAGER_PORT", "WEBHOOK_PORT")
+            self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         webhook = self.folder / "webhook-url"
         webhook.write_text(f"http://{GATEWAY}:{self.webhook_port}/alerts\n")
         webhook.chmod(0o644)  # Alertmanager runs as nobody
@@ -84,7 +89,7 @@ class Stack:
             "SERVICE_IMAGE": SERVICE_IMAGE,
             "TRAIN_IMAGE": TRAIN_IMAGE,
             **{variable: f"director-local/{name}:bookworm" for variable, name in STAND_INS.items()},
-            **{key: str(port) for key, port in self.ports.items()},
+            **{key: str(port) for key, port in self.ports.items() if key != "WEBHOOK_PORT"},
             "DIRECTOR_API_KEY": self.api_key,
         }
         (self.folder / ".env").write_text("".join(f"{key}={value}\n" for key, value in env.items()))
@@ -96,6 +101,10 @@ class Stack:
             "networks": {"default": {"ipam": {"config": [{"subnet": SUBNET, "gateway": GATEWAY}]}}},
         }
         (self.folder / "compose.check.yml").write_text(yaml.safe_dump(override, sort_keys=False))
+
+    @property
+    def webhook_port(self) -> int:
+        return self.ports["WEBHOOK_PORT"]
 
     @property
     def url(self) -> str:

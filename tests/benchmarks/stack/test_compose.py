@@ -32,8 +32,7 @@ def rendered(stack: Stack, *profiles: str) -> dict:
 
 
 def test_the_check_runs_the_cpu_server_with_monitoring_and_grafana_off(tmp_path: Path) -> None:
-    stack = Stack(Docker(tmp_path / "no-engine.sock"), tmp_path / "run", "director-local/torch:2.14.1",
-                  webhook_port=9)
+    stack = Stack(Docker(tmp_path / "no-engine.sock"), tmp_path / "run", "director-local/torch:2.14.1")
     services = rendered(stack)["services"]  # the run's .env: COMPOSE_PROFILES=cpu
     assert set(services) == {SERVER, "postgres", "prometheus", "alertmanager"}
     assert "deploy" not in services[SERVER]
@@ -46,12 +45,13 @@ def test_the_check_runs_the_cpu_server_with_monitoring_and_grafana_off(tmp_path:
     assert mounts["/etc/prometheus"] == str(stack.folder / "prometheus")
     network = rendered(stack)["networks"]["default"]["ipam"]["config"][0]
     assert network == {"subnet": SUBNET, "gateway": GATEWAY}
-    assert (stack.folder / "webhook-url").read_text().startswith(f"http://{GATEWAY}:9/")
+    assert (stack.folder / "webhook-url").read_text().startswith(f"http://{GATEWAY}:{stack.webhook_port}/")
+    assert len(set(stack.ports.values())) == 4  # distinct: the receiver never takes a published port
     assert "grafana" in rendered(stack, "grafana")["services"]
 
 
 def test_the_cpu_override_drops_only_the_training_jobs_gpu_reservation(tmp_path: Path) -> None:
-    stack = Stack(Docker(tmp_path / "no-engine.sock"), tmp_path / "run", "torch", webhook_port=9)
+    stack = Stack(Docker(tmp_path / "no-engine.sock"), tmp_path / "run", "torch")
     train = rendered(stack, "train")["services"]["train"]
     assert "deploy" not in train
     gpu_host = subprocess.run(  # the same .env, the compose file alone: the GPU host's command
