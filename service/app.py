@@ -25,6 +25,7 @@ from service.feedback import FLUSH_INTERVAL_S, open_feedback_store
 from service.metrics import Metrics, mark_process_dead
 from service.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
 from service.repository import ModelRepository
+from service.request_context import RequestContext
 from service.routes import feedback, health, metrics, models, oip, predict, repository
 from service.state import AppState, Lifecycle
 from service.store_calls import StoreCalls
@@ -142,6 +143,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
                        templates=lambda: [*app.openapi()["paths"], *docs])
     app.add_middleware(HttpMetrics, metrics=metrics_)  #: counts refusals by the guard and BodyLimit too
     app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # every response
+    app.add_middleware(RequestContext, access=settings.access_log)  # ids on every response, refusals included
     if settings.cors_origins:  # outermost: a browser's preflight carries no key and is answered here
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "Inference-Header-Content-Length"],

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     drift_window: int = Field(1000, ge=10, description="live confidences kept for the drift monitor")
     drift_min_window: int = Field(200, ge=10, description="confidences needed before drift is reported")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
+    log_format: Literal["text", "json"] = Field("text", description="log lines as text, or one JSON object each")
+    access_log: bool = Field(False, description="one log line per HTTP request (method, route, status, duration, "
+                             "request id, trace id)")
 
     @field_validator("required_models", "cors_origins", mode="before")
     @classmethod

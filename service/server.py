@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from service import logs
 from service.config import Settings
 from service.connections import DirectorConfig
 from service.supervisor import Supervisor
@@ -50,11 +51,13 @@ def uvicorn_config(app: object, settings: Settings, **extra: object) -> Director
     return DirectorConfig(app, header_timeout_s=settings.header_timeout_s, max_header_bytes=settings.max_header_bytes,
                           max_headers=settings.max_headers, host=settings.host, port=settings.port,
                           log_level=settings.log_level, timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
-                          limit_concurrency=settings.max_connections + 1, access_log=False, **extra)
+                          limit_concurrency=settings.max_connections + 1, access_log=False,
+                          # JSON lines: uvicorn's loggers go through the root handler instead of their own text ones
+                          **({"log_config": None} if settings.log_format == "json" else {}), **extra)
 
 
 def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure_logging(settings.log_level, settings.log_format == "json")
 
 
 def serve_on(settings: Settings, sockets: list[socket.socket] | None = None) -> bool:

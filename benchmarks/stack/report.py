@@ -47,7 +47,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         *_check_rows(results["checks"]),
         "",
         f"Engine data root: {results['engine_disk_bytes'] / GB:.1f} GB after the stack went down, "
-        f"{results['engine_disk_bytes_after'] / GB:.1f} GB left behind; the engine "
+        f"{results['engine_disk_bytes_after'] / GB:.1f} GB left behind in the work folder; the engine "
         f"{'was still running' if results['engine_left_running'] else 'stopped'}; whole run "
         f"{results['total_s'] / 60:.1f} min.",
         "",
