@@ -1,0 +1,176 @@
+"""Score a dataset offline with the server's own artifacts, batching, summaries and OOD rule, without running a
+server: ``python -m service.batch_scoring --model fashion-vit --input PATH --output scores.jsonl``.
+
+PATH is an image folder (PNG / JPEG, searched recursively; each converted as ``/predict`` converts an upload), a JSONL
+file (one ``/predict`` input per line: ``{"text": ...}``, ``{"image_base64": ...}`` or ``{"pixels": ...}``, with an
+optional ``"id"``) or a CSV file (``--text-column``, optional ``--id-column``). Each output line is one input's
+prediction as ``/predict`` returns it, with its ``key`` (file path, id or line number), the model version and the OOD
+rule. The run resumes: inputs whose key is already in the output are skipped (a line cut short by a crash is
+dropped first). An input the server would refuse (a corrupt image, an empty text) gets a line with its ``error``
+and ``status`` instead, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import csv
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from tqdm import tqdm
+
+from service import serving
+from service.config import Settings
+from service.errors import ApiError
+from service.protocol import ImageInput, Input
+from service.routes.predict import to_response
+from service.state import AppState
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
+INPUT = TypeAdapter(Input)
+Item = tuple[str, Input | ApiError]  # (key, the input, or why it cannot be one)
+
+
+def read_inputs(path: Path, text_column: str, id_column: str | None) -> Iterator[Item]:
+    if path.is_dir():
+        for file in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
+            yield str(file.relative_to(path)), ImageInput(image_base64=base64.b64encode(file.read_bytes()).decode())
+    elif path.suffix.lower() == ".csv":
+        with path.open(newline="", encoding="utf-8") as handle:
+            for line, row in enumerate(csv.DictReader(handle), start=1):
+                key = row.get(id_column) if id_column else None
+                yield (key or str(line)), INPUT.validate_python({"text": row.get(text_column) or ""})
+    else:
+        with path.open(encoding="utf-8") as handle:
+            for line, raw in enumerate(handle, start=1):
+                if raw.strip():
+                    yield _json_item(line, raw)
+
+
+def _json_item(line: int, raw: str) -> Item:
+    try:
+        value = json.loads(raw)
+        key = str(value.pop("id", line)) if isinstance(value, dict) else str(line)
+        return key, INPUT.validate_python(value)
+    except (ValueError, ValidationError) as exc:
+        return str(line), ApiError(422, f"line {line} is not a /predict input: {str(exc).splitlines()[0]}")
+
+
+def done_keys(output: Path) -> set[str]:
+    """Keys already scored; a last line cut short by a crash is dropped from the file."""
+    if not output.is_file():
+        return set()
+    kept, keys = [], set()
+    for raw in output.read_text(encoding="utf-8").splitlines():
+        try:
+            keys.add(json.loads(raw)["key"])
+            kept.append(raw)
+        except (ValueError, KeyError):
+            continue
+    output.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    return keys
+
+
+async def score(state: AppState, items: list[tuple[str, Input]], model: str | None, version: str | None,
+                n_samples: int | None, seed: int | None) -> list[dict[str, Any]]:
+    """One request's worth of inputs, as ``/predict`` answers them (probabilities included)."""
+    started = time.perf_counter()
+    entry = serving.resolve(state, model, version)
+    count = serving.check_samples(entry, n_samples)
+    inputs = await state.decoder.run(serving.prepare_inputs, state, entry, [item for _, item in items])
+    outcome = await serving.run(state, entry, inputs, count, seed)
+    body = to_response(outcome, True, started).body
+    answer = json.loads(body)
+    common = {"model": answer["model"], "model_version": answer["model_version"], "n_samples": answer["n_samples"],
+              "ood_score_name": answer["ood"]["score"], "ood_threshold": answer["ood"]["threshold"]}
+    return [{"key": key, **common, **{k: v for k, v in p.items() if k != "index"}}
+            for (key, _), p in zip(items, answer["predictions"], strict=True)]
+
+
+async def score_chunk(state: AppState, chunk: list[Item], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The chunk in one request; when the server would refuse it, input by input, so that one bad input costs only
+    its own line."""
+    lines = [{"key": key, "error": str(item), "status": item.status} for key, item in chunk
+             if isinstance(item, ApiError)]
+    good = [(key, item) for key, item in chunk if not isinstance(item, ApiError)]
+    if not good:
+        return lines
+    try:
+        return await score(state, good, args.model, args.version, args.n_samples, args.seed) + lines
+    except ApiError as exc:
+        if len(good) == 1:
+            return [{"key": good[0][0], "error": str(exc), "status": exc.status}, *lines]
+    for single in good:
+        lines += await score_chunk(state, [single], args)
+    return lines
+
+
+async def run(args: argparse.Namespace) -> int:
+    from service.app import create_app  # after the settings are final
+
+    skip = done_keys(args.output)
+    with tempfile.TemporaryDirectory(prefix="director-scoring-") as tmp:
+        settings = Settings(model_repository=args.model_repository, default_model=args.model or "fashion-vit",
+                            poll_interval_s=0, torch_threads=args.threads,
+                            feedback_db=Path(tmp) / "feedback.sqlite3")  # nothing logged to a server's store
+        app = create_app(settings)
+        async with app.router.lifespan_context(app):
+            state: AppState = app.state.director
+            await wait_scanned(state)
+            try:  # a wrong model, version or sample count fails the run here, not every input
+                serving.check_samples(serving.resolve(state, args.model, args.version), args.n_samples)
+            except ApiError as exc:
+                print(f"cannot score: {exc}", file=sys.stderr)
+                return 2
+            items = [item for item in read_inputs(args.input, args.text_column, args.id_column) if item[0] not in skip]
+            written = 0
+            with args.output.open("a", encoding="utf-8") as out, tqdm(total=len(items), unit="input",
+                                                                        desc="scoring", file=sys.stderr) as bar:
+                for start in range(0, len(items), args.chunk):
+                    chunk = items[start:start + args.chunk]
+                    lines = await score_chunk(state, chunk, args)
+                    out.writelines(json.dumps(line) + "\n" for line in lines)
+                    out.flush()
+                    written += len(lines)
+                    bar.update(len(chunk))
+    print(f"{written} inputs scored into {args.output} ({len(skip)} already there)", file=sys.stderr)
+    return 0
+
+
+async def wait_scanned(state: AppState, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not state.repository.scanned_once:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the model repository was not scanned in time")
+        await asyncio.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", type=Path, required=True, help="image folder, .jsonl or .csv")
+    parser.add_argument("--output", type=Path, required=True, help="JSONL of predictions (appended; resumes)")
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--model", help="model name (default: fashion-vit)")
+    parser.add_argument("--version", help="model version (default: the highest ready one)")
+    parser.add_argument("--n-samples", type=int, help="samples per input (default: the manifest's)")
+    parser.add_argument("--seed", type=int, help="reproducible samples (each chunk runs under this seed)")
+    parser.add_argument("--chunk", type=int, default=64, help="inputs per forward request")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--text-column", default="text", help="CSV column holding the texts")
+    parser.add_argument("--id-column", help="CSV column holding each row's key (default: its line number)")
+    args = parser.parse_args(argv)
+    if not args.input.exists():
+        parser.error(f"no such input: {args.input}")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
