@@ -72,7 +72,6 @@ def model_config(name: str, artifact: Artifact, settings: Settings, device: Devi
         "name": name,
         "platform": "pytorch_libtorch",
         "backend": "pytorch",
-        "runtime": "director",
         # every version in the repository is served (requests name one, or get the highest ready one)
         "version_policy": {"all": {}},
         # inputs per request; a request's cost is also bounded in samples (DIRECTOR_MAX_REQUEST_BATCHES)
