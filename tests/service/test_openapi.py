@@ -3,6 +3,8 @@ status of the API documented with the one error shape."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -51,3 +53,13 @@ def test_prediction_routes_document_every_error_with_the_error_shape(tiny_server
             content = responses[code]["content"]["application/json"]["schema"]
             assert content == {"$ref": "#/components/schemas/ErrorBody"}, (path, code, content)
             assert responses[code]["description"]
+
+
+def test_api_docs_list_every_route_with_its_triton_counterpart(tiny_server: Running) -> None:
+    """docs/api.md's "Triton and KServe" table names every route of the schema, and no other."""
+    schema = httpx.get(f"{tiny_server.url}/openapi.json", timeout=30).json()
+    served = {f"{method.upper()} {path}" for path, method, _ in operations(schema)}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    section = text.split("## Triton and KServe", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `((?:GET|POST) [^`]+)` \|", section, flags=re.MULTILINE))
+    assert listed == served
