@@ -26,9 +26,15 @@ import numpy as np
 
 def encode_post(url: str, path: str, body: dict[str, Any]) -> bytes:
     """One keep-alive POST with a JSON body, as bytes on the wire."""
+    return encode_request(url, path, json.dumps(body, separators=(",", ":")).encode(), "application/json")
+
+
+def encode_request(url: str, path: str, payload: bytes, content_type: str,
+                   headers: dict[str, str] | None = None) -> bytes:
+    """One keep-alive POST of ``payload`` (any content type, extra ``headers``), as bytes on the wire."""
     host = urlsplit(url).netloc
-    payload = json.dumps(body, separators=(",", ":")).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n{extra}"
             f"Content-Length: {len(payload)}\r\n\r\n").encode()
     return head + payload
 
