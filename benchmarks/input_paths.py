@@ -36,7 +36,7 @@ MODEL = "fashion-vit"
 BOUNDARY = "director-benchmark-boundary"
 
 
-def test_image() -> np.ndarray:
+def first_test_image() -> np.ndarray:
     """The first Fashion-MNIST test image, [28, 28] uint8."""
     from training.data.images import read_idx  # the pipeline's reader of the idx files
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with running_server(ROOT / "model_repository", MODEL, 1, []) as url:
-        bodies = requests(url, test_image())
+        bodies = requests(url, first_test_image())
         for _ in range(args.rounds):
             for clients in args.clients:
                 for path, raw in bodies.items():
