@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.artifact import Artifact
+from service.artifact import Artifact, ood_rule
 from service.config import Settings
 from service.device import Device
 from service.oip import TEXT_OUTPUTS
@@ -51,7 +51,7 @@ def parameters(artifact: Artifact, device: Device) -> dict[str, dict[str, str]]:
         "n_samples_default": artifact.default_samples,
         "n_samples_max": artifact.max_samples,
         "temperature": artifact.temperature,
-        "ood_score": manifest.ood.score,
+        "ood_score": ood_rule(manifest.ood, artifact.default_samples).score,  # at the default sample count
         "ood_thresholds": json.dumps({str(k): v.threshold for k, v in sorted(manifest.ood.thresholds.items())}),
         "max_batch_samples": device.shapes.max_batch_samples,
         "labels": json.dumps(artifact.labels),

@@ -3,6 +3,7 @@ read by the real tritonclient[http] client over a real server."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from service.artifact import ood_rule
 from tests.service.conftest import TEXT_MODEL, Running, copy_version, serve, settings_for
 from tests.service.test_oip import pixels_input
 
@@ -45,6 +47,9 @@ def test_model_config_matches_the_metadata_and_the_settings(client: triton.Infer
     parameters = {key: value["string_value"] for key, value in config["parameters"].items()}
     assert int(parameters["n_samples_default"]) >= 1 and parameters["method"] == "director"
     assert int(parameters["n_samples_max"]) >= int(parameters["n_samples_default"])
+    artifact = tiny_server.app_state.repository.default_version("tiny").artifact
+    assert parameters["ood_score"] == ood_rule(artifact.manifest.ood, artifact.default_samples).score
+    assert json.loads(parameters["ood_thresholds"]).keys() == {str(k) for k in artifact.manifest.ood.thresholds}
 
 
 def test_text_model_config_takes_one_string_per_input(text_server: Running) -> None:
