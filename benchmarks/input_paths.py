@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 
 from benchmarks.loadgen import closed_loop, encode_post, encode_request
@@ -38,9 +39,10 @@ BOUNDARY = "director-benchmark-boundary"
 
 def first_test_image() -> np.ndarray:
     """The first Fashion-MNIST test image, [28, 28] uint8."""
-    from training.data.images import read_idx  # the pipeline's reader of the idx files
+    from training.data.images import load_fashion_mnist_split  # the pipeline's reader of the idx files
 
-    return read_idx(Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"))[0]
+    image = load_fashion_mnist_split("/usr/share/datasets/fashion-mnist", "test").images[0, 0]  # [28, 28] in [0, 1]
+    return (image * 255).round().to(dtype=torch.uint8).numpy()
 
 
 def requests(url: str, image: np.ndarray) -> dict[str, bytes]:

@@ -141,9 +141,10 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
               | (docs if settings.public_docs else frozenset()))
     app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key, open_paths=opened,
                        templates=lambda: [*app.openapi()["paths"], *docs])
-    app.add_middleware(HttpMetrics, metrics=metrics_)  #: counts refusals by the guard and BodyLimit too
+    # counts (and logs, with DIRECTOR_ACCESS_LOG) the refusals of the guard and BodyLimit too
+    app.add_middleware(HttpMetrics, metrics=metrics_, access=settings.access_log)
     app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # every response
-    app.add_middleware(RequestContext, access=settings.access_log)  # ids on every response, refusals included
+    app.add_middleware(RequestContext)  # ids on every response, refusals included
     if settings.cors_origins:  # outermost: a browser's preflight carries no key and is answered here
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "Inference-Header-Content-Length"],

@@ -98,10 +98,9 @@ class Metrics:
                                 ["endpoint", "code"], registry=r)
         self.request_duration = Histogram("director_request_duration_seconds", "HTTP request latency",
                                           ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.model_requests = Histogram("director_model_request_duration_seconds", "queued inference requests of a "
-                                        "model version, end to end from queueing to result, by outcome (success: "
-                                        "answered; fail: refused, timed out or failed once resolved)",
-                                        [*MV, "outcome"], buckets=LATENCY_BUCKETS, registry=r)
+        self.model_requests = Histogram("director_model_request_duration_seconds", "a model version's requests from "
+                                        "queueing to result, by outcome (success, fail)", [*MV, "outcome"],
+                                        buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("director_queue_wait_seconds", "time a request waited for its batch", MV,
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.inference = Histogram("director_inference_duration_seconds", "forward + summary time of one batch",

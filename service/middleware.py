@@ -1,9 +1,11 @@
-"""Pure ASGI middleware: the request body's bounds (size and arrival time), per-request HTTP metrics and
-``Connection: close`` while draining (admission control is in ``service.admission``)."""
+"""Pure ASGI middleware: the request body's bounds (size and arrival time), per-request HTTP metrics and the access
+log, and ``Connection: close`` while draining (admission control is in ``service.admission``, request ids in
+``service.request_context``)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +16,8 @@ from service.errors import error_response
 from service.metrics import Metrics
 
 ENDPOINT_KEY = "director.endpoint"  # route template of a request answered before routing (service.admission)
+REQUEST_KEY = "director.request"  # {"request_id", "trace_id", "span_id"}, set by service.request_context
+access_log = logging.getLogger("service.access")
 
 
 class BodyLimit:
@@ -85,11 +89,14 @@ class BodyLimit:
 
 
 class HttpMetrics:
-    """``director_requests_total{endpoint,code}`` and latency, labelled by route template (bounded)."""
+    """``director_requests_total{endpoint,code}`` and latency, labelled by route template (bounded); with ``access``,
+    one access-log line per request on ``service.access`` (method, route, status, duration, client, request id and
+    trace id as the record's ``fields``, top-level keys in JSON logs: ``service.logs``)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, access: bool = False) -> None:
         self.app = app
         self.metrics = metrics
+        self.access = access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -108,8 +115,21 @@ class HttpMetrics:
         finally:
             route: Any = scope.get("route")
             endpoint = getattr(route, "path", None) or scope.get(ENDPOINT_KEY) or "unmatched"
+            seconds = time.perf_counter() - start
             self.metrics.requests.labels(endpoint, str(status["code"])).inc()
-            self.metrics.request_duration.labels(endpoint).observe(time.perf_counter() - start)
+            self.metrics.request_duration.labels(endpoint).observe(seconds)
+            if self.access:
+                log_access(scope, endpoint, status["code"], seconds)
+
+
+def log_access(scope: Scope, endpoint: str, status: int, seconds: float) -> None:
+    client = scope.get("client")
+    context = scope.get(REQUEST_KEY, {})
+    fields = {"method": scope.get("method"), "path": endpoint, "status": status,
+              "duration_ms": round(seconds * 1000, 2), "client": client[0] if client else None,
+              "request_id": context.get("request_id"), "trace_id": context.get("trace_id")}
+    access_log.info("%s %s %d %.1f ms id=%s", fields["method"], endpoint, status, fields["duration_ms"],
+                    fields["request_id"], extra={"fields": fields})
 
 
 class CloseWhileDraining:

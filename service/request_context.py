@@ -1,32 +1,26 @@
-"""Request ids, trace context and the access log, for every HTTP request.
+"""Request ids and trace context, for every HTTP request.
 
 - ``X-Request-ID``: taken from the request when it is 1-128 characters of letters, digits and ``._:~@/+=-`` (400
   otherwise: an id is never silently replaced), generated (32 hex digits) when absent, and echoed on the response.
 - W3C ``traceparent``: a valid one continues the caller's trace (its trace id, a new span id for this request); an
   absent or malformed one starts a new trace, as the W3C rule asks. The response carries the request's own
   ``traceparent``, so the caller can find this hop.
-- The access log (``DIRECTOR_ACCESS_LOG``): one line per request on the ``service.access`` logger, with the method,
-  route template, status, duration, client, request id and trace id as fields (``DIRECTOR_LOG_FORMAT=json`` writes
-  every log line as one JSON object; ``service.logs``)."""
+
+Both ids go into the scope (``service.middleware.REQUEST_KEY``) for the access log that ``HttpMetrics`` writes."""
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
-import time
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import error_response
-from service.middleware import ENDPOINT_KEY
+from service.middleware import REQUEST_KEY
 
-access_log = logging.getLogger("service.access")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:~@/+=-]{1,128}")
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 ZERO_TRACE, ZERO_SPAN = "0" * 32, "0" * 16
-STATE_KEY = "director.request"  # scope key: {"request_id", "trace_id", "span_id"}
 
 
 def trace_of(header: bytes | None) -> tuple[str, str]:
@@ -39,9 +33,8 @@ def trace_of(header: bytes | None) -> tuple[str, str]:
 
 
 class RequestContext:
-    def __init__(self, app: ASGIApp, access: bool) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.access = access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -56,34 +49,15 @@ class RequestContext:
         request_id = given.decode("latin-1") if given is not None else secrets.token_hex(16)
         trace_id, flags = trace_of(headers.get(b"traceparent"))
         span_id = secrets.token_hex(8)
-        scope[STATE_KEY] = {"request_id": request_id, "trace_id": trace_id, "span_id": span_id}
+        scope[REQUEST_KEY] = {"request_id": request_id, "trace_id": trace_id, "span_id": span_id}
         echoed = [(b"x-request-id", request_id.encode("latin-1")),
                   (b"traceparent", f"00-{trace_id}-{span_id}-{flags}".encode())]
-        start = time.perf_counter()
-        status = {"code": 500}
 
         async def tagging_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
                 kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in (b"x-request-id",
                                                                                           b"traceparent")]
                 message = {**message, "headers": [*kept, *echoed]}
             await send(message)
 
-        try:
-            await self.app(scope, receive, tagging_send)
-        finally:
-            if self.access:
-                self._log(scope, status["code"], time.perf_counter() - start)
-
-    @staticmethod
-    def _log(scope: Scope, status: int, seconds: float) -> None:
-        route: Any = scope.get("route")
-        endpoint = getattr(route, "path", None) or scope.get(ENDPOINT_KEY) or "unmatched"
-        client = scope.get("client")
-        context = scope[STATE_KEY]
-        fields = {"method": scope.get("method"), "path": endpoint, "status": status,
-                  "duration_ms": round(seconds * 1000, 2), "client": client[0] if client else None,
-                  "request_id": context["request_id"], "trace_id": context["trace_id"]}
-        access_log.info("%s %s %d %.1f ms id=%s", fields["method"], endpoint, status, fields["duration_ms"],
-                        context["request_id"], extra={"fields": fields})
+        await self.app(scope, receive, tagging_send)
