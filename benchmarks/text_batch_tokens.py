@@ -1,6 +1,6 @@
 """How big a forward the text artifact wants: raw ``sample_rows`` time against padded tokens x samples.
 
-The server packs text requests up to ``max_batch_tokens`` (padded tokens x sampled rows, service/batching.py).
+The server packs text requests up to ``max_batch_tokens`` (padded tokens x sampled rows, service/engine/batch_cost.py).
 This times the exported text artifact alone, with the server's thread pinning, at several widths, sample counts
 and batch sizes, so the default can be read off a measurement (inputs per second flat, then falling once the
 forward no longer fits the cache) rather than guessed.

@@ -1,6 +1,6 @@
 """How a decoded image becomes a model's input: the one rule the server applies to a request's image
-(``service.images``) and the pipeline to a user's training images (``training.data.sources``), so training sees what
-serving sees. PIL and torch only."""
+(``service.engine.images``) and the pipeline to a user's training images (``training.data.sources``), so training
+sees what serving sees. PIL and torch only."""
 
 from __future__ import annotations
 

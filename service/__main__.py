@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.cli import settings_from_args
-from service.server import serve
+from service.launch import serve
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,22 +13,25 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from service import __doc__ as package_doc
 from service import __version__
-from service.admission import Admission
-from service.artifact import Artifact
-from service.auth import OPEN_PATHS, ApiKeyGuard, docs_paths
-from service.batching import BatchStats, BatchWorker
+from service.api.admission import Admission
+from service.api.auth import OPEN_PATHS, ApiKeyGuard, docs_paths
+from service.api.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
+from service.api.request_context import RequestContext
+from service.api.routes import feedback, health, metrics, models, oip, predict, repository
 from service.config import Settings
-from service.decoding import DecodePool
-from service.device import resolve_device
+from service.engine.artifact import Artifact
+from service.engine.batching import BatchStats, BatchWorker
+from service.engine.decoding import DecodePool
+from service.engine.device import resolve_device
+from service.engine.predictor import Predictor
+from service.engine.repository import ModelRepository
 from service.errors import register_error_handlers
-from service.feedback import FLUSH_INTERVAL_S, open_feedback_store
-from service.metrics import Metrics, mark_process_dead
-from service.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
-from service.repository import ModelRepository
-from service.request_context import RequestContext
-from service.routes import feedback, health, metrics, models, oip, predict, repository
+from service.feedback.calls import StoreCalls
+from service.feedback.configured import open_feedback_store
+from service.feedback.store import FLUSH_INTERVAL_S
+from service.observability.metrics import Metrics, mark_process_dead
+from service.observability.statistics import Statistics
 from service.state import AppState, Lifecycle
-from service.store_calls import StoreCalls
 
 log = logging.getLogger("service")
 FLUSH_TIMEOUT_S = 30.0  # one flush of the prediction log (it goes on in its thread past this; the next one waits)
@@ -65,9 +68,11 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
                                  trusted_digests=settings.trusted_digests)
     store = open_feedback_store(settings)
     store.on_drop = metrics_.prediction_log_dropped.inc
-    state = AppState(settings, device, metrics_, repository, store, lifecycle,
-                     DecodePool(settings.decode_threads), StoreCalls(settings.feedback_threads,
-                                                                     settings.feedback_timeout_s))
+    decoder = DecodePool(settings.decode_threads)
+    statistics = Statistics()
+    predictor = Predictor(settings, repository, decoder, metrics_, statistics, store)
+    state = AppState(settings, device, metrics_, repository, store, lifecycle, decoder,
+                     StoreCalls(settings.feedback_threads, settings.feedback_timeout_s), statistics, predictor)
     holder["state"] = state
     return state
 

@@ -27,11 +27,10 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from tqdm import tqdm
 
-from service import serving
+from service.api.protocol import ImageInput, Input, raw_inputs
+from service.api.routes.predict import to_response
 from service.config import Settings
 from service.errors import ApiError
-from service.protocol import ImageInput, Input
-from service.routes.predict import to_response
 from service.state import AppState
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
@@ -83,10 +82,10 @@ async def score(state: AppState, items: list[tuple[str, Input]], model: str | No
                 n_samples: int | None, seed: int | None) -> list[dict[str, Any]]:
     """One request's worth of inputs, as ``/predict`` answers them (probabilities included)."""
     started = time.perf_counter()
-    entry = serving.resolve(state, model, version)
-    count = serving.check_samples(entry, n_samples)
-    inputs = await state.decoder.run(serving.prepare_inputs, state, entry, [item for _, item in items])
-    outcome = await serving.run(state, entry, inputs, count, seed)
+    predictor = state.predictor
+    entry = predictor.resolve(model, version)
+    count = predictor.samples(entry, n_samples)
+    outcome = await predictor.predict(entry, raw_inputs([item for _, item in items]), count, seed)
     body = to_response(outcome, True, started).body
     answer = json.loads(body)
     common = {"model": answer["model"], "model_version": answer["model_version"], "n_samples": answer["n_samples"],
@@ -126,7 +125,7 @@ async def run(args: argparse.Namespace) -> int:
             state: AppState = app.state.director
             await wait_scanned(state)
             try:  # a wrong model, version or sample count fails the run here, not every input
-                serving.check_samples(serving.resolve(state, args.model, args.version), args.n_samples)
+                state.predictor.samples(state.predictor.resolve(args.model, args.version), args.n_samples)
             except ApiError as exc:
                 print(f"cannot score: {exc}", file=sys.stderr)
                 return 2

@@ -1,4 +1,5 @@
-"""Running the app under uvicorn with a graceful shutdown.
+"""One server process: the app under uvicorn with a graceful shutdown (``service.launch`` runs one, or a
+supervisor of several).
 
 On SIGTERM/SIGINT the server first reports not-ready (``draining``) for ``shutdown_grace_s`` so a load
 balancer stops sending traffic, then uvicorn stops accepting connections and waits for in-flight requests;
@@ -7,20 +8,16 @@ the lifespan then lets every queued request finish before the process exits."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import tempfile
 import threading
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
-from uvicorn.config import STARTUP_FAILURE
 
-from service import logs
 from service.config import Settings
 from service.connections import DirectorConfig
-from service.supervisor import Supervisor
+from service.observability import logs
 
 if TYPE_CHECKING:  # service.state brings torch: a supervisor parent, which serves nothing, goes without it
     from service.state import Lifecycle
@@ -71,20 +68,3 @@ def serve_on(settings: Settings, sockets: list[socket.socket] | None = None) -> 
     server = DirectorServer(uvicorn_config(app, settings), lifecycle, settings.shutdown_grace_s)
     server.run(sockets)
     return server.started
-
-
-def serve(settings: Settings) -> int:
-    """Serve until SIGTERM; the exit status. With several workers a supervisor runs ``serve_on`` in each."""
-    configure_logging(settings)
-    if settings.workers == 1:
-        return 0 if serve_on(settings) else STARTUP_FAILURE
-    # several processes: metrics go through prometheus-client's multiprocess mode; the variable has to be set
-    # before prometheus_client is imported in the workers (they inherit this environment)
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="director-prometheus-")
-        log.info("PROMETHEUS_MULTIPROC_DIR=%s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
-    sock = uvicorn_config(None, settings).bind_socket()
-    try:
-        return Supervisor(settings, sock).run()
-    finally:
-        sock.close()

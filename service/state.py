@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from service.config import Settings
-from service.decoding import DecodePool
-from service.device import Device
-from service.drift import DriftMonitor
-from service.feedback import FeedbackStore, FeedbackUnavailable, LiveStats
-from service.metrics import UNKNOWN, Metrics
-from service.repository import ModelRepository, VersionState
-from service.statistics import Statistics
-from service.store_calls import StoreCalls
+from service.engine.decoding import DecodePool
+from service.engine.device import Device
+from service.engine.predictor import Predictor
+from service.engine.repository import ModelRepository, VersionState
+from service.feedback.calls import StoreCalls
+from service.feedback.store import FeedbackStore, FeedbackUnavailable, LiveStats
+from service.observability.metrics import UNKNOWN, Metrics
+from service.observability.statistics import Statistics
 
 log = logging.getLogger("service.state")
 
@@ -45,8 +45,8 @@ class AppState:
     lifecycle: Lifecycle
     decoder: DecodePool
     store_calls: StoreCalls
-    drift: dict[tuple[str, str], DriftMonitor] = field(default_factory=dict)
-    statistics: Statistics = field(default_factory=Statistics)  # Triton's statistics extension
+    statistics: Statistics  # Triton's statistics extension
+    predictor: Predictor  # the prediction use-case the protocols share
 
     def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:
         """Bounded label values: names the repository does not know become ``unknown``."""

@@ -130,6 +130,6 @@ class Supervisor:
 
     @staticmethod
     def _mark_dead(worker: BaseProcess) -> None:
-        # prometheus-client directly, not service.metrics: the parent stays without torch
+        # prometheus-client directly, not service.observability.metrics: the parent stays without torch
         if worker.pid is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             prom_multiprocess.mark_process_dead(worker.pid)

@@ -14,7 +14,7 @@ import yaml
 from service.app import create_app
 from service.cli import build_parser
 from service.config import Settings
-from service.metrics import Metrics
+from service.observability.metrics import Metrics
 from tests.deploy.conftest import (
     COMPOSE_FILE,
     DOCKERFILE,

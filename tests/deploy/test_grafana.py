@@ -9,7 +9,7 @@ import re
 import yaml
 from prometheus_client.samples import Sample
 
-from service.metrics import Metrics
+from service.observability.metrics import Metrics
 from tests.deploy.conftest import GRAFANA_PROVISIONING, PROMETHEUS_CONFIG, compose
 from tests.deploy.promql import alert_expressions, dashboard, dashboard_expressions, panels, recorded_series, variables
 
@@ -125,8 +125,8 @@ def test_ood_scores_are_drawn_per_model() -> None:
 
 
 def test_queries_name_only_metrics_that_exist() -> None:
-    """Every metric name in the dashboard and alert queries is exported by service/metrics.py, recorded by our
-    rule files, or a Prometheus built-in; a typo fails here before any live run."""
+    """Every metric name in the dashboard and alert queries is exported by service/observability/metrics.py,
+    recorded by our rule files, or a Prometheus built-in; a typo fails here before any live run."""
     known = exported_series() | recorded_series() | {"up", "ALERTS"}
     queries = [e.expr for e in dashboard_expressions() + alert_expressions()]
     queries += [v["query"]["query"] for v in variables()]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from service.artifact import Artifact, read_manifest, validate_manifest
-from service.device import Device, DeviceOutOfMemory, resolve_device
-from service.inference import forward_rows
+from service.engine.artifact import Artifact, read_manifest, validate_manifest
+from service.engine.codecs.image import ImageBatch, ImageCodec
+from service.engine.device import Device, DeviceOutOfMemory, resolve_device
 from tests.gpu.conftest import needs_cuda
 from tests.service.conftest import metric_value, one_batch, random_pixels, serve, settings_for
 
@@ -59,13 +59,16 @@ def test_a_real_out_of_memory_fails_the_batch_and_the_device_goes_on(cuda_artifa
     device.on_out_of_memory = lambda: counted.append(1)
     pixels = torch.rand(2, 1, 28, 28)  # [2, 1, 28, 28]
     manifest = validate_manifest(read_manifest(cuda_artifact))
-    hog = Artifact(cuda_artifact, manifest, Hog())  # type: ignore[arg-type]
+    codec = ImageCodec.load(manifest, cuda_artifact)
+    cost = codec.batch_cost(16, 0)
+    hog = Artifact(cuda_artifact, manifest, Hog(), codec)  # type: ignore[arg-type]
     with pytest.raises(DeviceOutOfMemory):
-        forward_rows(hog, device, pixels, [2, 2], max_batch_samples=16)
+        codec.forward(hog.rows, device, ImageBatch(pixels), [2, 2], cost, None)
     assert counted == [1]
     module = torch.jit.load(str(cuda_artifact / "director.ts"), map_location="cuda").eval()
-    rows, errors = forward_rows(Artifact(cuda_artifact, manifest, module), device, pixels, [2, 3],
-                                max_batch_samples=16)
+    served = Artifact(cuda_artifact, manifest, module, codec)
+    forward = codec.forward(served.rows, device, ImageBatch(pixels), [2, 3], cost, None)
+    rows, errors = forward.rows, forward.scores
     assert errors is None or (errors.shape == (2,) and torch.isfinite(errors).all())
     assert rows.shape[0] == 5 and rows.device.type == "cpu" and torch.isfinite(rows).all()
     assert isinstance(device, Device) and not device.lock.locked()

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
-from service.admission import Target, match
-from service.batching import BatchWorker
+from service.api.admission import Target, match
+from service.engine.batching import BatchWorker
 from tests.service.conftest import Running, copy_version, metric_value, random_pixels, raw_request, serve, settings_for
 
 KEY = "s3cret"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.decoding import THREAD_PREFIX
+from service.engine.decoding import THREAD_PREFIX
 from tests.service.conftest import TEXT_MODEL, Running, png_base64, random_pixels, serve, settings_for, wait_for
 
 SIDE = 2000  # 4 M pixels, the default per-image limit

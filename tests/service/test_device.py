@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from artifact.contract import MANIFEST, parse_manifest
-from service import device as device_module
-from service.artifact import Artifact, warm_up_buckets
-from service.device import (
+from service.engine import device as device_module
+from service.engine.artifact import Artifact, warm_up_buckets
+from service.engine.codecs.image import ImageBatch, ImageCodec
+from service.engine.codecs.text import pad_tokens
+from service.engine.device import (
     DEVICE_DEFAULTS,
     Device,
     DeviceOutOfMemory,
@@ -24,9 +26,8 @@ from service.device import (
     cpu_forward_slots,
     resolve_device,
 )
-from service.inference import forward_rows
-from service.metrics import Metrics
-from service.shapes import WARM_CALLS, BatchShapes, Padding, bucket, bucket_sizes, pad_tokens, warm_counts
+from service.engine.shapes import WARM_CALLS, BatchShapes, Padding, bucket, bucket_sizes, warm_counts
+from service.observability.metrics import Metrics
 from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value, random_pixels, serve, settings_for
 
 
@@ -90,11 +91,11 @@ def test_bucket_sizes_are_powers_of_two_then_the_budget() -> None:
 
 def test_padding_goes_to_the_last_real_input_and_empty_padding_inputs() -> None:
     shapes = BatchShapes(max_batch_samples=16, max_batch_tokens=64, buckets=True)
-    padding = shapes.padding([2, 3, 1])  # 3 inputs, 6 rows -> 4 inputs, 8 rows
+    padding = shapes.padding([2, 3, 1], 16)  # 3 inputs, 6 rows -> 4 inputs, 8 rows
     assert padding == Padding(inputs=4, rows=8, real_inputs=3, real_rows=6)
     assert padding.repeats([2, 3, 1]).tolist() == [2, 3, 3, 0]
-    assert BatchShapes(16, 64, buckets=False).padding([2, 3, 1]) == Padding(3, 6, 3, 6)
-    assert shapes.padding([2, 3], text=True).rows == 8  # text rows are bounded by max_batch_tokens / 8 = 8
+    assert BatchShapes(16, 64, buckets=False).padding([2, 3, 1], 16) == Padding(3, 6, 3, 6)
+    assert shapes.padding([2, 3], 8).rows == 8  # the largest bucket: text rows are bounded by max_batch_tokens / 8
 
 
 def test_text_padding_inputs_show_one_pad_token() -> None:
@@ -125,7 +126,15 @@ def image_artifact(module: torch.nn.Module, tmp_path: Path) -> Artifact:
     manifest = committed.model_copy(update={
         "labels": ["a", "b"], "input": committed.input.model_copy(update={"channels": 1, "height": 2, "width": 2}),
         "sampling": committed.sampling.model_copy(update={"default_samples": 2, "max_samples": 8})})
-    return Artifact(tmp_path, manifest, module)  # type: ignore[arg-type]
+    return Artifact(tmp_path, manifest, module, ImageCodec((1, 2, 2)))  # type: ignore[arg-type]
+
+
+def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repeats: list[int], max_batch_samples: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The image codec's forwards of ``pixels`` within a budget of ``max_batch_samples`` rows."""
+    cost = artifact.codec.batch_cost(max_batch_samples, 0)
+    forward = artifact.codec.forward(artifact.rows, device, ImageBatch(pixels), repeats, cost, None)
+    return forward.rows, forward.scores
 
 
 def test_padding_rows_never_reach_the_caller(tmp_path: Path) -> None:
@@ -151,7 +160,7 @@ def test_every_bucket_is_warmed_before_ready(tmp_path: Path) -> None:
     for rows in bucket_sizes(16):
         for inputs in {1, rows}:
             assert module.calls.count((inputs, rows)) == WARM_CALLS, (inputs, rows)
-    assert len(module.calls) == WARM_CALLS * len(list(warm_counts(shapes, text=False)))
+    assert len(module.calls) == WARM_CALLS * len(list(warm_counts(16)))
 
 
 # ---------------------------------------------------------------------------------------------- out of memory

@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import pytest
 
-from service.drift import DriftMonitor
-from service.feedback import FLUSH_CHUNK, FeedbackStore, FeedbackUnavailable, live_ece
-from service.feedback_postgres import PostgresFeedbackStore
-from service.feedback_sqlite import SqliteFeedbackStore
+from service.feedback.postgres import PostgresFeedbackStore
+from service.feedback.sqlite import SqliteFeedbackStore
+from service.feedback.store import FLUSH_CHUNK, FeedbackStore, FeedbackUnavailable, live_ece
+from service.observability.drift import DriftMonitor
 from tests.service.conftest import Running, metric_value, random_pixels, serve, settings_for
 
 

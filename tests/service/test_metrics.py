@@ -1,4 +1,4 @@
-"""service/metrics.py on its own: the collectors its registry carries and the series it exposes."""
+"""service/observability/metrics.py on its own: the collectors its registry carries and the series it exposes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models.uncertainty import UncertaintySummary, summarize
-from service.metrics import Metrics, _WorkerProcesses
+from service.observability.metrics import Metrics, _WorkerProcesses
 from tests.service.conftest import metric_value
 
 

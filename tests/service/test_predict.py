@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from service.protocol import PredictResponse
+from service.api.protocol import PredictResponse
 from tests.service.conftest import Running, metric_value, png_base64, random_pixels
 
 

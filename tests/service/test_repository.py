@@ -130,7 +130,7 @@ def test_new_version_is_picked_up_while_requests_run(tiny_artifact: Path, tmp_pa
 
 def test_loaded_versions_are_frozen_out_of_garbage_collection_until_shutdown(tiny_artifact: Path,
                                                                               tmp_path: Path) -> None:
-    """Full collections would otherwise walk every model object on the event loop (service/heap.py); a removed
+    """Full collections would otherwise walk every model object on the event loop (service/engine/heap.py); a removed
     version, once drained, is still freed although it had been frozen."""
     repository = tmp_path / "repo"
     copy_version(tiny_artifact, repository, "tiny", "1")

@@ -1,5 +1,5 @@
-"""Request ids, W3C trace context, the access log and JSON log lines (``service.request_context``, ``service.logs``),
-over a real server."""
+"""Request ids, W3C trace context, the access log and JSON log lines (``service.api.request_context``,
+``service.observability.logs``), over a real server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.logs import JsonFormatter
+from service.observability.logs import JsonFormatter
 from tests.service.conftest import Running, serve, settings_for
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

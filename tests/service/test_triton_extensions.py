@@ -1,5 +1,5 @@
-"""Triton's model-configuration and statistics extensions (``service.model_config``, ``service.statistics``),
-read by the real tritonclient[http] client over a real server."""
+"""Triton's model-configuration and statistics extensions (``service.api.model_config``,
+``service.observability.statistics``), read by the real tritonclient[http] client over a real server."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from service.artifact import ood_rule
+from service.engine.artifact import ood_rule
 from tests.service.conftest import TEXT_MODEL, Running, copy_version, serve, settings_for
 from tests.service.test_oip import pixels_input
 

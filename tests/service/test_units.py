@@ -12,14 +12,27 @@ import torch
 from pydantic import ValidationError
 
 from artifact.contract import Ood
-from service.artifact import ArtifactError, ood_rule, validate_manifest
+from artifact.contract import TextInput as TextSpec
 from service.cli import build_parser, settings_from_args
 from service.config import Settings
-from service.inference import chunks_by_rows, chunks_by_tokens
-from service.metrics import REJECT_REASONS, Metrics, reference_values
-from service.repository import version_key
-from service.texts import pad_batch, padded_length
+from service.engine.artifact import ArtifactError, ood_rule, validate_manifest
+from service.engine.codecs.image import ImageCodec
+from service.engine.codecs.text import TextCodec
+from service.engine.inference import chunks_by_cost
+from service.engine.repository import version_key
+from service.engine.texts import pad_batch, padded_length
+from service.observability.metrics import REJECT_REASONS, Metrics, reference_values
 from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value
+
+
+def chunks_by_rows(repeats: list[int], max_batch_samples: int) -> list[slice]:
+    return chunks_by_cost(repeats, [0] * len(repeats), ImageCodec((1, 2, 2)).batch_cost(max_batch_samples, 0))
+
+
+def chunks_by_tokens(lengths: list[int], repeats: list[int], max_batch_tokens: int, max_length: int) -> list[slice]:
+    spec = TextSpec(tokenizer="tokenizer.json", max_length=max_length, max_characters=100, padding={"pad_id": 0})
+    cost = TextCodec(spec, None).batch_cost(0, max_batch_tokens)  # type: ignore[arg-type]  # no tokenizer needed
+    return chunks_by_cost(repeats, lengths, cost)
 
 
 def test_chunks_bound_rows_and_keep_order() -> None:

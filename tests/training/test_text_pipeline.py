@@ -247,8 +247,8 @@ def test_text_deterministic_baseline_exports_compactly_and_loads_in_the_server(e
                                                                                 tmp_path: Path) -> None:
     """``export-baseline --method deterministic`` on a text run: the fine-tuned encoder as plain modules (float16
     layers, int8 table) with its tokenizer, passing the server's own validation; its logits are the backbone's."""
-    from service.artifact import load_artifact
-    from service.device import resolve_device
+    from service.engine.artifact import load_artifact
+    from service.engine.device import resolve_device
     from training.cli import main
     from training.loading import load_backbone
 

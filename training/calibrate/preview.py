@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig
-from training.data.images import image_store
+from training.data.image_task import image_store
 from training.data.sources import DataError, check_class_count
 from training.families.checkpoint import Checkpoint, checkpoint_tokenizer
 

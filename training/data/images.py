@@ -14,7 +14,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from training.config import USER_IMAGE_DATASET, PipelineConfig
 from training.data.image_file import ImageFile
 
 FASHION_MNIST_LABELS = [
@@ -151,31 +150,6 @@ def load_cifar(name: str, root: str | Path) -> tuple[Split, Split, list[str]]:
         splits.append(Split(images, torch.tensor(ds.targets, dtype=torch.long)))
         labels = list(ds.classes)
     return splits[0], splits[1], labels
-
-
-def load_image_dataset(cfg: PipelineConfig) -> Dataset:
-    """The image task a config names: a user's image folder (``data.dataset: image_folder``, converted to
-    ``data.image_shape`` as the server will convert uploads; ``training.data.sources``) or a built-in dataset."""
-    data = cfg.data
-    if data.dataset != USER_IMAGE_DATASET:
-        loaded = load_dataset(data.dataset, data.root, data.val_size, data.split_seed, data.train_limit,
-                              data.test_limit)
-        if data.image_shape is None:
-            return loaded
-        size = tuple(data.image_shape[1:])
-        return Dataset(*(Split(resized(s.images, size), s.labels) for s in (loaded.train, loaded.val, loaded.test)),
-                       labels=loaded.labels)
-    from training.data.sources import load_image_folder
-
-    channels, height, width = data.image_shape or (0, 0, 0)
-    loaded, _ = load_image_folder(Path(data.root), channels, height, width, data.labels or None, data.val_fraction,
-                                  data.test_fraction, data.split_seed, store=image_store(cfg))
-    return Dataset(loaded.train.head(data.train_limit), loaded.val, loaded.test.head(data.test_limit), loaded.labels)
-
-
-def image_store(cfg: PipelineConfig) -> Path:
-    """Where a run keeps a user's decoded images (``ImageFile``), shared by its stages."""
-    return Path(cfg.run_dir) / "images"
 
 
 def resized(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

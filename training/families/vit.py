@@ -14,7 +14,8 @@ from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
 from models.vit_view import VitTransitionView
 from training.config import PipelineConfig, config_dict
-from training.data.images import Dataset, Split, load_image_dataset
+from training.data.image_task import load_image_dataset
+from training.data.images import Dataset, Split
 from training.data.tokens import TokenDataset
 from training.data.unlabeled import perturbed_images
 from training.families.base import View

@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from models.backbones import build_vit
 from training.config import PipelineConfig, config_dict
-from training.data.images import augment, batches, load_image_dataset
+from training.data.image_task import load_image_dataset
+from training.data.images import augment, batches
 from training.fit.pretrained import pretrained_fit_task
 from training.fit.task import Batch, FitTask, evaluate_backbone
 from training.loading import BACKBONE_FILE

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from training.config import PipelineConfig
-from training.data.images import augment, batches, load_image_dataset
+from training.data.image_task import load_image_dataset
+from training.data.images import augment, batches
 from training.data.tokens import TOKENIZER_FILE, raw_text_task, token_batches, tokenize_dataset
 from training.families.checkpoint import checkpoint_tokenizer, inspect_checkpoint, load_classifier
 from training.fit.task import Batch, FitTask, evaluate_backbone

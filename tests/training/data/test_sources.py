@@ -111,7 +111,7 @@ def test_image_folder_with_carved_splits(image_root: Path) -> None:
 
 
 def test_image_conversion_is_the_servers(image_root: Path) -> None:
-    server = pytest.importorskip("service.images")
+    server = pytest.importorskip("service.engine.images")
     for path in sorted(image_root.glob("*/img*")):
         for shape in ((3, 24, 24), (1, 24, 24), (3, 20, 30)):
             ours, _ = read_image(path, *shape)

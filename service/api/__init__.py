@@ -1,0 +1,1 @@
+"""The HTTP API: routes, protocol schemas and their encoders, auth, admission, middleware."""

@@ -1,0 +1,97 @@
+"""A served model version as Triton's JSON model configuration (``GET /v2/models/{m}[/versions/{v}]/config``), so
+that Triton's clients (tritonclient's ``get_model_config``, perf_analyzer, Model Analyzer) can read what the
+server does: its inputs and outputs with their types and dims, its dynamic batching and queue, the device it runs
+on, and DIRECTOR's sampling and OOD settings under ``parameters`` (every value a string, as Triton's are).
+docs/api.md ("Triton and KServe") lists what each field means here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from service.config import Settings
+from service.engine.artifact import Artifact, ood_rule
+from service.engine.codecs.base import TensorSpec
+from service.engine.device import Device
+
+# the OIP outputs as Triton types, each per input (one element: dims [1] reshaped to [] as Triton writes a scalar)
+SCALAR_OUTPUTS = {"confidence": "FP32", "predictive_entropy": "FP32", "expected_entropy": "FP32",
+                  "mutual_information": "FP32", "ood_score": "FP32", "is_ood": "BOOL", "label": "BYTES",
+                  "class_index": "INT64"}
+TRITON_TYPES = {"FP32": "TYPE_FP32", "BOOL": "TYPE_BOOL", "BYTES": "TYPE_STRING", "INT64": "TYPE_INT64"}
+
+
+def _tensor(spec: TensorSpec) -> dict[str, Any]:
+    """One per-input tensor without its batch dimension; one element is dims [1] reshaped to [], as Triton writes a
+    scalar."""
+    config: dict[str, Any] = {"name": spec.name, "data_type": TRITON_TYPES[spec.datatype]}
+    if spec.layout is not None:
+        config["format"] = spec.layout
+    config["dims"] = list(spec.dims)
+    if spec.dims == (1,):
+        config["reshape"] = {"shape": []}
+    return config
+
+
+def io_config(artifact: Artifact) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Inputs and outputs without their batch dimension (``max_batch_size`` > 0): the codec's input tensor, the
+    prediction's outputs and the codec's per-input extras."""
+    codec = artifact.codec
+    outputs = [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [len(artifact.labels)],
+                "label_filename": ""}]
+    outputs += [_tensor(TensorSpec(name, kind, (1,))) for name, kind in SCALAR_OUTPUTS.items()]
+    outputs += [_tensor(spec) for spec in codec.extra_outputs]
+    return [_tensor(codec.tensor)], outputs
+
+
+def parameters(artifact: Artifact, device: Device) -> dict[str, dict[str, str]]:
+    """DIRECTOR's settings that have no Triton field: sampling, the OOD rule, the batch budgets."""
+    manifest = artifact.manifest
+    values: dict[str, Any] = {
+        "method": manifest.method,
+        "modality": manifest.modality,
+        "n_samples_default": artifact.default_samples,
+        "n_samples_max": artifact.max_samples,
+        "temperature": artifact.temperature,
+        "ood_score": ood_rule(manifest.ood, artifact.default_samples).score,  # at the default sample count
+        "ood_thresholds": json.dumps({str(k): v.threshold for k, v in sorted(manifest.ood.thresholds.items())}),
+        "labels": json.dumps(artifact.labels),
+    }
+    cost = artifact.codec.batch_cost(device.shapes.max_batch_samples, device.shapes.max_batch_tokens)
+    values[cost.setting] = cost.budget
+    values |= artifact.codec.parameters()
+    return {key: {"string_value": str(value)} for key, value in values.items()}
+
+
+def model_config(name: str, artifact: Artifact, settings: Settings, device: Device) -> dict[str, Any]:
+    inputs, outputs = io_config(artifact)
+    cuda = device.torch_device.type == "cuda"
+    instance = {"name": f"{name}_0", "kind": "KIND_GPU" if cuda else "KIND_CPU", "count": 1}
+    if cuda:
+        instance["gpus"] = [device.torch_device.index or 0]
+    return {
+        "name": name,
+        "platform": "pytorch_libtorch",
+        "backend": "pytorch",
+        # every version in the repository is served (requests name one, or get the highest ready one)
+        "version_policy": {"all": {}},
+        # inputs per request; a request's cost is also bounded in samples (DIRECTOR_MAX_REQUEST_BATCHES)
+        "max_batch_size": settings.max_inputs_per_request,
+        "input": inputs,
+        "output": outputs,
+        "batch_input": [],
+        "batch_output": [],
+        "dynamic_batching": {
+            "preferred_batch_size": [],
+            "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
+            "preserve_ordering": False,
+            "priority_levels": 0,
+            "default_queue_policy": {"timeout_action": "REJECT",
+                                     "default_timeout_microseconds": int(settings.request_timeout_s * 1e6),
+                                     "allow_timeout_override": False, "max_queue_size": settings.max_queue},
+        },
+        "instance_group": [instance],
+        "default_model_filename": "director.ts",
+        "parameters": parameters(artifact, device),
+        "model_warmup": [],
+    }

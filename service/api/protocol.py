@@ -1,0 +1,210 @@
+"""Request and response schemas of the JSON API (``/predict``, ``/feedback``, ``/models``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+from service.engine.codecs.base import Base64Image, Loc, PixelValues, RawInput, Text
+from service.engine.texts import surrogate_message
+
+SEED_MAX = 2**63 - 1
+NAME_MAX = 256  # characters of a model or version name in a request
+INDEX_MAX = 2**63 - 1  # the largest integer SQLite stores (the feedback store's input index column)
+
+
+def _unicode(text: str) -> str:
+    message = surrogate_message(text)
+    if message is not None:
+        raise ValueError(f"string {message}")
+    return text
+
+
+UnicodeStr = Annotated[str, AfterValidator(_unicode)]
+
+
+class ImageInput(BaseModel):
+    """An encoded PNG or JPEG image, converted to the model's channels and size (see docs/api.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    image_base64: str = Field(..., description="base64 (standard alphabet) of a PNG or JPEG file")
+
+    def raw(self, loc: Loc) -> RawInput:
+        return Base64Image(self.image_base64, [*loc, "image_base64"])
+
+
+class PixelsInput(BaseModel):
+    """Pixels already in the model's layout: ``[H, W]`` (1-channel models) or ``[C, H, W]``, floats in [0, 1]."""
+
+    model_config = ConfigDict(extra="forbid")
+    pixels: list[Any] = Field(..., description="nested list [C][H][W] (or [H][W]) of floats in [0, 1]")
+
+    def raw(self, loc: Loc) -> RawInput:
+        return PixelValues(self.pixels, [*loc, "pixels"])
+
+
+class TextInput(BaseModel):
+    """A text string, for text models (sent to an image model it is refused with 422). Tokenised with the model's
+    own tokenizer and truncated to the manifest's ``input.max_length`` tokens; the prediction reports ``tokens``,
+    ``truncated`` and ``dropped_tokens``."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(..., description="raw text, not empty; longer than the model's character limit (min of the "
+                                       "manifest's input.max_characters and DIRECTOR_MAX_TEXT_CHARS) -> 413")
+
+    def raw(self, loc: Loc) -> RawInput:
+        return Text(self.text, [*loc, "text"])
+
+
+Input = ImageInput | PixelsInput | TextInput
+
+
+def raw_inputs(inputs: list[Input]) -> list[RawInput]:
+    """A request's JSON inputs as the model codecs take them, each with where it was in the request."""
+    return [item.raw(["body", "inputs", i]) for i, item in enumerate(inputs)]
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model: UnicodeStr | None = Field(None, max_length=NAME_MAX, description="model name; the server's default model "
+                                                                            "when omitted")
+    version: UnicodeStr | None = Field(None, max_length=NAME_MAX, description="model version; the highest ready "
+                                                                              "version when omitted")
+    inputs: list[Input] = Field(..., min_length=1, description="one or more inputs, answered in order")
+    # strict: true, "8" and 4.0 are not sample counts or seeds (a client sending them has a bug worth hearing about)
+    n_samples: int | None = Field(None, ge=1, strict=True, description="stochastic samples per input (a JSON "
+                                  "integer), 1..manifest max_samples; the manifest's default_samples when omitted")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, strict=True, description="run alone under "
+                             "torch.manual_seed(seed) (a JSON integer): the same request gives the same answer")
+    return_probabilities: bool = Field(True, strict=True, description="include the label -> probability map per "
+                                                                      "input")
+
+
+class Prediction(BaseModel):
+    index: int = Field(..., description="position of the input in the request")
+    label: str = Field(..., description="predicted label: argmax of the mean probability over samples")
+    class_index: int = Field(..., description="index of the label in the manifest's labels")
+    confidence: float = Field(..., description="max of the mean probability over samples")
+    probabilities: dict[str, float] | None = Field(None, description="label -> mean probability over samples")
+    predictive_entropy: float = Field(..., description="entropy of the mean probability, nats")
+    expected_entropy: float = Field(..., description="mean over samples of each sample's entropy, nats")
+    mutual_information: float = Field(..., description="predictive - expected entropy (>= 0; 0 at n_samples=1), "
+                                                       "nats")
+    ood_score: float = Field(..., description="the manifest's OOD score for this sample count; higher = more OOD")
+    is_ood: bool = Field(..., description="ood_score > the threshold passing 95% of in-distribution validation "
+                                          "inputs")
+    tokens: int | None = Field(None, description="text models: tokens the model read, [CLS]/[SEP] included (at most "
+                                                 "the manifest's input.max_length)")
+    truncated: bool | None = Field(None, description="text models: true when the text had more tokens than "
+                                                     "input.max_length and was truncated as the manifest says")
+    dropped_tokens: int | None = Field(None, description="text models: tokens cut off by truncation (0 if none)")
+
+
+class OodInfo(BaseModel):
+    score: str = Field(..., description="name of the OOD score (max_softmax, predictive_entropy, "
+                                        "mutual_information, energy)")
+    threshold: float = Field(..., description="is_ood = ood_score > threshold")
+    calibrated_n_samples: int = Field(..., description="sample count the threshold was calibrated at")
+    note: str | None = Field(None, description="set when n_samples has no calibrated threshold of its own")
+
+
+class Timings(BaseModel):
+    queue_ms: float = Field(..., description="wait in the model's queue")
+    inference_ms: float = Field(..., description="forward + summaries of the batch this request ran in")
+    total_ms: float = Field(..., description="server time from request to response")
+    batch_requests: int = Field(..., description="requests that shared the forward")
+    batch_rows: int = Field(..., description="sampled rows in the forward (inputs x n_samples, summed)")
+    batch_padded_length: int | None = Field(None, description="text models: the width the batch's token ids were "
+                                                              "right-padded to (its longest text rounded up to a "
+                                                              "multiple of 8)")
+
+
+class PredictResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    id: str = Field(..., description="request id; quote it in /feedback")
+    model: str = Field(..., description="model that answered")
+    model_version: str = Field(..., description="version that answered")
+    n_samples: int = Field(..., description="stochastic samples per input that were run")
+    ood: OodInfo = Field(..., description="the OOD rule applied to every input at this sample count")
+    predictions: list[Prediction] = Field(..., description="one per input, in request order")
+    timings: Timings = Field(..., description="where the server's time went")
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: UnicodeStr = Field(..., min_length=1, max_length=64, description="the id of a /predict response")
+    index: int = Field(0, ge=0, le=INDEX_MAX, strict=True, description="input index in that request")
+    label: UnicodeStr | StrictInt = Field(..., description="true label: a label name or a class index (a JSON "
+                                                           "integer)")
+
+    @model_validator(mode="after")
+    def _no_bool(self) -> FeedbackRequest:
+        if isinstance(self.label, bool):
+            raise ValueError("label must be a label name or a class index")
+        return self
+
+
+class FeedbackResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    id: str = Field(..., description="request id the label was joined to")
+    index: int = Field(..., description="input index in that request")
+    model: str = Field(..., description="model that made the prediction")
+    model_version: str = Field(..., description="version that made the prediction")
+    correct: bool = Field(..., description="the logged prediction equals the reported label")
+    live_accuracy: float | None = Field(..., description="accuracy over the latest labelled predictions of the "
+                                                         "version (DIRECTOR_FEEDBACK_WINDOW)")
+    live_ece: float | None = Field(..., description="expected calibration error (15 equal-width bins, as the "
+                                                    "manifest's reference) over the same window")
+    labelled: int = Field(..., description="labelled predictions behind the live figures")
+
+
+class VersionInfo(BaseModel):
+    version: str = Field(..., description="version folder name")
+    state: str = Field(..., description="ready | loading | unavailable")
+    reason: str | None = Field(None, description="why the version is unavailable")
+    reload_error: str | None = Field(None, description="set while a ready version's changed folder failed to load: "
+                                                        "why; the version keeps serving the files it loaded before")
+    method: str | None = Field(None, description="the manifest's method: director, deterministic, mc_dropout or "
+                                                  "ensemble")
+    modality: str | None = Field(None, description="image or text")
+    default_samples: int | None = Field(None, description="n_samples when a request gives none")
+    max_samples: int | None = Field(None, description="largest n_samples accepted")
+    loaded_at: float | None = Field(None, description="unix time the version became ready")
+    queue_depth: int | None = Field(None, description="requests waiting for a batch")
+    input: dict[str, Any] | None = Field(None, description="the manifest's input section (image: channels, height, "
+                                                           "width; text: tokenizer, max_length, max_characters, "
+                                                           "truncation, padding)")
+    max_text_characters: int | None = Field(None, description="text models: the longest text accepted, min of "
+                                                              "input.max_characters and DIRECTOR_MAX_TEXT_CHARS")
+    samples_informative: bool | None = Field(None, description="whether n_samples > 1 changes anything measurable "
+                                                              "on this version, from what its export measured (null: "
+                                                              "not measured, or the version is not loaded)")
+    samples_note: str | None = Field(None, description="the evidence behind samples_informative, in words")
+
+
+class ModelSummary(BaseModel):
+    name: str = Field(..., description="model folder name")
+    default_version: str | None = Field(None, description="highest ready version")
+    versions: list[VersionInfo] = Field(..., description="every version in the repository, lowest first")
+
+
+class ModelList(BaseModel):
+    default_model: str = Field(..., description="model used when a request names none")
+    models: list[ModelSummary] = Field(..., description="every model in the repository")
+
+
+class ModelDetail(ModelSummary):
+    manifest: dict[str, Any] | None = Field(None, description="manifest of the default (or requested) version")
+    reference: dict[str, Any] | None = Field(None, description="reference calibration: validation accuracy, ECE, "
+                                                              "NLL and confidence/entropy quantiles")
+
+
+class Health(BaseModel):
+    status: str = Field(..., description="alive (/health/live), ready or not_ready")
+    draining: bool = Field(False, description="shutting down: finishing queued requests, accepting none")
+    models: dict[str, dict[str, str]] = Field(default_factory=dict, description="model -> version -> state")
+    missing_required: list[str] = Field(default_factory=list, description="DIRECTOR_REQUIRED_MODELS that are "
+                                                                           "not ready")
+    saturated: list[str] = Field(default_factory=list, description="the default model or DIRECTOR_REQUIRED_MODELS "
+                                                                    "whose queue is full (predictions refused)")

@@ -1,0 +1,48 @@
+"""POST /feedback: join a delayed true label to a logged prediction; updates live accuracy and ECE."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from service.api.deps import AppStateDep, require_api_key
+from service.api.protocol import FeedbackRequest, FeedbackResponse
+from service.errors import ERROR_RESPONSES, invalid, not_found, overloaded
+from service.feedback.store import FeedbackUnavailable
+
+router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+@router.post("/feedback", response_model=FeedbackResponse, summary="Report the true label of a prediction")
+async def feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
+    try:
+        return await record_feedback(body, state)
+    except FeedbackUnavailable as exc:  # a store that is down, locked, full or slow: the label can be sent again
+        raise overloaded(str(exc), retry_after_s=5) from exc
+
+
+async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
+    store = state.feedback
+    calls = state.store_calls
+    logged = await calls.run(store.lookup, body.id, body.index)
+    if logged is None:
+        raise not_found(f"no logged prediction {body.id!r} input {body.index} (unknown, or pruned)")
+    entry = state.repository.get(logged.model, logged.version)
+    labels = entry.artifact.labels if entry is not None and entry.artifact is not None else None
+    if isinstance(body.label, int):
+        if labels is not None and not 0 <= body.label < len(labels):
+            raise invalid(f"label index {body.label} outside 0..{len(labels) - 1}", ["body", "label"])
+        correct = body.label == logged.class_index
+    else:
+        if labels is not None and body.label not in labels:
+            raise invalid(f"unknown label {body.label!r}; labels: {labels}", ["body", "label"])
+        correct = body.label == logged.label
+    await calls.run(store.record, body.id, body.index, correct)
+    stats = await calls.run(store.live_stats, logged.model, logged.version)
+    model, version = state.metric_labels(logged.model, logged.version)
+    state.metrics.feedback.labels(model, version).inc()
+    if stats is not None:
+        state.metrics.live_accuracy.labels(model, version).set(stats.accuracy)
+        state.metrics.live_ece.labels(model, version).set(stats.ece)
+    return FeedbackResponse(id=body.id, index=body.index, model=logged.model, model_version=logged.version,
+                            correct=correct, live_accuracy=stats.accuracy if stats else None,
+                            live_ece=stats.ece if stats else None, labelled=stats.n if stats else 0)

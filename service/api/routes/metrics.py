@@ -1,0 +1,20 @@
+"""GET /metrics in the Prometheus text format (no API key)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from service.api.deps import AppStateDep
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
+            responses={200: {"content": {"text/plain": {}}}})
+async def metrics(state: AppStateDep) -> Response:
+    await state.refresh_live_gauges()  # replicas sharing a store report the same values; bounded by its timeout
+    state.metrics.observe_device_memory(state.device.memory_stats())
+    state.metrics.prediction_log_pending.set(state.feedback.pending)
+    return Response(state.metrics.expose(), media_type=CONTENT_TYPE_LATEST)

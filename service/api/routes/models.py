@@ -1,0 +1,65 @@
+"""GET /models, /models/{name}, /models/{name}/versions/{version}: manifests, states and reasons."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from artifact.contract import samples_verdict
+from service.api.deps import AppStateDep, require_api_key
+from service.api.protocol import ModelDetail, ModelList, ModelSummary, VersionInfo
+from service.engine.repository import ModelVersion
+from service.errors import ERROR_RESPONSES, not_found, shown
+from service.state import AppState
+
+router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
+    sampling = entry.manifest.get("sampling", {}) if isinstance(entry.manifest.get("sampling"), dict) else {}
+    section = entry.manifest.get("input")
+    ready = entry.ready()
+    text_limit = ready.artifact.codec.max_characters(state.predictor.limits) if ready is not None else None
+    verdict = samples_verdict(ready.artifact.manifest) if ready is not None else None
+    return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
+                       reload_error=entry.reload_error,
+                       method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
+                       default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
+                       loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None,
+                       input=section if isinstance(section, dict) else None, max_text_characters=text_limit,
+                       samples_informative=verdict.informative if verdict else None,
+                       samples_note=verdict.note if verdict else None)
+
+
+def summary(state: AppState, name: str) -> ModelSummary:
+    default = state.repository.default_version(name)
+    return ModelSummary(name=name, default_version=default.version if default else None,
+                        versions=[version_info(state, v) for v in state.repository.versions(name)])
+
+
+def detail(state: AppState, name: str, entry: ModelVersion | None) -> ModelDetail:
+    manifest = entry.manifest if entry is not None and entry.manifest else None
+    return ModelDetail(**summary(state, name).model_dump(), manifest=manifest,
+                       reference=manifest.get("reference") if manifest else None)
+
+
+@router.get("/models", response_model=ModelList, summary="All models and versions with their state")
+async def list_models(state: AppStateDep) -> ModelList:
+    return ModelList(default_model=state.settings.default_model,
+                     models=[summary(state, name) for name in sorted(state.repository.models)])
+
+
+@router.get("/models/{name}", response_model=ModelDetail,
+            summary="A model: versions, states, and the default version's manifest and reference calibration")
+async def get_model(name: str, state: AppStateDep) -> ModelDetail:
+    if not state.repository.is_known(name):
+        raise not_found(f"unknown model {shown(name)}")
+    versions = state.repository.versions(name)
+    return detail(state, name, state.repository.default_version(name) or versions[-1])
+
+
+@router.get("/models/{name}/versions/{version}", response_model=ModelDetail,
+            summary="One version of a model with its manifest")
+async def get_model_version(name: str, version: str, state: AppStateDep) -> ModelDetail:
+    if not state.repository.is_known(name, version):
+        raise not_found(f"unknown model {shown(name)} version {shown(version)}")
+    return detail(state, name, state.repository.get(name, version))

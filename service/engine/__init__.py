@@ -1,0 +1,2 @@
+"""The inference engine: artifacts, the model repository, batching, devices and the
+prediction use-case."""

@@ -1,0 +1,248 @@
+"""One artifact folder (``<model>/<version>/``): manifest validation, sha256 check, TorchScript load, its input codec
+(``service.engine.codecs``: for text models the tokenizer), warm-up (every shape bucket where the device pads to
+them), and the manifest lookups the server needs (the OOD threshold for a sample count)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from artifact.contract import (
+    ARTIFACT,
+    Manifest,
+    ManifestError,
+    Ood,
+    escaping_files,
+    parse_manifest,
+    read_document,
+    verify_files,
+)
+from models.uncertainty import INPUT_SCORES, KERNEL_ERROR, OOD_SCORES, SERVED_SCORES, ScoreTerm, needs_input_scores
+from service.engine.codecs import codec_for
+from service.engine.codecs.base import Codec
+from service.engine.device import Device
+from service.engine.shapes import WARM_CALLS, warm_counts
+
+
+class ArtifactError(Exception):
+    """The folder is not a servable artifact; the message becomes the model's ``reason``."""
+
+
+@dataclass(frozen=True)
+class OodRule:
+    """The OOD score and threshold used for a request's sample count."""
+
+    score: str
+    threshold: float
+    calibrated_samples: int  # the sample count the threshold was set at
+    note: str | None = None
+    terms: tuple[ScoreTerm, ...] = ()  # the manifest's combination (score "combined")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The folder's manifest as written, shown by ``GET /models`` even when the version is unavailable."""
+    try:
+        return read_document(folder)
+    except ManifestError as exc:
+        raise ArtifactError(str(exc)) from exc
+
+
+def validate_manifest(document: dict[str, Any]) -> Manifest:
+    """The typed manifest, if it keeps the artifact contract and names only OOD scores this server computes."""
+    try:
+        manifest = parse_manifest(document)
+    except ManifestError as exc:
+        raise ArtifactError(str(exc)) from exc
+    for count, entry in manifest.ood.thresholds.items():
+        if entry.score not in SERVED_SCORES:
+            raise ArtifactError(f"bad ood.thresholds entry {count!r}: score {entry.score!r} is not one of "
+                                f"{', '.join(SERVED_SCORES)}")
+    for term in manifest.ood.combination or []:
+        if term.score not in (*OOD_SCORES, *INPUT_SCORES):
+            raise ArtifactError(f"bad ood.combination term: score {term.score!r} is not one of "
+                                f"{', '.join((*OOD_SCORES, *INPUT_SCORES))}")
+    given = set(input_score_names(manifest))
+    used = {entry.score for entry in manifest.ood.thresholds.values()}
+    used |= {term.score for term in manifest.ood.combination or []}
+    missing = sorted((used & set(INPUT_SCORES)) - given)
+    if missing:
+        raise ArtifactError(f"the OOD rules use {', '.join(missing)}, which the artifact's scored_rows does not return "
+                            f"(artifact.input_scores: {sorted(given)})")
+    return manifest
+
+
+def input_score_names(manifest: Manifest) -> tuple[str, ...]:
+    """The columns of the artifact's ``scored_rows`` scores: ``artifact.input_scores``; an artifact from before
+    feature-space scores returns the kernel error alone."""
+    given = manifest.artifact.input_scores if manifest.artifact is not None else None
+    return tuple(given or (KERNEL_ERROR,))
+
+
+def score_terms(ood: Ood) -> tuple[ScoreTerm, ...]:
+    """The manifest's combination as ``ScoreTerm``s (empty when it has none)."""
+    return tuple(ScoreTerm(t.score, t.weight, t.center, t.scale, t.log) for t in ood.combination or [])
+
+
+def uses_input_scores(manifest: Manifest) -> bool:
+    """Whether any of the manifest's OOD rules reads a per-input score (the artifact's ``scored_rows``)."""
+    terms = score_terms(manifest.ood)
+    return any(needs_input_scores(entry.score, terms) for entry in manifest.ood.thresholds.values())
+
+
+def ood_rule(ood: Ood, n_samples: int) -> OodRule:
+    """The manifest's threshold for ``n_samples``; otherwise the nearest calibrated sample count whose score
+    is defined at ``n_samples`` (mutual information needs S >= 2), said so in ``note``."""
+    entry = ood.thresholds.get(n_samples)
+    terms = score_terms(ood)
+    if entry is not None:
+        return OodRule(entry.score, entry.threshold, n_samples, terms=terms)
+    usable = [(k, v) for k, v in ood.thresholds.items() if n_samples >= 2 or v.score != "mutual_information"]
+    if not usable:
+        raise ArtifactError(f"no OOD threshold usable at n_samples={n_samples}")
+    count, entry = min(usable, key=lambda kv: (abs(kv[0] - n_samples), kv[0]))
+    note = (f"no threshold calibrated at n_samples={n_samples}; used the one calibrated at n_samples={count}, "
+            "the nearest supported count")
+    return OodRule(entry.score, entry.threshold, count, note, terms)
+
+
+@dataclass
+class Artifact:
+    """A loaded, verified and warmed-up artifact."""
+
+    folder: Path
+    manifest: Manifest
+    module: torch.jit.ScriptModule
+    codec: Codec  # the model's inputs: decoding, batch cost, forwards, protocol tensors
+
+    @cached_property
+    def scored(self) -> bool:
+        """Forwards call ``scored_rows`` (rows and per-input scores) instead of ``sample_rows``."""
+        return uses_input_scores(self.manifest)
+
+    @cached_property
+    def input_score_names(self) -> tuple[str, ...]:
+        return input_score_names(self.manifest)
+
+    def rows(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward of the model inputs and ``repeats`` (last): the sampled rows [sum(repeats), C] and, when the
+        OOD score needs them, every input's scores [B, F] in ``input_score_names`` order (else None)."""
+        if self.scored:
+            rows, scores = self.module.scored_rows(*inputs)
+            return rows, scores.unsqueeze(1) if scores.dim() == 1 else scores  # a kernel error alone: [B] -> [B, 1]
+        return self.module.sample_rows(*inputs), None
+
+    def named_scores(self, scores: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """Per-input scores [n, F] by name ([n] each), or None."""
+        if scores is None:
+            return None
+        return {name: scores[:, i] for i, name in enumerate(self.input_score_names)}
+
+    @property
+    def modality(self) -> str:
+        return self.manifest.modality
+
+    @property
+    def labels(self) -> list[str]:
+        return self.manifest.labels
+
+    @property
+    def default_samples(self) -> int:
+        return self.manifest.sampling.default_samples
+
+    @property
+    def max_samples(self) -> int:
+        return self.manifest.sampling.max_samples
+
+    @property
+    def temperature(self) -> float:
+        return self.manifest.temperature
+
+
+def shown_name(name: str) -> str:
+    """A file name from a manifest as an error shows it: bounded, and never an absolute path."""
+    return "an absolute path" if Path(name).is_absolute() else repr(name[:100])
+
+
+def load_artifact(folder: Path, device: Device) -> Artifact:
+    """Validate, verify and load ``folder``; raise ``ArtifactError`` with a readable reason otherwise."""
+    manifest = validate_manifest(read_manifest(folder))
+    escaping = escaping_files(folder, manifest)
+    if escaping:
+        raise ArtifactError(f"files that resolve outside the version folder (absolute paths, '..' or symlinks may "
+                            f"not leave it): {', '.join(shown_name(name) for name in escaping)}")
+    bad = verify_files(folder, manifest)
+    if bad:
+        raise ArtifactError(f"sha256 mismatch or missing file: {', '.join(bad)}")
+    try:
+        with warnings.catch_warnings():
+            # TorchScript is the promised artifact format; its deprecation warning is expected here
+            warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            module = torch.jit.load(str(folder / ARTIFACT), map_location=device.torch_device)
+        module.eval()
+    except Exception as exc:  # a corrupt file raises many different errors
+        raise ArtifactError(f"torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        codec = codec_for(manifest, folder)
+    except ValueError as exc:
+        raise ArtifactError(str(exc)) from exc
+    artifact = Artifact(folder, manifest, module, codec)
+    if artifact.scored and not hasattr(module, "scored_rows"):
+        raise ArtifactError("the manifest's OOD score needs per-input scores but the artifact has no scored_rows")
+    warm_up(artifact, device)
+    return artifact
+
+
+def error_line(exc: Exception) -> str:
+    """A one-line reason: a TorchScript error's message holds the script's traceback, whose last line is the error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, torch.jit.Error) and lines:
+        return lines[-1]
+    return f"{type(exc).__name__}: {' '.join(lines)}"
+
+
+def warm_up(artifact: Artifact, device: Device) -> None:
+    """One forward (``Artifact.rows``) of the codec's example inputs with mixed sample counts; checks the output
+    shape and values."""
+    target = device.torch_device
+    repeats = torch.tensor([1, artifact.default_samples], dtype=torch.long, device=target)
+    try:
+        with device.lock, torch.inference_mode(), device.autocast():
+            inputs = tuple(tensor.to(target) for tensor in artifact.codec.example())
+            rows, error = artifact.rows(*inputs, repeats)
+    except Exception as exc:
+        raise ArtifactError(f"warm-up forward failed: {error_line(exc)}") from exc
+    expected = (1 + artifact.default_samples, len(artifact.labels))
+    if tuple(rows.shape) != expected:
+        raise ArtifactError(f"warm-up returned shape {tuple(rows.shape)}, expected {expected}")
+    if not torch.isfinite(rows).all():
+        raise ArtifactError("warm-up returned non-finite logits")
+    columns = len(artifact.input_score_names)
+    if error is not None and (tuple(error.shape) != (2, columns) or not torch.isfinite(error).all()):
+        raise ArtifactError(f"warm-up returned per-input scores of shape {tuple(error.shape)} or non-finite, expected "
+                            f"(2, {columns}) for artifact.input_scores {list(artifact.input_score_names)}")
+    if device.shapes.buckets:
+        warm_up_buckets(artifact, device)
+
+
+def warm_up_buckets(artifact: Artifact, device: Device) -> None:
+    """``WARM_CALLS`` forwards at every shape a served forward can be padded to (``service.engine.shapes.warm_counts``),
+    so the executor's profiling and fusion happen before the version is ready, not on live requests."""
+    target = device.torch_device
+    cost = artifact.codec.batch_cost(device.shapes.max_batch_samples, device.shapes.max_batch_tokens)
+    try:
+        with device.lock, torch.inference_mode(), device.autocast():
+            for inputs, rows in warm_counts(cost.max_rows):
+                repeats = torch.full((inputs,), rows // inputs, dtype=torch.long, device=target)  # [inputs]
+                filler = tuple(tensor.to(target) for tensor in artifact.codec.filler(inputs, rows, cost))
+                for _ in range(WARM_CALLS):
+                    artifact.rows(*filler, repeats)
+            if device.is_cuda:
+                torch.cuda.synchronize(target)
+    except Exception as exc:
+        raise ArtifactError(f"warm-up of the shape buckets failed: {error_line(exc)}") from exc

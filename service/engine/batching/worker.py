@@ -1,0 +1,227 @@
+"""The batch worker of one model version: a bounded asyncio queue drained by one task.
+
+The worker takes the first waiting request, then keeps packing requests until the batch's cost reaches its budget
+(``service.engine.batch_cost``, as the model's input codec measures it) or ``max_batch_delay_ms`` has passed since
+it started waiting; the forward runs in a thread so the event loop keeps serving, and its rows are split back per
+request. A request with a ``seed`` runs in a batch of its own under that seed. A full queue refuses at once
+(``QueueFull``, ``service.engine.batching.slots``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from models.uncertainty import UncertaintySummary
+from service.engine.artifact import Artifact
+from service.engine.batching.slots import QueueFull, Slots, Ticket
+from service.engine.codecs.base import Forward, InputBatch
+from service.engine.device import Device
+from service.engine.inference import split_scores, summarize_requests
+
+log = logging.getLogger("service.engine.batching")
+
+
+class Draining(Exception):
+    """The worker no longer accepts requests (shutdown or version retired)."""
+
+
+@dataclass
+class WorkItem:
+    inputs: InputBatch
+    n_samples: int
+    seed: int | None
+    future: asyncio.Future[BatchResult]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def size(self) -> int:
+        return self.inputs.size
+
+    @property
+    def rows(self) -> int:
+        return self.size * self.n_samples
+
+    @property
+    def longest(self) -> int:
+        """The widest input's width, as the codec measures it (``InputBatch.longest``)."""
+        return self.inputs.longest
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    summary: UncertaintySummary  # fields of shape [n]
+    input_scores: torch.Tensor | None  # [n, F]: scored_rows' per-input scores, when the artifact's OOD score needs them
+    queue_s: float
+    inference_s: float
+    batch_requests: int
+    batch_inputs: int
+    batch_rows: int
+    padded_length: int | None = None  # inputs with a width (texts): the width the batch was padded to
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What the metrics observe per batch."""
+
+    requests: int
+    inputs: int
+    rows: int
+    inference_s: float
+    queue_waits: list[float]
+    tokens: int | None = None  # text models: padded tokens x samples run
+
+
+class BatchWorker:
+    def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
+                 max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
+                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048) -> None:
+        self.artifact = artifact
+        self.device = device
+        self.batch_cost = artifact.codec.batch_cost(max_batch_samples, max_batch_tokens)
+        self.max_delay_s = max_batch_delay_ms / 1000.0
+        self.queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=max_queue)
+        self.slots = Slots(max_queue, reservation_timeout_s)
+        self.on_batch = on_batch
+        self._held: WorkItem | None = None  # taken from the queue but left for the next batch
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._busy = False
+
+    @property
+    def max_queue(self) -> int:
+        return self.queue.maxsize
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting for a batch."""
+        return self.queue.qsize() + (1 if self._held is not None else 0)
+
+    @property
+    def pending(self) -> int:
+        """Requests holding a queue slot: waiting for a batch, or admitted and still being received."""
+        return self.slots.pending(self.depth)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def reserve(self) -> Ticket | None:
+        """A slot for a request not yet read, or None when the queue (with its reservations) is full or closed."""
+        return None if self._closed else self.slots.reserve(self.depth)
+
+    @property
+    def idle(self) -> bool:
+        return self.depth == 0 and not self._busy
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
+
+    def enqueue(self, inputs: InputBatch, n_samples: int, seed: int | None, ticket: Ticket | None = None
+                ) -> asyncio.Future[BatchResult]:
+        """Queue one request at once or raise; await the future for its result (cancel it to abandon it). A live
+        ``ticket`` of this worker's slots turns into the queued item (its slot was counted already)."""
+        if self._closed:
+            raise Draining("model version is shutting down")
+        self.slots.take(ticket, self.depth)
+        if not isinstance(inputs, InputBatch):
+            raise TypeError("inputs must be decoded by the model's codec (an InputBatch)")
+        item = WorkItem(inputs, n_samples, seed, asyncio.get_running_loop().create_future())
+        try:
+            self.queue.put_nowait(item)  # does not overflow: queued + held + reserved <= max_queue
+        except asyncio.QueueFull as exc:  # defensive: the slot accounting is the real bound
+            raise QueueFull(f"queue full ({self.max_queue} requests queued)") from exc
+        return item.future
+
+    async def close(self, timeout_s: float) -> None:
+        """Refuse new requests, finish the queued ones (up to ``timeout_s``), then stop."""
+        self._closed = True
+        deadline = time.monotonic() + timeout_s
+        while not self.idle and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for item in self._drain_left():
+            if not item.future.done():
+                item.future.set_exception(Draining("model version shut down before the request ran"))
+
+    def _drain_left(self) -> list[WorkItem]:
+        left = [self._held] if self._held is not None else []
+        self._held = None
+        while not self.queue.empty():
+            left.append(self.queue.get_nowait())
+        return left
+
+    async def _next(self) -> WorkItem:
+        if self._held is not None:
+            item, self._held = self._held, None
+            return item
+        return await self.queue.get()
+
+    async def _collect(self) -> list[WorkItem]:
+        first = await self._next()
+        self._busy = True
+        if first.seed is not None:
+            return [first]
+        batch, rows, longest = [first], first.rows, first.longest
+        deadline = time.perf_counter() + self.max_delay_s
+        while not self.batch_cost.full(rows, longest):
+            remaining = deadline - time.perf_counter()
+            try:
+                item = self.queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self.queue.get(),
+                                                                                             remaining)
+            except (TimeoutError, asyncio.QueueEmpty):
+                break
+            if item.seed is not None or not self.batch_cost.fits(rows + item.rows, max(longest, item.longest)):
+                self._held = item  # starts the next batch
+                break
+            batch.append(item)
+            rows, longest = rows + item.rows, max(longest, item.longest)
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._collect()
+            try:
+                live = [item for item in batch if not item.future.done()]  # timed-out requests are skipped
+                if live:
+                    await self._process(live)
+            except Exception as exc:  # report to the waiting requests; keep the worker alive
+                log.exception("batch of %d requests failed", len(batch))
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+            finally:
+                self._busy = False
+
+    async def _process(self, batch: list[WorkItem]) -> None:
+        """One forward for the batch, its rows split back into each request's future."""
+        started = time.perf_counter()
+        sizes = [item.size for item in batch]
+        samples = [item.n_samples for item in batch]
+        repeats = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]
+        seed = batch[0].seed if len(batch) == 1 else None
+        forward, summaries = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
+        inference_s = time.perf_counter() - started
+        waits = [started - item.enqueued for item in batch]
+        for item, summary, scores, wait in zip(batch, summaries, split_scores(forward.scores, sizes), waits,
+                                               strict=True):
+            if not item.future.done():
+                item.future.set_result(BatchResult(summary, scores, wait, inference_s, len(batch), sum(sizes),
+                                                   sum(repeats), forward.padded_length))
+        if self.on_batch is not None:
+            self.on_batch(BatchStats(len(batch), sum(sizes), sum(repeats), inference_s, waits, forward.tokens))
+
+    def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
+               seed: int | None) -> tuple[Forward, list[UncertaintySummary]]:
+        codec = self.artifact.codec
+        inputs = codec.join([item.inputs for item in batch])
+        forward = codec.forward(self.artifact.rows, self.device, inputs, repeats, self.batch_cost, seed)
+        return forward, summarize_requests(forward.rows, sizes, samples, self.artifact.temperature)

@@ -1,0 +1,97 @@
+"""One batched forward over several requests, whatever the modality: the batch is cut into forwards within the
+budget (``chunks_by_cost``), each forward padded to the device's shape buckets (``service.engine.shapes``) by the
+input codec and run through ``sample_rows`` (or ``scored_rows``, when the OOD score needs a per-input score: the
+kernel error or a feature-space score) with mixed sample counts; rows are split back per input with ``split_rows``
+and summarised per request with ``summarize``. Runs in a worker thread."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from models.uncertainty import UncertaintySummary, split_rows, summarize
+from service.engine.batch_cost import BatchCost
+from service.engine.device import Device
+from service.engine.shapes import Padding
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One forward: the model inputs (host tensors, padded, ``repeats`` last) and how they were padded."""
+
+    inputs: tuple[torch.Tensor, ...]
+    padding: Padding
+
+
+def chunks_by_cost(repeats: Sequence[int], widths: Sequence[int], cost: BatchCost) -> list[slice]:
+    """Consecutive input ranges whose summed sample counts, at the range's widest input, stay within the budget (an
+    input over it gets a forward of its own): memory is bounded by rows, not by requests."""
+    out, start, widest, rows = [], 0, 0, 0
+    for i, (count, width) in enumerate(zip(repeats, widths, strict=True)):
+        wider = max(widest, width)
+        if i > start and not cost.fits(rows + count, wider):
+            out.append(slice(start, i))
+            start, wider, rows = i, width, 0
+        widest, rows = wider, rows + count
+    if start < len(repeats):
+        out.append(slice(start, len(repeats)))
+    return out
+
+
+def run_forwards(model: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], device: Device,
+                 chunks: Iterable[Chunk], seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sampled logit rows ``[sum(repeats), C]`` (fp32, host), grouped by input in order, and the per-input scores
+    ``[n, F]`` when the artifact's OOD score needs them (else None). Each forward's padding is dropped; results stay
+    on the device until one copy back."""
+    outputs, scores = [], []
+    with seeded_or_shared(device, seed) as turn, torch.inference_mode(), device.autocast(), device.guard_memory():
+        for chunk in chunks:
+            inputs = tuple(device.to_device(tensor) for tensor in chunk.inputs)
+            with turn():
+                rows, score = model(*inputs)  # [rows, C], [inputs, F] or None
+            outputs.append(rows[:chunk.padding.real_rows])  # [real rows, C]
+            if score is not None:
+                scores.append(score[:chunk.padding.real_inputs])  # [real inputs, F]
+        return device.to_host(torch.cat(outputs).float()), host_scores(device, scores)
+
+
+@contextlib.contextmanager
+def seeded_or_shared(device: Device, seed: int | None) -> Iterator[Callable[[], contextlib.AbstractContextManager]]:
+    """How a batch's forwards take the device: a seeded batch holds its gate alone for all of them (no other forward
+    may draw from the generator between two of its forwards, or its answer would not repeat); any other batch takes
+    a shared turn per forward, so another model's batch runs beside it (up to the gate's slots) or between its
+    forwards rather than wait for all of them. Yields what each forward is wrapped in."""
+    if seed is None:
+        yield device.lock.shared
+        return
+    with device.lock:
+        torch.manual_seed(seed)
+        yield contextlib.nullcontext
+
+
+def host_scores(device: Device, scores: list[torch.Tensor]) -> torch.Tensor | None:
+    """The forwards' per-input scores as one fp32 host matrix [n, F], or None when the artifact computed none."""
+    return device.to_host(torch.cat(scores).float()) if scores else None
+
+
+def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float
+                       ) -> list[UncertaintySummary]:
+    """Split rows back: per input ``[S_i, 1, C]`` blocks, then one ``[S, n, C]`` summary per request."""
+    repeats = torch.tensor([s for size, s in zip(sizes, samples, strict=True) for _ in range(size)])
+    blocks = split_rows(rows, repeats)  # one [S_i, 1, C] per input
+    out, start = [], 0
+    for size in sizes:
+        out.append(summarize(torch.cat(blocks[start:start + size], dim=1), temperature))  # [S, n, C] -> [n]
+        start += size
+    return out
+
+
+def split_scores(scores: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
+    """The batch's per-input scores [sum(sizes), F] back per request ([n, F] each), or None for each when there are
+    none."""
+    if scores is None:
+        return [None] * len(sizes)
+    return list(torch.split(scores, sizes))

@@ -1,0 +1,271 @@
+"""The model repository: every ``<model>/<version>/`` folder, its state and its batching worker.
+
+States: ``loading`` -> ``ready`` or ``unavailable`` (with the reason). A broken folder is reported and
+never takes the others down. ``scan()`` (run at start and then every ``poll_interval_s``) picks up new,
+changed and removed folders without a restart: a changed folder is loaded beside the old one and swapped
+in only once warm (when it fails to load, the old one keeps serving and reports the failure as ``reload_error``); a
+replaced or removed version's worker finishes its queued requests before stopping. An edit of the trusted digests
+file re-checks every version at the next scan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from artifact.contract import is_published
+from service.engine import trust
+from service.engine.artifact import Artifact, ArtifactError, load_artifact, read_manifest
+from service.engine.batching import BatchWorker
+from service.engine.device import Device
+from service.engine.heap import collect_retired, freeze_long_lived, thaw
+
+log = logging.getLogger("service.engine.repository")
+RETIRED_COLLECT_DELAY_S = 1.0  # after a retired worker closes, before its version is collected
+
+
+class VersionState(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass
+class ModelVersion:
+    name: str
+    version: str
+    folder: Path
+    fingerprint: tuple  # the folder's files (name, size, mtime) and the allowlist's (size, mtime) when loaded
+    state: VersionState = VersionState.LOADING
+    reason: str | None = None
+    artifact: Artifact | None = None
+    worker: BatchWorker | None = None
+    loaded_at: float | None = None
+    manifest: dict = field(default_factory=dict)
+    # a changed folder that failed to load while this version kept serving its earlier files: its fingerprint (not
+    # retried until the folder or the allowlist changes again) and why it failed
+    failed_fingerprint: tuple | None = None
+    reload_error: str | None = None
+
+    @property
+    def method(self) -> str:
+        return str(self.manifest.get("method", "unknown"))
+
+    def ready(self) -> ReadyVersion | None:
+        """This version as one that can serve, or None while it is loading or unavailable."""
+        if self.state is not VersionState.READY or self.artifact is None or self.worker is None:
+            return None
+        return ReadyVersion(self.name, self.version, self.artifact, self.worker)
+
+
+@dataclass(frozen=True)
+class ReadyVersion:
+    """A version that can serve, as resolution returns it: its artifact and batching worker are always there."""
+
+    name: str
+    version: str
+    artifact: Artifact
+    worker: BatchWorker
+
+
+def version_key(version: str) -> tuple[int, int, str]:
+    """Numeric versions sort numerically and above non-numeric ones."""
+    return (1, int(version), "") if version.isdigit() else (0, 0, version)
+
+
+def fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    try:
+        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
+                            if p.is_file()))
+    except OSError:
+        return ()
+
+
+def file_print(path: Path | None) -> tuple[int, int] | None:
+    """(size, mtime) of one file, so an edit of it is noticed at the next scan; None when there is none."""
+    try:
+        stat = path.stat() if path is not None else None
+    except OSError:
+        return (-1, -1)
+    return None if stat is None else (stat.st_size, stat.st_mtime_ns)
+
+
+def without_paths(reason: str, root: Path) -> str:
+    """A load error's text with the repository's absolute location cut off (``fashion-vit/3/director.ts``)."""
+    for prefix in {str(root.resolve()), str(root.absolute())}:
+        reason = reason.replace(prefix + "/", "").replace(prefix, "<repository>")
+    return reason
+
+
+WorkerFactory = Callable[[str, str, Artifact], BatchWorker]
+
+
+class ModelRepository:
+    def __init__(self, root: Path, device: Device, make_worker: WorkerFactory, drain_timeout_s: float,
+                 on_change: Callable[[], None] | None = None, trusted_digests: Path | None = None) -> None:
+        self.root = root
+        self.trusted_digests = trusted_digests
+        self.device = device
+        self.make_worker = make_worker
+        self.drain_timeout_s = drain_timeout_s
+        self.on_change = on_change
+        self.models: dict[str, dict[str, ModelVersion]] = {}
+        self.scanned_once = False
+        self._scan_lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self.unloaded: set[str] = set()  # models taken out by ``unload``: scans skip their folders until ``load``
+
+    # lookups -------------------------------------------------------------------------------------------
+    def versions(self, name: str) -> list[ModelVersion]:
+        return sorted(self.models.get(name, {}).values(), key=lambda v: version_key(v.version))
+
+    def default_version(self, name: str) -> ModelVersion | None:
+        ready = [v for v in self.versions(name) if v.state is VersionState.READY]
+        return ready[-1] if ready else None
+
+    def get(self, name: str, version: str | None) -> ModelVersion | None:
+        """The named version, or the highest ready one; None when there is none."""
+        if version is None:
+            return self.default_version(name)
+        return self.models.get(name, {}).get(version)
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [v for name in sorted(self.models) for v in self.versions(name)]
+
+    def is_known(self, name: str, version: str | None = None) -> bool:
+        return name in self.models and (version is None or version in self.models[name])
+
+    # scanning ------------------------------------------------------------------------------------------
+    def _folders(self) -> dict[tuple[str, str], Path]:
+        found: dict[tuple[str, str], Path] = {}
+        if not self.root.is_dir():
+            return found
+        for model_dir in filter(is_published, sorted(self.root.iterdir())):
+            if model_dir.name in self.unloaded:
+                continue
+            for version_dir in filter(is_published, sorted(model_dir.iterdir())):
+                found[(model_dir.name, version_dir.name)] = version_dir
+        return found
+
+    async def scan(self) -> None:
+        async with self._scan_lock:
+            found = self._folders()
+            loaded = False
+            allowlist = file_print(self.trusted_digests)  # an edit of the allowlist re-checks every version
+            for (name, version), folder in found.items():
+                current = self.models.get(name, {}).get(version)
+                print_ = (fingerprint(folder), allowlist)
+                if current is not None and print_ in (current.fingerprint, current.failed_fingerprint):
+                    continue
+                await self._load(name, version, folder, print_, current)
+                loaded = True
+            for name in list(self.models):
+                for version in list(self.models[name]):
+                    if (name, version) not in found:
+                        entry = self.models[name].pop(version)
+                        log.info("model %s version %s %s", name, version,
+                                 "unloaded" if name in self.unloaded else "removed from the repository")
+                        self._notify()
+                        self._retire(entry)
+                if not self.models[name]:
+                    del self.models[name]
+            if loaded:  # the new versions live until replaced: keep them out of the collector's full scans
+                freeze_long_lived()
+            self.scanned_once = True
+
+    async def _load(self, name: str, version: str, folder: Path, print_: tuple, current: ModelVersion | None
+                    ) -> None:
+        entry = ModelVersion(name, version, folder, print_)
+        try:
+            entry.manifest = read_manifest(folder)
+        except ArtifactError:
+            entry.manifest = {}
+        if current is None:  # visible as "loading" while it loads; a reload keeps serving the old one
+            self.models.setdefault(name, {})[version] = entry
+            self._notify()
+        started = time.perf_counter()
+        try:
+            entry.artifact = await asyncio.to_thread(self._load_trusted, folder)
+        except (ArtifactError, trust.Untrusted) as exc:
+            entry.state, entry.reason = VersionState.UNAVAILABLE, without_paths(str(exc), self.root)
+            log.warning("model %s version %s unavailable: %s", name, version, exc)
+        except Exception as exc:  # never let one folder stop the scan
+            entry.state = VersionState.UNAVAILABLE
+            entry.reason = without_paths(f"{type(exc).__name__}: {exc}", self.root)
+            log.exception("model %s version %s failed to load", name, version)
+        else:
+            entry.worker = self.make_worker(name, version, entry.artifact)
+            entry.worker.start()
+            entry.state, entry.loaded_at = VersionState.READY, time.time()
+            log.info("model %s version %s ready in %.2fs", name, version, time.perf_counter() - started)
+        if current is not None and current.ready() is not None and entry.state is VersionState.UNAVAILABLE:
+            # a reload that failed: the version keeps serving what it loaded before, and says why it did not change
+            current.failed_fingerprint, current.reload_error = print_, entry.reason
+            log.warning("model %s version %s keeps serving its earlier files", name, version)
+            self._notify()
+            return
+        self.models.setdefault(name, {})[version] = entry
+        if current is not None:
+            self._retire(current)
+        self._notify()
+
+    def _load_trusted(self, folder: Path) -> Artifact:
+        trust.check(self.root, folder, self.trusted_digests)  # before torch.jit.load runs anything
+        return load_artifact(folder, self.device)
+
+    def _notify(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def _retire(self, entry: ModelVersion) -> None:
+        if entry.worker is None:
+            return
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(entry.worker.close(self.drain_timeout_s))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        # once the scan that retired it has let go of the entry too
+        task.add_done_callback(lambda _: loop.call_later(RETIRED_COLLECT_DELAY_S, collect_retired))
+
+    # explicit control (Triton's repository extension), beside polling ------------------------------------
+    def published_models(self) -> list[str]:
+        """Every model folder of the repository, loaded or not."""
+        if not self.root.is_dir():
+            return []
+        return [d.name for d in filter(is_published, sorted(self.root.iterdir())) if d.is_dir()]
+
+    async def load(self, name: str) -> bool:
+        """Serve ``name`` again if it was unloaded, and scan now: a changed or new version is checked and swapped
+        in as a poll would do it. False when the repository has no such model folder."""
+        if name not in self.published_models():
+            return False
+        self.unloaded.discard(name)
+        await self.scan()
+        return True
+
+    async def unload(self, name: str) -> bool:
+        """Stop serving every version of ``name`` (queued requests finish first) until ``load``; later scans leave
+        its folder alone. False when no such model is known."""
+        if name not in self.models and name not in self.published_models():
+            return False
+        self.unloaded.add(name)
+        await self.scan()
+        return True
+
+    async def poll(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.scan()
+            except Exception:
+                log.exception("repository scan failed")
+
+    async def close(self) -> None:
+        """Finish every queued request, then stop all workers."""
+        workers = [v.worker for v in self.all_versions() if v.worker is not None]
+        await asyncio.gather(*(w.close(self.drain_timeout_s) for w in workers), *self._retiring)
+        thaw()

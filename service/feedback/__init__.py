@@ -1,0 +1,1 @@
+"""The feedback store: delayed ground truth joined to logged predictions (SQLite or PostgreSQL)."""

@@ -1,0 +1,127 @@
+"""The shared feedback store: PostgreSQL through a psycopg 3 connection pool, so that every replica logs into, and
+computes live accuracy and ECE from, the same rows.
+
+The pool opens in the background and the schema is created on the first connection that works: a server whose
+database is away still starts and serves predictions; every store call raises ``FeedbackUnavailable`` until the
+database answers again (``/feedback`` turns that into a 503)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from service.feedback.store import FeedbackStore, FeedbackUnavailable, LoggedPrediction, Row
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS predictions (
+    request_id TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    n_samples INTEGER NOT NULL,
+    class_index INTEGER NOT NULL,
+    label TEXT NOT NULL,
+    confidence DOUBLE PRECISION NOT NULL,
+    created DOUBLE PRECISION NOT NULL,
+    correct INTEGER,
+    feedback_at DOUBLE PRECISION,
+    PRIMARY KEY (request_id, idx)
+);
+CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
+CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
+"""
+INSERT = ("INSERT INTO predictions (request_id, idx, model, version, n_samples, class_index, label, confidence, "
+          "created) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (request_id, idx) DO UPDATE SET "
+          "model = EXCLUDED.model, version = EXCLUDED.version, n_samples = EXCLUDED.n_samples, "
+          "class_index = EXCLUDED.class_index, label = EXCLUDED.label, confidence = EXCLUDED.confidence, "
+          "created = EXCLUDED.created, correct = NULL, feedback_at = NULL")
+# replicas serialise schema creation and pruning on this advisory lock (any constant of the application's choosing)
+LOCK_KEY = 0x44495245  # "DIRE"
+POOL_MIN, POOL_MAX = 1, 4  # the flusher, /feedback and /metrics at once; more replicas mean more connections
+CONNECT_TIMEOUT_S = 3  # one connection attempt
+WAIT_TIMEOUT_S = 3.0  # a call waiting for a pooled connection before it reports the store unavailable
+
+
+class PostgresFeedbackStore(FeedbackStore):
+    def __init__(self, url: str, max_rows: int, max_age_s: float, window: int) -> None:
+        super().__init__(max_rows, max_age_s, window)
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        self._pool = ConnectionPool(url, min_size=POOL_MIN, max_size=POOL_MAX, open=False, timeout=WAIT_TIMEOUT_S,
+                                    kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                                    check=ConnectionPool.check_connection, name="director-feedback")
+        self._pool.open(wait=False)
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection (autocommit: use ``conn.transaction()`` for more than one statement), the schema
+        in place; a lost or refused connection becomes ``FeedbackUnavailable``."""
+        try:
+            with self._pool.connection() as conn:
+                if not self._schema_ready:
+                    self._create_schema(conn)
+                yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise FeedbackUnavailable(f"the feedback database is unavailable: {type(exc).__name__}") from exc
+
+    def _create_schema(self, conn: psycopg.Connection) -> None:
+        """Then prune, as the SQLite store does on opening: a store opened with tighter bounds applies them."""
+        with self._schema_lock:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))  # CREATE IF NOT EXISTS races otherwise
+                conn.execute(SCHEMA)
+            self._schema_ready = True
+            self._prune_on(conn, time.time() - self.max_age_s)
+
+    def _insert(self, rows: list[Row]) -> None:
+        with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.executemany(INSERT, rows)
+
+    def _prune(self, cutoff: float) -> int:
+        with self._connection() as conn:
+            return self._prune_on(conn, cutoff)
+
+    def _prune_on(self, conn: psycopg.Connection, cutoff: float) -> int:
+        """Skipped when another replica is pruning the same table (it drops the same rows)."""
+        with conn.transaction():
+            if not conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (LOCK_KEY,)).fetchone()[0]:
+                return 0
+            removed = conn.execute("DELETE FROM predictions WHERE created < %s", (cutoff,)).rowcount
+            removed += conn.execute(
+                "DELETE FROM predictions WHERE (request_id, idx) IN (SELECT request_id, idx FROM predictions "
+                "ORDER BY created DESC, request_id DESC, idx DESC OFFSET %s)", (self.max_rows,)).rowcount
+            return removed
+
+    def _count(self) -> int:
+        with self._connection() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0])
+
+    def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
+        with self._connection() as conn:
+            row = conn.execute("SELECT model, version, class_index, label FROM predictions "
+                               "WHERE request_id = %s AND idx = %s", (request_id, index)).fetchone()
+        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+
+    def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:
+        with self._connection() as conn:
+            conn.execute("UPDATE predictions SET correct = %s, feedback_at = %s WHERE request_id = %s AND idx = %s",
+                         (int(correct), at, request_id, index))
+
+    def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
+        with self._connection() as conn:
+            return conn.execute(
+                "SELECT confidence, correct FROM predictions WHERE model = %s AND version = %s AND correct IS NOT "
+                "NULL ORDER BY feedback_at DESC, request_id, idx LIMIT %s", (model, version, self.window)).fetchall()
+
+    def _labelled_versions(self) -> list[tuple[str, str]]:
+        with self._connection() as conn:
+            rows = conn.execute("SELECT DISTINCT model, version FROM predictions WHERE correct IS NOT NULL")
+            return [(m, v) for m, v in rows.fetchall()]
+
+    def _close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,107 @@
+"""The embedded feedback store: one SQLite file per server (the default; survives restarts, not shared)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from service.feedback.store import FeedbackStore, FeedbackUnavailable, LoggedPrediction, Row
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS predictions (
+    request_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    n_samples INTEGER NOT NULL,
+    class_index INTEGER NOT NULL,
+    label TEXT NOT NULL,
+    confidence REAL NOT NULL,
+    created REAL NOT NULL,
+    correct INTEGER,
+    feedback_at REAL,
+    PRIMARY KEY (request_id, idx)
+);
+CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
+CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
+"""
+INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
+          "confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+class SqliteFeedbackStore(FeedbackStore):
+    def __init__(self, path: Path, max_rows: int, max_age_s: float, window: int, busy_timeout_s: float = 10.0) -> None:
+        """``busy_timeout_s``: how long a call waits on another process's lock before it fails; the server passes
+        its store-call timeout, so a thread gives up about when its caller does instead of staying busy after."""
+        super().__init__(max_rows, max_age_s, window)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # the connection
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=busy_timeout_s,
+                                     isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        # in WAL mode NORMAL still survives a crash of the process (not of the machine) without an fsync per commit
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(SCHEMA)
+        self.prune()
+
+    @contextmanager
+    def _database(self) -> Iterator[None]:
+        """The connection, held; any SQLite error (locked past the busy timeout, disk full, read-only, corrupt) is
+        ``FeedbackUnavailable``: /feedback answers 503 and the prediction log keeps its rows for the next flush."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise FeedbackUnavailable(f"the feedback database cannot be used: {type(exc).__name__}: "
+                                          f"{exc}") from exc
+
+    def _insert(self, rows: list[Row]) -> None:
+        with self._database():
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(INSERT, rows)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _prune(self, cutoff: float) -> int:
+        with self._database():
+            removed = self._conn.execute("DELETE FROM predictions WHERE created < ?", (cutoff,)).rowcount
+            cur = self._conn.execute(
+                "DELETE FROM predictions WHERE rowid IN (SELECT rowid FROM predictions ORDER BY created DESC, "
+                "rowid DESC LIMIT -1 OFFSET ?)", (self.max_rows,))
+            return removed + cur.rowcount
+
+    def _count(self) -> int:
+        with self._database():
+            return int(self._conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0])
+
+    def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
+        with self._database():
+            row = self._conn.execute("SELECT model, version, class_index, label FROM predictions "
+                                     "WHERE request_id = ? AND idx = ?", (request_id, index)).fetchone()
+        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+
+    def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:
+        with self._database():
+            self._conn.execute("UPDATE predictions SET correct = ?, feedback_at = ? WHERE request_id = ? AND idx = ?",
+                               (int(correct), at, request_id, index))
+
+    def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
+        with self._database():
+            return self._conn.execute(
+                "SELECT confidence, correct FROM predictions WHERE model = ? AND version = ? AND correct IS NOT "
+                "NULL ORDER BY feedback_at DESC, request_id, idx LIMIT ?", (model, version, self.window)).fetchall()
+
+    def _labelled_versions(self) -> list[tuple[str, str]]:
+        with self._database():
+            rows = self._conn.execute("SELECT DISTINCT model, version FROM predictions WHERE correct IS NOT NULL")
+            return [(m, v) for m, v in rows.fetchall()]
+
+    def _close(self) -> None:
+        with self._lock:
+            self._conn.close()

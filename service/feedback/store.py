@@ -1,0 +1,193 @@
+"""Logged predictions and delayed ground truth: the store interface, its write buffer and the choice of backend.
+
+Each predicted input is a row keyed by (request id, input index). ``POST /feedback`` sets its true label;
+live accuracy and ECE are computed over the latest ``window`` labelled rows of a model version. Rows older
+than ``max_age_s`` or beyond the newest ``max_rows`` are pruned. Two backends keep the same schema and bounds:
+an embedded SQLite file (``service.feedback.sqlite``, the default) and PostgreSQL
+(``service.feedback.postgres``, when replicas must share one store: ``DIRECTOR_FEEDBACK_URL``).
+
+Writes are behind a buffer: ``log`` (called on the event loop for every answered request) only appends to a
+list, and ``flush`` writes what has gathered in one transaction, every ``FLUSH_INTERVAL_S`` from the app (in a
+thread) and before any read, so a prediction is visible to ``/feedback`` as soon as its response is sent. A
+crash of the process loses at most the last interval's log, never a response; a database that is away keeps the
+newest ``max_rows`` rows waiting for it, and never fails a prediction."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from models.uncertainty import expected_calibration_error
+
+log = logging.getLogger("service.feedback.store")
+
+FLUSH_INTERVAL_S = 0.1
+FLUSH_CHUNK = 1000  # rows per transaction: a store short of space still takes a small one once space returns
+Row = tuple[str, int, str, str, int, int, str, float, float]  # request_id, idx, model, version, n_samples,
+# class_index, label, confidence, created: the columns of an insert, in the schema's order
+
+
+@dataclass(frozen=True)
+class LoggedPrediction:
+    model: str
+    version: str
+    class_index: int
+    label: str
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    accuracy: float
+    ece: float
+    n: int
+
+
+class FeedbackUnavailable(Exception):
+    """The store cannot be reached (a shared database that is down or out of connections): worth a retry."""
+
+
+class FeedbackStore(ABC):
+    """The write buffer shared by the backends; they implement storage in the ``_``-prefixed methods, each one
+    transaction."""
+
+    def __init__(self, max_rows: int, max_age_s: float, window: int) -> None:
+        self.max_rows, self.max_age_s, self.window = max_rows, max_age_s, window
+        self._flush_lock = threading.Lock()  # one flush at a time; taken before _pending_lock
+        self._pending_lock = threading.Lock()
+        self._pending: list[Row] = []  # rows logged and not yet written, oldest first
+        self._inserts = 0
+        self.dropped = 0  # rows dropped unwritten (the buffer past max_rows, or at close)
+        self.on_drop: Callable[[int], None] | None = None  # told of every drop (a metric)
+
+    def log(self, request_id: str, model: str, version: str, n_samples: int,
+            rows: list[tuple[int, str, float]]) -> None:
+        """Log one request's predictions: ``rows`` of (class_index, label, confidence) in input order. No I/O: the
+        rows are written by the next ``flush``."""
+        now = time.time()
+        logged = [(request_id, i, model, version, n_samples, c, lab, conf, now)
+                  for i, (c, lab, conf) in enumerate(rows)]
+        with self._pending_lock:
+            self._pending.extend(logged)
+            overflow = len(self._pending) - self.max_rows
+            if overflow > 0:  # older than the newest max_rows: pruning would drop them anyway
+                del self._pending[:overflow]
+        if overflow > 0:
+            self._dropped(overflow)
+
+    def _dropped(self, rows: int) -> None:
+        self.dropped += rows
+        if self.on_drop is not None:
+            self.on_drop(rows)
+
+    @property
+    def pending(self) -> int:
+        """Rows logged and not yet written."""
+        return len(self._pending)
+
+    def flush(self) -> int:
+        """Write the logged rows, oldest first, in transactions of at most ``FLUSH_CHUNK`` rows; returns how many.
+        On failure the unwritten rows stay queued, in order (what was written stays written)."""
+        with self._flush_lock:
+            with self._pending_lock:
+                rows, self._pending = self._pending, []
+            if not rows:
+                return 0
+            written = 0
+            try:
+                for start in range(0, len(rows), FLUSH_CHUNK):
+                    chunk = rows[start : start + FLUSH_CHUNK]
+                    self._insert(chunk)
+                    written += len(chunk)
+            except BaseException:
+                with self._pending_lock:  # kept for the next flush, ahead of what came since
+                    self._pending[:0] = rows[written:]
+                    overflow = max(0, len(self._pending) - self.max_rows)
+                    del self._pending[:overflow]
+                if overflow:
+                    self._dropped(overflow)
+                raise
+            finally:
+                self._inserts += written
+            due = self._inserts >= max(1, min(1000, self.max_rows // 10))
+        if due:
+            self.prune()
+        return len(rows)
+
+    def prune(self) -> int:
+        """Drop rows past the age and row limits; returns how many."""
+        self.flush()
+        self._inserts = 0
+        return self._prune(time.time() - self.max_age_s)
+
+    def close(self) -> None:
+        """Write what is pending (what cannot be written is reported and lost), then release the backend."""
+        try:
+            self.flush()
+        except Exception:
+            log.exception("closing the feedback store: %d logged predictions not written", self.pending)
+            self._dropped(self.pending)
+        self._close()
+
+    def count(self) -> int:
+        self.flush()
+        return self._count()
+
+    def lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
+        self.flush()
+        return self._lookup(request_id, index)
+
+    def record(self, request_id: str, index: int, correct: bool) -> None:
+        self.flush()
+        self._record(request_id, index, correct, time.time())
+
+    def live_stats(self, model: str, version: str) -> LiveStats | None:
+        """Accuracy and ECE over the latest ``window`` labelled rows (newest label first, ties in key order, so
+        every replica reading one database computes the same numbers)."""
+        self.flush()
+        rows = self._labelled(model, version)
+        if not rows:
+            return None
+        return LiveStats(accuracy=sum(c for _, c in rows) / len(rows), ece=live_ece(rows), n=len(rows))
+
+    def labelled_versions(self) -> list[tuple[str, str]]:
+        self.flush()
+        return self._labelled_versions()
+
+    @abstractmethod
+    def _insert(self, rows: list[Row]) -> None:
+        """Insert (or replace) ``rows`` in one transaction."""
+
+    @abstractmethod
+    def _prune(self, cutoff: float) -> int: ...
+
+    @abstractmethod
+    def _count(self) -> int: ...
+
+    @abstractmethod
+    def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None: ...
+
+    @abstractmethod
+    def _record(self, request_id: str, index: int, correct: bool, at: float) -> None: ...
+
+    @abstractmethod
+    def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
+        """(confidence, correct) of the latest ``window`` labelled rows."""
+
+    @abstractmethod
+    def _labelled_versions(self) -> list[tuple[str, str]]: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+
+def live_ece(rows: list[tuple[float, int]]) -> float:
+    """ECE of logged (confidence, correct) rows, with the evaluation's and the manifest's estimator and binning."""
+    confidence = torch.tensor([c for c, _ in rows], dtype=torch.float64)  # [N]
+    correct = torch.tensor([k for _, k in rows], dtype=torch.float64)  # [N]
+    return expected_calibration_error(confidence, correct)

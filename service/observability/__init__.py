@@ -1,0 +1,1 @@
+"""Metrics, Triton statistics, drift and logs."""

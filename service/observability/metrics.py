@@ -1,0 +1,400 @@
+"""Prometheus metrics (prefix ``director_``, base units). Labels ``model`` and ``version`` are bounded:
+names the repository does not know are counted as ``unknown``. When ``PROMETHEUS_MULTIPROC_DIR`` is set
+(several uvicorn workers) values live in the shared directory and ``/metrics`` aggregates them.
+
+The registry carries the standard ``process_*``, ``python_gc_*`` and ``python_info`` collectors; no counter or
+histogram exports a ``_created`` series (``disable_created_metrics``: Prometheus does not read them, and they
+doubled every counter's series). Gauges of a value between 0 and 1 end in ``_ratio`` (live accuracy and ECE, the
+reference accuracy, ECE, OOD share and confidence quantiles); ``director_confidence_drift_ks`` is a distance
+between distributions and keeps its name. ``director_class_predictions_total{label}`` counts predictions per
+class, its ``label`` values bounded by the version's manifest.
+
+Per-version series follow the repository (``publish_version`` / ``unpublish_version``, called by
+``AppState.sync_version_metrics`` on every change): while a version is ready, its manifest's reference values
+(``director_reference_*``) and its queue capacity are exported, and its labelled counters (one per class of its
+manifest for the per-class counter) exist at 0 so that
+``rate()`` sees their first increment; once it is unloaded (removed, or replaced by a version that failed to
+load) its reference and capacity series disappear. Counters and histograms of an unloaded version stay (their
+totals are history).
+
+Multiprocess mode: every worker loads every model, so every worker sets the same reference values. Those
+gauges use ``livemostrecent``: one series per version (no ``pid`` label, unlike ``all``/``liveall``), the
+latest value any live worker wrote, and a worker's values go with it when it exits (``mark_process_dead``);
+``mostrecent`` would keep a dead worker's values for ever. Queue capacity is ``livesum`` like queue depth (each
+worker has its own queue), so depth / capacity is the replica's fill ratio. prometheus-client cannot delete a
+series from the shared files (``remove`` only forgets it in the calling process), so in that mode a removed
+series is overwritten with NaN and ``expose`` leaves NaN gauge samples out. The process collector then reports
+every live worker (``process_*{pid}``, read from ``/proc``, whichever worker answers the scrape); garbage
+collection statistics exist only inside each process, so ``python_gc_*`` is left out in that mode rather than
+report whichever worker answered."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import multiprocess as prom_multiprocess
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from models.uncertainty import UncertaintySummary
+from service.observability.gpu_metrics import GpuMemoryCollector, GpuUtilisationCollector
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+ENTROPY_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
+MI_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+OOD_BUCKETS = (-20.0, -15.0, -10.0, -7.5, -5.0, -2.5, -1.0, 0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
+               2.0, 3.0, 5.0)
+MV = ("model", "version")
+UNKNOWN = "unknown"
+# every reason the server refuses a request for (director_rejected_requests_total{reason})
+QUEUE_FULL, TIMEOUT, DRAINING = "queue_full", "timeout", "draining"
+REJECT_REASONS = (QUEUE_FULL, TIMEOUT, DRAINING)
+REFERENCE_QUANTILES = (0.1, 0.5, 0.9)  # levels of the director_reference_<distribution>{quantile} gauges
+REFERENCE_DISTRIBUTIONS = ("confidence", "predictive_entropy", "mutual_information")  # manifest <name>_quantiles
+
+log = logging.getLogger("service.observability.metrics")
+
+# process-wide by prometheus-client's design; this module's counters and histograms are created after it
+disable_created_metrics()
+
+SeriesKey = tuple[Gauge, tuple[str, ...]]
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.requests = Counter("director_requests_total", "HTTP requests by route template and status",
+                                ["endpoint", "code"], registry=r)
+        self.request_duration = Histogram("director_request_duration_seconds", "HTTP request latency",
+                                          ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.model_requests = Histogram("director_model_request_duration_seconds", "a model version's requests from "
+                                        "queueing to result, by outcome (success, fail)", [*MV, "outcome"],
+                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("director_queue_wait_seconds", "time a request waited for its batch", MV,
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.inference = Histogram("director_inference_duration_seconds", "forward + summary time of one batch",
+                                   MV, buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("director_batch_size", "inputs per forward batch", MV, buckets=BATCH_BUCKETS,
+                                    registry=r)
+        self.batch_requests = Histogram("director_batch_requests", "requests packed into one batch", MV,
+                                        buckets=BATCH_BUCKETS, registry=r)
+        self.batch_samples = Histogram("director_batch_samples", "sampled rows (inputs x n_samples) per batch",
+                                       MV, buckets=BATCH_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("director_batch_tokens", "text models: padded tokens x samples per batch", MV,
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.queue_depth = Gauge("director_queue_depth", "requests waiting for a batch", MV, registry=r,
+                                 multiprocess_mode="livesum")
+        self.queue_capacity = Gauge("director_queue_capacity", "queue slots of a ready version (DIRECTOR_MAX_QUEUE; "
+                                    "summed over worker processes like queue_depth)", MV, registry=r,
+                                    multiprocess_mode="livesum")
+        self.rejected = Counter("director_rejected_requests_total", "requests refused (queue_full, timeout, "
+                                "draining)", [*MV, "reason"], registry=r)
+        self.predictions = Counter("director_predictions_total", "inputs predicted", MV, registry=r)
+        self.class_predictions = Counter("director_class_predictions_total", "inputs predicted per class (label: "
+                                         "the manifest's label, else unknown)", [*MV, "label"], registry=r)
+        self.ood_predictions = Counter("director_ood_predictions_total", "inputs flagged out-of-distribution",
+                                       MV, registry=r)
+        self.confidence = Histogram("director_prediction_confidence", "max of the mean probability", MV,
+                                    buckets=CONFIDENCE_BUCKETS, registry=r)
+        self.entropy = Histogram("director_predictive_entropy_nats", "entropy of the mean probability", MV,
+                                 buckets=ENTROPY_BUCKETS, registry=r)
+        self.mutual_information = Histogram("director_mutual_information_nats", "predictive minus expected "
+                                            "entropy", MV, buckets=MI_BUCKETS, registry=r)
+        self.ood_score = Histogram("director_ood_score", "the manifest's OOD score (higher = more OOD)", MV,
+                                   buckets=OOD_BUCKETS, registry=r)
+        self.drift_ks = Gauge("director_confidence_drift_ks", "KS distance of live confidences (default sample "
+                              "count) to the reference", MV, registry=r, multiprocess_mode="livemostrecent")
+        self.drift_psi = Gauge("director_confidence_drift_psi", "PSI of live confidences over the reference "
+                               "deciles", MV, registry=r, multiprocess_mode="livemostrecent")
+        self.feedback = Counter("director_feedback_total", "ground-truth labels received", MV, registry=r)
+        self.prediction_log_dropped = Counter("director_prediction_log_dropped_total", "logged predictions dropped "
+                                              "unwritten: the store was away while more than feedback_max_rows "
+                                              "gathered, or at shutdown", registry=r)
+        self.prediction_log_pending = Gauge("director_prediction_log_pending", "logged predictions waiting to be "
+                                            "written to the feedback store", registry=r, multiprocess_mode="livesum")
+        self.live_accuracy = Gauge("director_live_accuracy_ratio", "accuracy over the latest labelled predictions",
+                                   MV, registry=r, multiprocess_mode="mostrecent")
+        self.live_ece = Gauge("director_live_ece_ratio", "ECE over the latest labelled predictions", MV, registry=r,
+                              multiprocess_mode="mostrecent")
+        self.gpu_memory = Gauge("director_gpu_memory_allocated_bytes", "torch CUDA memory allocated", registry=r,
+                                multiprocess_mode="livesum")
+        self.gpu_memory_reserved = Gauge("director_gpu_memory_reserved_bytes", "torch CUDA memory held by the "
+                                         "caching allocator (allocated plus cached for reuse)", registry=r,
+                                         multiprocess_mode="livesum")
+        self.gpu_memory_peak = Gauge("director_gpu_memory_peak_bytes", "highest torch CUDA memory allocated since the "
+                                     "process started", registry=r, multiprocess_mode="livemax")
+        self.gpu_out_of_memory = Counter("director_gpu_out_of_memory_total", "forwards that ran out of device memory "
+                                         "(each failed its batch with 503; the server goes on)", registry=r)
+        r.register(GpuMemoryCollector())  # director_gpu_memory_{used,total}_bytes, read at each scrape
+        r.register(GpuUtilisationCollector())  # director_gpu_utilization_ratio, through NVML when installed
+        self.model_info = Gauge("director_model_info", "1 per served model version, with its state", [
+            *MV, "method", "state"], registry=r, multiprocess_mode="livemostrecent")
+        # the manifest's validation reference of each ready version (what the alerts and dashboard compare with)
+        def reference(name: str, documentation: str, labels: tuple[str, ...] = MV) -> Gauge:
+            return Gauge(name, documentation, labels, registry=r, multiprocess_mode="livemostrecent")
+
+        quantile = (*MV, "quantile")
+        self.reference_accuracy = reference("director_reference_accuracy_ratio", "validation accuracy in the "
+                                            "manifest (default sample count)")
+        self.reference_ece = reference("director_reference_ece_ratio", "validation ECE in the manifest (default "
+                                       "sample count)")
+        self.reference_ood_rate = reference("director_reference_ood_ratio", "share of in-distribution validation "
+                                            "inputs the manifest's OOD rule flags (else 1 - ood.tpr)")
+        self.ood_threshold = reference("director_ood_threshold", "the manifest's OOD flag threshold (is_ood = "
+                                       "ood_score > threshold) per calibrated sample count, and the score it applies "
+                                       "to", (*MV, "n_samples", "score"))
+        self.reference_distributions = {
+            "confidence": reference("director_reference_confidence_ratio", "validation confidence at a quantile "
+                                    "level", quantile),
+            "predictive_entropy": reference("director_reference_predictive_entropy_nats", "validation predictive "
+                                            "entropy at a quantile level", quantile),
+            "mutual_information": reference("director_reference_mutual_information_nats", "validation mutual "
+                                            "information at a quantile level", quantile),
+        }
+        self._published: dict[tuple[str, str], set[SeriesKey]] = {}  # per-version gauges, to remove on unload
+        self._info: set[tuple[str, str, str, str]] = set()
+        self._class_labels: dict[tuple[str, str], list[str]] = {}  # the manifest's labels of each ready version
+
+    def observe_summary(self, model: str, version: str, summary: UncertaintySummary, ood: list[float],
+                        flags: list[bool]) -> None:
+        labels = (model, version)
+        self.predictions.labels(*labels).inc(len(flags))
+        flagged = sum(flags)
+        self.ood_predictions.labels(*labels).inc(flagged)  # inc(0) still creates the series
+        names = self._class_labels.get(labels, [])
+        for index, count in collections.Counter(summary.prediction.tolist()).items():
+            name = names[index] if 0 <= index < len(names) else UNKNOWN
+            self.class_predictions.labels(*labels, name).inc(count)
+        for values, hist in ((summary.confidence.tolist(), self.confidence),
+                             (summary.predictive_entropy.tolist(), self.entropy),
+                             (summary.mutual_information.tolist(), self.mutual_information),
+                             (ood, self.ood_score)):
+            child = hist.labels(*labels)
+            for value in values:
+                child.observe(value)
+
+    def observe_device_memory(self, stats: tuple[int, int, int] | None) -> None:
+        """(allocated, reserved, peak) bytes of the CUDA device (``Device.memory_stats``); nothing off CUDA."""
+        if stats is not None:
+            allocated, reserved, peak = stats
+            self.gpu_memory.set(allocated)
+            self.gpu_memory_reserved.set(reserved)
+            self.gpu_memory_peak.set(peak)
+
+    # per-version series -------------------------------------------------------------------------------
+    def publish_version(self, model: str, version: str, manifest: Mapping[str, Any], max_queue: int) -> None:
+        """A ready version: its reference values and queue capacity, and its labelled counters at 0. Idempotent
+        (called on every repository change); series of an earlier manifest of the version that this one lacks
+        are removed."""
+        labels = (model, version)
+        values: dict[SeriesKey, float] = {(self.queue_capacity, labels): float(max_queue)}
+        reference = reference_values(manifest)
+        for name, gauge in (("accuracy", self.reference_accuracy), ("ece", self.reference_ece),
+                            ("ood_rate", self.reference_ood_rate)):
+            if name in reference:
+                values[(gauge, labels)] = reference[name]
+        for distribution, gauge in self.reference_distributions.items():
+            for q in REFERENCE_QUANTILES:
+                value = reference.get(f"{distribution}@{q}")
+                if value is not None:
+                    values[(gauge, (*labels, str(q)))] = value
+        for (count, score), threshold in ood_thresholds(manifest).items():
+            values[(self.ood_threshold, (*labels, count, score))] = threshold
+        for key in self._published.get(labels, set()) - set(values):
+            self._remove(*key)
+        for (gauge, series), value in values.items():
+            gauge.labels(*series).set(value)
+        self._published[labels] = set(values)
+        # children created at 0: a counter that appears only at its first increment makes rate() miss that one
+        for reason in REJECT_REASONS:
+            self.rejected.labels(model, version, reason)
+        for counter in (self.predictions, self.ood_predictions, self.feedback):
+            counter.labels(*labels)
+        self._class_labels[labels] = class_labels(manifest)
+        for name in self._class_labels[labels]:
+            self.class_predictions.labels(*labels, name)
+        self.queue_depth.labels(*labels)
+
+    def unpublish_version(self, model: str, version: str) -> None:
+        """The version is no longer served: remove its reference and capacity series."""
+        for key in self._published.pop((model, version), set()):
+            self._remove(*key)
+        self._class_labels.pop((model, version), None)
+
+    def published_versions(self) -> set[tuple[str, str]]:
+        return set(self._published)
+
+    def set_model_info(self, series: Iterable[tuple[str, str, str, str]]) -> None:
+        """``director_model_info`` = 1 for exactly these (model, version, method, state) label sets."""
+        current = set(series)
+        for labels in self._info - current:
+            self._remove(self.model_info, labels)
+        for labels in current:
+            self.model_info.labels(*labels).set(1)
+        self._info = current
+
+    def _remove(self, gauge: Gauge, labels: tuple[str, ...]) -> None:
+        if multiprocess_dir() is None:
+            gauge.remove(*labels)
+        else:  # the shared file keeps every series it ever held: NaN marks it removed, expose() drops it
+            gauge.labels(*labels).set(math.nan)
+
+    def expose(self) -> bytes:
+        directory = multiprocess_dir()
+        if directory is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        registry.register(_WithoutRemoved(prom_multiprocess.MultiProcessCollector(None, path=directory)))
+        registry.register(_WorkerProcesses(directory))
+        registry.register(PLATFORM_COLLECTOR)
+        registry.register(GpuMemoryCollector())  # device-wide: the same whichever worker answers the scrape
+        registry.register(GpuUtilisationCollector())
+        return generate_latest(registry)
+
+
+_WORKER_FILE = re.compile(r"_(\d+)\.db$")
+
+
+class _WorkerProcesses(Collector):
+    """``process_*`` of every live worker of a multiprocess server, labelled ``pid``: the workers are the pids in
+    the shared directory's file names whose process still exists (read from ``/proc``, as the single-process
+    collector reads its own)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory)
+
+    def collect(self) -> Iterator[Metric]:
+        pids = sorted({int(m.group(1)) for f in self.directory.glob("*.db") if (m := _WORKER_FILE.search(f.name))})
+        families: dict[str, Metric] = {}
+        for pid in pids:
+            if not Path(f"/proc/{pid}").exists():
+                continue
+            for metric in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+                family = families.setdefault(metric.name, Metric(metric.name, metric.documentation, metric.type,
+                                                                 metric.unit))
+                for sample in metric.samples:
+                    family.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+        yield from families.values()
+
+
+class _WithoutRemoved(Collector):
+    """The multiprocess collector minus gauge samples marked removed (NaN, see ``Metrics._remove``)."""
+
+    def __init__(self, collector: prom_multiprocess.MultiProcessCollector) -> None:
+        self.collector = collector
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.collector.collect():
+            if metric.type == "gauge":
+                metric.samples = [s for s in metric.samples if not math.isnan(s.value)]
+            yield metric
+
+
+def reference_values(manifest: Mapping[str, Any]) -> dict[str, float]:
+    """The manifest's reference statistics as gauge values: ``accuracy``, ``ece``, ``ood_rate`` (the measured
+    in-distribution rate, else ``1 - ood.tpr``) and ``<distribution>@<level>`` for the ``REFERENCE_QUANTILES``
+    (linear interpolation of its evenly spaced quantiles). Missing or malformed entries are left out."""
+    reference = manifest.get("reference")
+    reference = reference if isinstance(reference, Mapping) else {}
+    ood = manifest.get("ood")
+    ood = ood if isinstance(ood, Mapping) else {}
+    found: dict[str, float] = {}
+    candidates: list[tuple[str, Any]] = [("accuracy", reference.get("accuracy")), ("ece", reference.get("ece"))]
+    if reference.get("ood_rate") is not None:
+        candidates.append(("ood_rate", reference.get("ood_rate")))
+    elif ood.get("tpr") is not None:
+        candidates.append(("ood_rate", _one_minus(ood.get("tpr"))))
+    levels = reference.get("quantile_levels")
+    for distribution in REFERENCE_DISTRIBUTIONS:
+        quantiles = reference.get(f"{distribution}_quantiles")
+        for q in REFERENCE_QUANTILES:
+            candidates.append((f"{distribution}@{q}", _interpolate(levels, quantiles, q)))
+    for name, value in candidates:
+        if value is None:
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            log.warning("manifest %s version %s: reference %s is not a number: %r", manifest.get("name"),
+                        manifest.get("version"), name, value)
+            continue
+        if math.isfinite(number):
+            found[name] = number
+    return found
+
+
+def ood_thresholds(manifest: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """The manifest's ``ood.thresholds`` as {(sample count, score): threshold}; malformed entries are left out."""
+    ood = manifest.get("ood")
+    thresholds = ood.get("thresholds") if isinstance(ood, Mapping) else None
+    found: dict[tuple[str, str], float] = {}
+    for count, rule in (thresholds.items() if isinstance(thresholds, Mapping) else []):
+        if not isinstance(rule, Mapping) or not isinstance(rule.get("score"), str):
+            continue
+        try:
+            value = float(rule.get("threshold"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            found[(str(count), rule["score"])] = value
+    return found
+
+
+def class_labels(manifest: Mapping[str, Any]) -> list[str]:
+    """The manifest's ``labels`` (index = class) as label values; none when the list is missing or malformed."""
+    labels = manifest.get("labels")
+    return [str(label) for label in labels] if isinstance(labels, list) else []
+
+
+def _one_minus(value: Any) -> float | None:
+    try:
+        return 1.0 - float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _interpolate(levels: Any, quantiles: Any, q: float) -> float | None:
+    try:
+        x = np.asarray(levels, dtype=np.float64)
+        y = np.asarray(quantiles, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if x.ndim != 1 or x.shape != y.shape or x.size < 2 or not (x[0] <= q <= x[-1]) or np.any(np.diff(x) <= 0):
+        return None
+    return float(np.interp(q, x, y))
+
+
+def mark_process_dead() -> None:
+    if multiprocess_dir() is not None:
+        prom_multiprocess.mark_process_dead(os.getpid())

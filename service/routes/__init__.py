@@ -1,1 +1,0 @@
-"""Thin HTTP routers; the logic lives in ``service.serving``."""
