@@ -146,7 +146,7 @@ class EvaluateConfig:
 
     task: str = "fashion-mnist"
     stages: list[str] = field(default_factory=lambda: ["test_and_ood", "detectors", "shift", "sweep", "cost",
-                                                       "ablations", "variance"])
+                                                       "ablations", "variance", "kernel_depth"])
     ensemble_members: int = 3  # member 0 is the pipeline's own backbone
     samples: int = 16  # S for MC dropout and DIRECTOR
     sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
@@ -161,6 +161,10 @@ class EvaluateConfig:
     ablation_epochs: int = 2
     ablation_inputs: int | None = None  # first N test inputs for the ablation rows (None: the whole split)
     distil_seeds: list[int] = field(default_factory=lambda: [1, 2])  # extra seeds beside cfg.seed, full recipe
+    # the kernel error over K diffused steps against the run's own K (``training.evaluate.kernel_depth``): each K
+    # distilled for ``kernel_depth_epochs`` on the main run's backbone; a K beyond the backbone's depth is skipped
+    kernel_error_depths: list[int] = field(default_factory=lambda: [2, 3])
+    kernel_depth_epochs: int = 3
     latency_images: int = 64
     latency_repeats: int = 3
     bootstrap: int = 200

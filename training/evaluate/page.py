@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from models.feature_scores import FEATURE_SCORES
+from training.evaluate.kernel_depth_page import kernel_depth_section
 from training.evaluate.plots import domain_shift_plot, reliability_grid, risk_coverage_plot, shift_plot, sweep_plot
 
 
@@ -341,6 +342,8 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         "### The free detectors, on each method's own features", "",
         *(detector_tables(results) if "detectors" in results else [PENDING]), "",
         "### Does DIRECTOR's predicted variance follow its own error?", "", *variance_table(results), "",
+        "### DIRECTOR's own contribution: the kernel error over K steps", "",
+        *(kernel_depth_section(results, out_dir) if "kernel_depth" in results else [PENDING]), "",
     ]
     text_shift = "shift" in results and "by_domain" in next(iter(results["shift"].values()))
     if text_shift:

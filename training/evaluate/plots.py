@@ -118,3 +118,28 @@ def risk_coverage_plot(named_probs: dict[str, torch.Tensor], labels: torch.Tenso
            title="Risk against coverage on the test split")
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def kernel_depth_plot(kernel_depth: dict[str, Any], path: Path) -> Path:
+    """AUROC per set (OOD validation, where the choices are made, then the reported sets) of the feature score alone
+    and, per K, the kernel error alone and combined with the feature score: grouped bars."""
+    depths = kernel_depth["depths"]
+    first = next(iter(depths.values()))
+    sets = ["OOD validation", *first["ood"]]
+    bars = {f"{first['feature_score']} alone": [first["validation_auroc"]["feature"],
+                                                *(first["ood"][s]["feature"]["auroc"] for s in first["ood"])]}
+    for depth, entry in depths.items():
+        for key, name in (("kernel_error", "kernel error"), ("combined", "combined")):
+            bars[f"{name} K={depth}"] = [entry["validation_auroc"][key],
+                                         *(entry["ood"][s][key]["auroc"] for s in entry["ood"])]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / len(bars)
+    for i, (name, values) in enumerate(bars.items()):
+        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(sets))], values, width, label=name)
+    lowest = min(min(values) for values in bars.values())
+    ax.set_xticks(range(len(sets)), sets)
+    ax.set(ylabel="AUROC", ylim=(max(0.0, lowest - 0.05), 1.0),
+           title="The kernel error over K steps, alone and with the feature score")
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(bars), fontsize=7, frameon=False)
+    return _save(fig, path, rect=(0, 0.07, 1, 1))  # room for the legend below the axes

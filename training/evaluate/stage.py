@@ -6,7 +6,8 @@ Methods: deterministic backbone, temperature scaling, MC dropout, deep ensemble,
 DIRECTOR + temperature scaling, DIRECTOR + noise temperature. Sets: training (feature statistics only), validation
 (fitting only), test, the OOD-validation set (score choice only), the reported OOD sets, and the shifted sets.
 Stages (``evaluate.stages``): test_and_ood (always first: it chooses each method's OOD score and flag), detectors
-(``training.evaluate.detectors``), shift (``training.evaluate.shift``), sweep, cost, ablations, variance.
+(``training.evaluate.detectors``), shift (``training.evaluate.shift``), sweep, cost, ablations, variance,
+kernel_depth (``training.evaluate.kernel_depth``: the kernel error over K steps, alone and with a feature score).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from training.evaluate.ablations import ablation_config, ensure_distilled, seed_
 from training.evaluate.cost import latencies_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
 from training.evaluate.detectors import evaluate_detectors
 from training.evaluate.evaluation import Evaluation, Method, build_methods, build_sources, summary_of
+from training.evaluate.kernel_depth import evaluate_kernel_depth
 from training.evaluate.logit_cache import fingerprint
 from training.evaluate.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
 from training.evaluate.shift import evaluate_shift
@@ -248,6 +250,8 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),
         ("ablations", lambda: evaluate_ablations(evaluation)),
         ("variance", lambda: variance_report(errors, evaluation.inputs.test, evaluation.inputs.ood)),
+        ("kernel_depth", lambda: evaluate_kernel_depth(evaluation, draws_test,
+                                                       results["test_and_ood"]["director_s1"]["ood_score"])),
     ]
     unknown = set(cfg.evaluate.stages) - {name for name, _ in stages}
     if unknown or "test_and_ood" not in cfg.evaluate.stages:

@@ -89,7 +89,9 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
         assert 0.0 <= results["test_and_ood"][method]["test_flag_rate"] <= 1.0
     assert set(results["sweep"]) == {"director", "mc_dropout"}
     assert set(results["load_average_1m"]) == {"test_and_ood", "detectors", "shift", "sweep", "cost", "ablations",
-                                               "variance"}
+                                               "variance", "kernel_depth"}
+    # the whole-stack run (K = T = 2) measures its own K; the default K = 3 is deeper than the backbone
+    assert list(results["kernel_depth"]["depths"]) == ["2"] and set(results["kernel_depth"]["skipped"]) == {"3"}
     assert set(results["sweep"]["director"]) == {"1", "2", "8"}
     cost = results["cost"]
     assert cost["deterministic"]["latency_ms_ratio"] == 1.0
@@ -186,8 +188,8 @@ def test_rerun_reads_the_cache(evaluated: tuple[Path, dict[str, Any]]) -> None:
 def test_exported_baselines_load_in_the_server(evaluated: tuple[Path, dict[str, Any]], tmp_path: Path,
                                                method: str) -> None:
     """A baseline artifact passes the server's own validation, sha256 check and warm-up forward."""
-    from service.artifact import load_artifact
-    from service.device import resolve_device
+    from service.engine.artifact import load_artifact
+    from service.engine.device import resolve_device
 
     config, _ = evaluated
     assert main(["export-baseline", "--config", str(config), "--method", method,
@@ -211,7 +213,8 @@ def test_a_partial_run_marks_the_missing_stages_pending(evaluated: tuple[Path, d
                  "--set", "evaluate.task=partial"]) == 0
     docs = config.parent / "docs"
     results = json.loads((docs / "partial.json").read_text())
-    assert "sweep" in results and all(stage not in results for stage in ("detectors", "shift", "cost", "ablations"))
+    assert "sweep" in results and all(stage not in results for stage in ("detectors", "shift", "cost", "ablations",
+                                                                  "kernel_depth"))
     page = (docs / "partial.md").read_text()
-    assert page.count("Not run: this stage is not in this run") == 5  # costs are marked beside the main table
+    assert page.count("Not run: this stage is not in this run") == 6  # costs are marked beside the main table
     assert "--set 'evaluate.stages=[test_and_ood, sweep]'" in page
