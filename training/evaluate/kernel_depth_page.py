@@ -41,7 +41,6 @@ def kernel_depth_section(results: dict[str, Any], out_dir: Path) -> list[str]:
     depths, first = kd["depths"], next(iter(kd["depths"].values()))
     sets = list(first["ood"])
     plot = kernel_depth_plot(kd, out_dir / f"{results['task']}-kernel-depth.png")
-    win = kd["winner"]
     lines = [f"The kernel error averages the kernel's teacher-forced squared error over the last K of the backbone's "
              f"{kd['transitions']} transitions. The run's own kernel diffuses K = {kd['served_depth']} "
              f"(distilled for {depths[str(kd['served_depth'])]['epochs']} epoch(s)); each other K is distilled on "
@@ -57,12 +56,22 @@ def kernel_depth_section(results: dict[str, Any], out_dir: Path) -> list[str]:
              "| K | " + " | ".join(sets) + " |", "| --- | " + " | ".join("---" for _ in sets) + " |"]
     lines += [f"| {depth} | " + " | ".join(interval(e["ood"][s]["combined_minus_feature"]) for s in sets) + " |"
               for depth, e in depths.items()]
-    cost = {d: e["cost"] for d, e in depths.items()}
-    lines += ["", f"On OOD validation the winner is `{win['label']}` (AUROC {win['validation_auroc']:.4f}); the "
-              f"served score (DIRECTOR's S = 1 choice) is `{kd['served_score']}`: "
-              + ("the winner differs from it." if win["differs_from_served"] else "the same.")
-              + " Cost at S = 1 in layer-equivalents (a kernel step counted as one layer), relative to the backbone's "
-              + str(kd["transitions"]) + ": " + "; ".join(f"K={d} {c['layer_equivalents_s1']} "
-                                                          f"({c['ratio_to_backbone']:.2f}x)" for d, c in cost.items())
-              + ".", "", f"![kernel-depth]({plot.name})"]
-    return lines
+    return lines + ["", *verdict(results), "", f"![kernel-depth]({plot.name})"]
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    """Which variant wins on OOD validation, against the served score (and its own OOD-validation AUROC among every
+    candidate of ``test_and_ood``), and what each K costs."""
+    kd, win = results["kernel_depth"], results["kernel_depth"]["winner"]
+    served = kd["served_score"]
+    served_auroc = results["test_and_ood"]["director_s1"]["ood_selection_auroc"].get(served)
+    cost = {d: e["cost"] for d, e in kd["depths"].items()}
+    return [f"On OOD validation the winner among these variants is `{win['label']}` (AUROC "
+            f"{win['validation_auroc']:.4f}); the served score (DIRECTOR's S = 1 choice among every candidate, logit "
+            f"scores included) is `{served}`"
+            + (f" (AUROC {served_auroc:.4f})" if served_auroc is not None else "") + ": "
+            + ("the winner differs from it." if win["differs_from_served"] else "the same.")
+            + " Cost at S = 1 in layer-equivalents (a kernel step counted as one layer; the stem and readout not "
+            f"counted), against the backbone's {kd['transitions']}: "
+            + "; ".join(f"K={d} {c['layer_equivalents_s1']} ({c['ratio_to_backbone']:.2f}x)" for d, c in cost.items())
+            + "."]

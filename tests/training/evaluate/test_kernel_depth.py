@@ -67,8 +67,9 @@ def test_each_depth_is_reported_on_every_set(evaluated: tuple[Path, dict[str, An
 
 
 def test_the_page_shows_the_section_and_its_plot(evaluated: tuple[Path, dict[str, Any]]) -> None:
-    tmp, _ = evaluated
+    tmp, results = evaluated
     page = (tmp / "docs" / "tiny-depth.md").read_text()
+    assert f"is `{results['kernel_depth']['served_score']}` (AUROC " in page  # served beside the winner
     assert "### DIRECTOR's own contribution: the kernel error over K steps" in page
     assert "| kernel error | 2 | 1 | 2 / 1 |" in page
     assert "K = 5 is skipped: the backbone has 2 transitions." in page
