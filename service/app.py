@@ -28,13 +28,13 @@ from service.engine.repository import ModelRepository
 from service.errors import register_error_handlers
 from service.feedback.calls import StoreCalls
 from service.feedback.configured import open_feedback_store
-from service.feedback.store import FLUSH_INTERVAL_S
-from service.observability.metrics import Metrics, mark_process_dead
+from service.feedback.flusher import LogFlusher
+from service.observability.metrics import Metrics
+from service.observability.multiprocess import mark_process_dead
 from service.observability.statistics import Statistics
 from service.state import AppState, Lifecycle
 
 log = logging.getLogger("service")
-FLUSH_TIMEOUT_S = 30.0  # one flush of the prediction log (it goes on in its thread past this; the next one waits)
 
 
 def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> AppState:
@@ -71,8 +71,9 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
     decoder = DecodePool(settings.decode_threads)
     statistics = Statistics()
     predictor = Predictor(settings, repository, decoder, metrics_, statistics, store)
-    state = AppState(settings, device, metrics_, repository, store, lifecycle, decoder,
-                     StoreCalls(settings.feedback_threads, settings.feedback_timeout_s), statistics, predictor)
+    calls = StoreCalls(settings.feedback_threads, settings.feedback_timeout_s)
+    state = AppState(settings, device, metrics_, repository, store, lifecycle, decoder, calls, statistics, predictor,
+                     LogFlusher(store, calls))
     holder["state"] = state
     return state
 
@@ -86,47 +87,17 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = build_state(settings, metrics_, lifecycle)
         app.state.director = state
-
-        async def load_then_poll() -> None:
-            await state.repository.scan()
-            await state.refresh_live_gauges()  # they survive a restart
-            if settings.poll_interval_s > 0:
-                await state.repository.poll(settings.poll_interval_s)
-
-        async def flush_feedback() -> None:
-            failing = False  # reported once per outage, not every interval
-            while True:
-                await asyncio.sleep(FLUSH_INTERVAL_S)
-                if state.feedback.pending:
-                    try:
-                        await state.store_calls.run(state.feedback.flush, timeout_s=FLUSH_TIMEOUT_S)
-                    except Exception:  # the next flush retries what is still pending; predictions go on
-                        if not failing:
-                            log.exception("could not write the prediction log; retrying")
-                        failing = True
-                    else:
-                        if failing:
-                            log.info("the prediction log is written again")
-                        failing = False
-
-        loader = asyncio.get_running_loop().create_task(load_then_poll(), name="repository")
-        flusher = asyncio.get_running_loop().create_task(flush_feedback(), name="feedback-flush")
+        state.repository.start(settings.poll_interval_s, state.refresh_live_gauges)  # the gauges survive a restart
+        state.flusher.start()
         log.info("serving %s on %s (%d threads)", settings.model_repository, state.device.torch_device,
                  torch.get_num_threads())
         try:
             yield
         finally:
             lifecycle.draining = True
-            loader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loader
             await state.repository.close()  # queued requests finish first
             await asyncio.to_thread(state.decoder.close)
-            flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flusher
-            state.feedback.close()  # writes what is still pending
-            state.store_calls.close()
+            await state.flusher.close()  # writes what is still pending
             mark_process_dead()
 
     app = FastAPI(title="DIRECTOR serving", version=__version__, lifespan=lifespan,

@@ -12,6 +12,7 @@ from service.engine.device import Device
 from service.engine.predictor import Predictor
 from service.engine.repository import ModelRepository, VersionState
 from service.feedback.calls import StoreCalls
+from service.feedback.flusher import LogFlusher
 from service.feedback.store import FeedbackStore, FeedbackUnavailable, LiveStats
 from service.observability.metrics import UNKNOWN, Metrics
 from service.observability.statistics import Statistics
@@ -47,6 +48,7 @@ class AppState:
     store_calls: StoreCalls
     statistics: Statistics  # Triton's statistics extension
     predictor: Predictor  # the prediction use-case the protocols share
+    flusher: LogFlusher  # writes the prediction log; closes the store
 
     def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:
         """Bounded label values: names the repository does not know become ``unknown``."""
@@ -67,7 +69,7 @@ class AppState:
         for name, version in metrics.published_versions() - set(ready):
             metrics.unpublish_version(name, version)
         for (name, version), entry in ready.items():
-            metrics.publish_version(name, version, entry.artifact.manifest.document(), entry.worker.max_queue)
+            metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
 
     async def refresh_live_gauges(self) -> None:
         """Live accuracy and ECE of every known version, read from the feedback store (on its own threads, within

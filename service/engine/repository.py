@@ -10,9 +10,10 @@ file re-checks every version at the next scan."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -118,8 +119,10 @@ class ModelRepository:
         self._scan_lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self.unloaded: set[str] = set()  # models taken out by ``unload``: scans skip their folders until ``load``
+        self._scanner: asyncio.Task[None] | None = None
 
     # lookups -------------------------------------------------------------------------------------------
+
     def versions(self, name: str) -> list[ModelVersion]:
         return sorted(self.models.get(name, {}).values(), key=lambda v: version_key(v.version))
 
@@ -256,8 +259,17 @@ class ModelRepository:
         await self.scan()
         return True
 
-    async def poll(self, interval_s: float) -> None:
-        while True:
+    def start(self, poll_interval_s: float, after_first_scan: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Scan in the background, run ``after_first_scan``, then scan again every ``poll_interval_s`` (0: never)."""
+        self._scanner = asyncio.get_running_loop().create_task(self._scan_then_poll(poll_interval_s, after_first_scan),
+                                                               name="repository")
+
+    async def _scan_then_poll(self, interval_s: float, after_first_scan: Callable[[], Awaitable[None]] | None
+                              ) -> None:
+        await self.scan()
+        if after_first_scan is not None:
+            await after_first_scan()
+        while interval_s > 0:
             await asyncio.sleep(interval_s)
             try:
                 await self.scan()
@@ -265,7 +277,11 @@ class ModelRepository:
                 log.exception("repository scan failed")
 
     async def close(self) -> None:
-        """Finish every queued request, then stop all workers."""
+        """Stop scanning, finish every queued request, then stop all workers."""
+        if self._scanner is not None:
+            self._scanner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scanner
         workers = [v.worker for v in self.all_versions() if v.worker is not None]
         await asyncio.gather(*(w.close(self.drain_timeout_s) for w in workers), *self._retiring)
         thaw()

@@ -33,15 +33,9 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import os
-import re
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
-import numpy as np
 from prometheus_client import (
-    PLATFORM_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -52,12 +46,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client import multiprocess as prom_multiprocess
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
+from artifact.contract import Manifest
 from models.uncertainty import UncertaintySummary
 from service.observability.gpu_metrics import GpuMemoryCollector, GpuUtilisationCollector
+from service.observability.multiprocess import expose_workers, multiprocess_dir
+from service.observability.reference import REFERENCE_QUANTILES, ood_thresholds, reference_values
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -72,8 +66,6 @@ UNKNOWN = "unknown"
 # every reason the server refuses a request for (director_rejected_requests_total{reason})
 QUEUE_FULL, TIMEOUT, DRAINING = "queue_full", "timeout", "draining"
 REJECT_REASONS = (QUEUE_FULL, TIMEOUT, DRAINING)
-REFERENCE_QUANTILES = (0.1, 0.5, 0.9)  # levels of the director_reference_<distribution>{quantile} gauges
-REFERENCE_DISTRIBUTIONS = ("confidence", "predictive_entropy", "mutual_information")  # manifest <name>_quantiles
 
 log = logging.getLogger("service.observability.metrics")
 
@@ -83,10 +75,6 @@ disable_created_metrics()
 SeriesKey = tuple[Gauge, tuple[str, ...]]
 
 
-def multiprocess_dir() -> str | None:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
-
-
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -94,6 +82,15 @@ class Metrics:
         ProcessCollector(registry=r)
         GCCollector(registry=r)
         PlatformCollector(registry=r)
+        self._requests_and_batches(r)
+        self._predictions(r)
+        self._feedback_and_device(r)
+        self._references(r)
+        self._published: dict[tuple[str, str], set[SeriesKey]] = {}  # per-version gauges, to remove on unload
+        self._info: set[tuple[str, str, str, str]] = set()
+        self._class_labels: dict[tuple[str, str], list[str]] = {}  # the manifest's labels of each ready version
+
+    def _requests_and_batches(self, r: CollectorRegistry) -> None:
         self.requests = Counter("director_requests_total", "HTTP requests by route template and status",
                                 ["endpoint", "code"], registry=r)
         self.request_duration = Histogram("director_request_duration_seconds", "HTTP request latency",
@@ -120,6 +117,8 @@ class Metrics:
                                     multiprocess_mode="livesum")
         self.rejected = Counter("director_rejected_requests_total", "requests refused (queue_full, timeout, "
                                 "draining)", [*MV, "reason"], registry=r)
+
+    def _predictions(self, r: CollectorRegistry) -> None:
         self.predictions = Counter("director_predictions_total", "inputs predicted", MV, registry=r)
         self.class_predictions = Counter("director_class_predictions_total", "inputs predicted per class (label: "
                                          "the manifest's label, else unknown)", [*MV, "label"], registry=r)
@@ -137,6 +136,8 @@ class Metrics:
                               "count) to the reference", MV, registry=r, multiprocess_mode="livemostrecent")
         self.drift_psi = Gauge("director_confidence_drift_psi", "PSI of live confidences over the reference "
                                "deciles", MV, registry=r, multiprocess_mode="livemostrecent")
+
+    def _feedback_and_device(self, r: CollectorRegistry) -> None:
         self.feedback = Counter("director_feedback_total", "ground-truth labels received", MV, registry=r)
         self.prediction_log_dropped = Counter("director_prediction_log_dropped_total", "logged predictions dropped "
                                               "unwritten: the store was away while more than feedback_max_rows "
@@ -160,7 +161,9 @@ class Metrics:
         r.register(GpuUtilisationCollector())  # director_gpu_utilization_ratio, through NVML when installed
         self.model_info = Gauge("director_model_info", "1 per served model version, with its state", [
             *MV, "method", "state"], registry=r, multiprocess_mode="livemostrecent")
-        # the manifest's validation reference of each ready version (what the alerts and dashboard compare with)
+
+    def _references(self, r: CollectorRegistry) -> None:
+        """The manifest's validation reference of each ready version (what the alerts and dashboard compare with)."""
         def reference(name: str, documentation: str, labels: tuple[str, ...] = MV) -> Gauge:
             return Gauge(name, documentation, labels, registry=r, multiprocess_mode="livemostrecent")
 
@@ -182,9 +185,6 @@ class Metrics:
             "mutual_information": reference("director_reference_mutual_information_nats", "validation mutual "
                                             "information at a quantile level", quantile),
         }
-        self._published: dict[tuple[str, str], set[SeriesKey]] = {}  # per-version gauges, to remove on unload
-        self._info: set[tuple[str, str, str, str]] = set()
-        self._class_labels: dict[tuple[str, str], list[str]] = {}  # the manifest's labels of each ready version
 
     def observe_summary(self, model: str, version: str, summary: UncertaintySummary, ood: list[float],
                         flags: list[bool]) -> None:
@@ -213,7 +213,7 @@ class Metrics:
             self.gpu_memory_peak.set(peak)
 
     # per-version series -------------------------------------------------------------------------------
-    def publish_version(self, model: str, version: str, manifest: Mapping[str, Any], max_queue: int) -> None:
+    def publish_version(self, model: str, version: str, manifest: Manifest, max_queue: int) -> None:
         """A ready version: its reference values and queue capacity, and its labelled counters at 0. Idempotent
         (called on every repository change); series of an earlier manifest of the version that this one lacks
         are removed."""
@@ -241,7 +241,7 @@ class Metrics:
             self.rejected.labels(model, version, reason)
         for counter in (self.predictions, self.ood_predictions, self.feedback):
             counter.labels(*labels)
-        self._class_labels[labels] = class_labels(manifest)
+        self._class_labels[labels] = list(manifest.labels)
         for name in self._class_labels[labels]:
             self.class_predictions.labels(*labels, name)
         self.queue_depth.labels(*labels)
@@ -272,129 +272,4 @@ class Metrics:
 
     def expose(self) -> bytes:
         directory = multiprocess_dir()
-        if directory is None:
-            return generate_latest(self.registry)
-        registry = CollectorRegistry()
-        registry.register(_WithoutRemoved(prom_multiprocess.MultiProcessCollector(None, path=directory)))
-        registry.register(_WorkerProcesses(directory))
-        registry.register(PLATFORM_COLLECTOR)
-        registry.register(GpuMemoryCollector())  # device-wide: the same whichever worker answers the scrape
-        registry.register(GpuUtilisationCollector())
-        return generate_latest(registry)
-
-
-_WORKER_FILE = re.compile(r"_(\d+)\.db$")
-
-
-class _WorkerProcesses(Collector):
-    """``process_*`` of every live worker of a multiprocess server, labelled ``pid``: the workers are the pids in
-    the shared directory's file names whose process still exists (read from ``/proc``, as the single-process
-    collector reads its own)."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = Path(directory)
-
-    def collect(self) -> Iterator[Metric]:
-        pids = sorted({int(m.group(1)) for f in self.directory.glob("*.db") if (m := _WORKER_FILE.search(f.name))})
-        families: dict[str, Metric] = {}
-        for pid in pids:
-            if not Path(f"/proc/{pid}").exists():
-                continue
-            for metric in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
-                family = families.setdefault(metric.name, Metric(metric.name, metric.documentation, metric.type,
-                                                                 metric.unit))
-                for sample in metric.samples:
-                    family.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
-        yield from families.values()
-
-
-class _WithoutRemoved(Collector):
-    """The multiprocess collector minus gauge samples marked removed (NaN, see ``Metrics._remove``)."""
-
-    def __init__(self, collector: prom_multiprocess.MultiProcessCollector) -> None:
-        self.collector = collector
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in self.collector.collect():
-            if metric.type == "gauge":
-                metric.samples = [s for s in metric.samples if not math.isnan(s.value)]
-            yield metric
-
-
-def reference_values(manifest: Mapping[str, Any]) -> dict[str, float]:
-    """The manifest's reference statistics as gauge values: ``accuracy``, ``ece``, ``ood_rate`` (the measured
-    in-distribution rate, else ``1 - ood.tpr``) and ``<distribution>@<level>`` for the ``REFERENCE_QUANTILES``
-    (linear interpolation of its evenly spaced quantiles). Missing or malformed entries are left out."""
-    reference = manifest.get("reference")
-    reference = reference if isinstance(reference, Mapping) else {}
-    ood = manifest.get("ood")
-    ood = ood if isinstance(ood, Mapping) else {}
-    found: dict[str, float] = {}
-    candidates: list[tuple[str, Any]] = [("accuracy", reference.get("accuracy")), ("ece", reference.get("ece"))]
-    if reference.get("ood_rate") is not None:
-        candidates.append(("ood_rate", reference.get("ood_rate")))
-    elif ood.get("tpr") is not None:
-        candidates.append(("ood_rate", _one_minus(ood.get("tpr"))))
-    levels = reference.get("quantile_levels")
-    for distribution in REFERENCE_DISTRIBUTIONS:
-        quantiles = reference.get(f"{distribution}_quantiles")
-        for q in REFERENCE_QUANTILES:
-            candidates.append((f"{distribution}@{q}", _interpolate(levels, quantiles, q)))
-    for name, value in candidates:
-        if value is None:
-            continue
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            log.warning("manifest %s version %s: reference %s is not a number: %r", manifest.get("name"),
-                        manifest.get("version"), name, value)
-            continue
-        if math.isfinite(number):
-            found[name] = number
-    return found
-
-
-def ood_thresholds(manifest: Mapping[str, Any]) -> dict[tuple[str, str], float]:
-    """The manifest's ``ood.thresholds`` as {(sample count, score): threshold}; malformed entries are left out."""
-    ood = manifest.get("ood")
-    thresholds = ood.get("thresholds") if isinstance(ood, Mapping) else None
-    found: dict[tuple[str, str], float] = {}
-    for count, rule in (thresholds.items() if isinstance(thresholds, Mapping) else []):
-        if not isinstance(rule, Mapping) or not isinstance(rule.get("score"), str):
-            continue
-        try:
-            value = float(rule.get("threshold"))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(value):
-            found[(str(count), rule["score"])] = value
-    return found
-
-
-def class_labels(manifest: Mapping[str, Any]) -> list[str]:
-    """The manifest's ``labels`` (index = class) as label values; none when the list is missing or malformed."""
-    labels = manifest.get("labels")
-    return [str(label) for label in labels] if isinstance(labels, list) else []
-
-
-def _one_minus(value: Any) -> float | None:
-    try:
-        return 1.0 - float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _interpolate(levels: Any, quantiles: Any, q: float) -> float | None:
-    try:
-        x = np.asarray(levels, dtype=np.float64)
-        y = np.asarray(quantiles, dtype=np.float64)
-    except (TypeError, ValueError):
-        return None
-    if x.ndim != 1 or x.shape != y.shape or x.size < 2 or not (x[0] <= q <= x[-1]) or np.any(np.diff(x) <= 0):
-        return None
-    return float(np.interp(q, x, y))
-
-
-def mark_process_dead() -> None:
-    if multiprocess_dir() is not None:
-        prom_multiprocess.mark_process_dead(os.getpid())
+        return generate_latest(self.registry) if directory is None else expose_workers(directory)

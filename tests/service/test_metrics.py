@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from artifact.contract import parse_manifest
 from models.uncertainty import UncertaintySummary, summarize
-from service.observability.metrics import Metrics, _WorkerProcesses
-from tests.service.conftest import metric_value
+from service.observability.metrics import Metrics
+from service.observability.multiprocess import _WorkerProcesses
+from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value
 
 
 @pytest.mark.parametrize("multiprocess", [False, True])
@@ -62,7 +65,8 @@ def test_per_class_counter_is_bounded_by_the_manifest_labels() -> None:
     """Every label of a ready version's manifest exists at 0 from its load; predictions count under their label;
     a class index the manifest does not name counts as `unknown`, so the label set stays bounded."""
     metrics = Metrics()
-    metrics.publish_version("m", "1", {"labels": ["cat", "dog", "eel"]}, max_queue=4)
+    manifest = parse_manifest(json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text()))
+    metrics.publish_version("m", "1", manifest.model_copy(update={"labels": ["cat", "dog", "eel"]}), max_queue=4)
     text = metrics.expose().decode()
     for label in ("cat", "dog", "eel"):
         assert metric_value(text, "director_class_predictions_total", model="m", version="1", label=label) == 0.0

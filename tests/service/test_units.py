@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from artifact.contract import Ood
+from artifact.contract import Manifest, Ood, Reference, parse_manifest
 from artifact.contract import TextInput as TextSpec
 from service.cli import build_parser, settings_from_args
 from service.config import Settings
@@ -21,7 +21,8 @@ from service.engine.codecs.text import TextCodec
 from service.engine.inference import chunks_by_cost
 from service.engine.repository import version_key
 from service.engine.texts import pad_batch, padded_length
-from service.observability.metrics import REJECT_REASONS, Metrics, reference_values
+from service.observability.metrics import REJECT_REASONS, Metrics
+from service.observability.reference import reference_values
 from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value
 
 
@@ -172,47 +173,55 @@ def test_a_bad_key_file_stops_the_server(tmp_path: Path, content: str | None, ke
         Settings(api_key_file=secret, api_key=key)
 
 
+def committed_manifest() -> Manifest:
+    return parse_manifest(json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text()))
+
+
 def test_reference_values_from_the_committed_manifest_and_fallbacks() -> None:
-    manifest = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())
-    reference = manifest["reference"]
+    manifest = committed_manifest()
+    reference = manifest.reference
+    assert reference is not None and reference.quantile_levels is not None
     values = reference_values(manifest)
-    assert values["accuracy"] == reference["accuracy"] and values["ece"] == reference["ece"]
-    assert values["ood_rate"] == reference["ood_rate"] and 0.03 < values["ood_rate"] < 0.08  # ~5% at 95% TPR
-    levels = reference["quantile_levels"]
+    assert values["accuracy"] == reference.accuracy and values["ece"] == reference.ece
+    assert values["ood_rate"] == reference.ood_rate and 0.03 < values["ood_rate"] < 0.08  # ~5% at 95% TPR
     for distribution in ("confidence", "predictive_entropy", "mutual_information"):
-        quantiles = reference[f"{distribution}_quantiles"]
-        assert values[f"{distribution}@0.5"] == pytest.approx(quantiles[levels.index(0.5)])
+        quantiles = getattr(reference, f"{distribution}_quantiles")
+        assert values[f"{distribution}@0.5"] == pytest.approx(quantiles[reference.quantile_levels.index(0.5)])
     # without a measured OOD rate, 1 - the thresholds' TPR; quantiles between levels are interpolated
-    assert reference_values({"ood": {"tpr": 0.9}, "reference": {"quantile_levels": [0.0, 0.2, 1.0],
-                                                                "confidence_quantiles": [0.5, 0.7, 1.0]}}) == {
+    sparse = manifest.model_copy(update={
+        "ood": manifest.ood.model_copy(update={"tpr": 0.9}),
+        "reference": Reference(quantile_levels=[0.0, 0.2, 1.0], confidence_quantiles=[0.5, 0.7, 1.0])})
+    assert reference_values(sparse) == {
         "ood_rate": pytest.approx(0.1), "confidence@0.1": pytest.approx(0.6), "confidence@0.5": pytest.approx(0.8125),
         "confidence@0.9": pytest.approx(0.9625)}
     # nothing usable: nothing exported (no NaN, no exception)
-    broken = {"reference": {"accuracy": "n/a", "ece": float("nan"), "quantile_levels": [0.5],
-                            "confidence_quantiles": [0.9]}, "ood": "none"}
+    broken = manifest.model_copy(update={"ood": manifest.ood.model_copy(update={"tpr": None}), "reference": Reference(
+        ece=float("nan"), quantile_levels=[0.5], confidence_quantiles=[0.9])})
     assert reference_values(broken) == {}
-    assert reference_values({}) == {}
+    assert reference_values(manifest.model_copy(update={"ood": manifest.ood.model_copy(update={"tpr": None}),
+                                                        "reference": None})) == {}
 
 
 def test_published_series_follow_the_version() -> None:
     metrics = Metrics()
-    manifest = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())
+    manifest = committed_manifest()
+    assert manifest.reference is not None
     metrics.publish_version("m", "1", manifest, max_queue=64)
     text = metrics.expose().decode()
     assert metric_value(text, "director_reference_accuracy_ratio", model="m", version="1") == \
-        manifest["reference"]["accuracy"]
+        manifest.reference.accuracy
     assert metric_value(text, "director_reference_confidence_ratio", model="m", version="1", quantile="0.9") is not None
     assert metric_value(text, "director_queue_capacity", model="m", version="1") == 64.0
     assert metric_value(text, "director_queue_depth", model="m", version="1") == 0.0
-    for count, rule in manifest["ood"]["thresholds"].items():  # the flag's threshold, per calibrated sample count
-        assert metric_value(text, "director_ood_threshold", model="m", version="1", n_samples=count,
-                            score=rule["score"]) == pytest.approx(rule["threshold"])
+    for count, rule in manifest.ood.thresholds.items():  # the flag's threshold, per calibrated sample count
+        assert metric_value(text, "director_ood_threshold", model="m", version="1", n_samples=str(count),
+                            score=rule.score) == pytest.approx(rule.threshold)
     for reason in REJECT_REASONS:  # every counter child exists before its first increment
         assert metric_value(text, "director_rejected_requests_total", model="m", version="1", reason=reason) == 0.0
     for counter in ("director_predictions_total", "director_ood_predictions_total", "director_feedback_total"):
         assert metric_value(text, counter, model="m", version="1") == 0.0, counter
     # the same version reloaded with a manifest lacking the reference block: its reference series go
-    metrics.publish_version("m", "1", {k: v for k, v in manifest.items() if k != "reference"}, max_queue=64)
+    metrics.publish_version("m", "1", manifest.model_copy(update={"reference": None}), max_queue=64)
     text = metrics.expose().decode()
     assert metric_value(text, "director_reference_accuracy_ratio", model="m", version="1") is None
     assert metric_value(text, "director_reference_ood_ratio", model="m", version="1") == pytest.approx(0.05)  # tpr
