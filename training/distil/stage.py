@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +152,69 @@ class DistilResult:
     kernel: TransitionKernel  # this rank's trained kernel (equal on every rank after DDP training)
 
 
+@dataclass
+class Progress:
+    """Where training stands: what a checkpoint saves and a resumed run starts from."""
+
+    epoch: int = 0
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    elapsed: float = 0.0  # seconds spent, across resumptions
+    best: dict[str, Any] | None = None  # the kept epoch: its number, validation NLL and trained weights
+
+
+@dataclass
+class Distillation:
+    """Everything one distillation run holds: the frozen teacher, the trained parts, their objective, optimiser,
+    schedule and moving average, and the start states X_{T-K} of every training input."""
+
+    cfg: PipelineConfig
+    dist_info: DistInfo
+    device: torch.device
+    family: Family
+    view: View
+    data: Any
+    teacher: Teacher
+    parts: Trainables
+    kernel_args: dict[str, Any]
+    objective: DistillationLoss
+    model: torch.nn.Module  # the objective, wrapped for DDP when there are several ranks
+    trainable: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ema: AveragedModel | None
+    starts: StartStates
+    steps_per_epoch: int
+    total_steps: int
+    progress: Progress
+
+
 def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
     """Train the kernel (resumable, one checkpoint per epoch); write ``director.pt`` with the kept weights."""
+    run = prepare(cfg, resume)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for epoch in range(run.progress.epoch, cfg.distil.epochs):
+        if run.progress.step >= run.total_steps:
+            break
+        record = train_epoch(run, epoch, gen)
+        if run.dist_info.is_main:
+            validate_and_keep(run, record)
+            save_progress(run)
+    path = Path(cfg.run_dir) / DIRECTOR_FILE
+    if run.dist_info.is_main:
+        save_kept(run, path)
+    if run.dist_info.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return DistilResult(path, run.parts.kernel)
+
+
+def prepare(cfg: PipelineConfig, resume: bool) -> Distillation:
+    """The teacher, the kernel sized to its observed variance, the objective and optimiser (restored from the
+    checkpoint when resuming) and the start states of every training input, computed once."""
     dist_info = init_distributed(cfg.device)
     run_dir = Path(cfg.run_dir)
-    ckpt_path, final_path = run_dir / CHECKPOINT_FILE, run_dir / DIRECTOR_FILE
+    ckpt_path = run_dir / CHECKPOINT_FILE
     set_threads(cfg.threads)
     seed_everything(cfg.seed)
     device = select_device(cfg.device, dist_info)
@@ -173,7 +231,6 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
     teacher = prepare_teacher(cfg, family, view, prefix, data, device, state, dist_info.is_main)
     if state is not None:
         print(f"resuming distillation at epoch {state['epoch']}")
-
     kernel = build_kernel(cfg, view, teacher.floors, teacher.tau, teacher.stats.last(depth), family.causal).to(device)
     kernel_args = {"dim": kernel.dim, "num_heads": view.num_heads, "num_steps": depth,
                    "mlp_ratio": dcfg.kernel.mlp_ratio, "frequency_embedding_size": dcfg.kernel.frequency_embedding_size,
@@ -188,7 +245,6 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
                           dcfg.train_samples, dcfg.l2_target)
     objective = DistillationLoss(kernel, readout, process, weights).to(device)
     trainable = [p for p in objective.parameters() if p.requires_grad]
-    model = data_parallel(objective, device, dist_info)
     optimizer = torch.optim.AdamW(trainable, lr=dcfg.lr, weight_decay=dcfg.weight_decay)
     unlabeled = unlabeled_inputs(cfg, family, data)  # the teacher's targets only
     inputs = len(data.train) + (len(unlabeled) if unlabeled is not None else 0)
@@ -198,91 +254,107 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
         total_steps = min(total_steps, dcfg.max_steps)
     scheduler = warmup_cosine(optimizer, dcfg.warmup_steps, total_steps)
     ema = moving_average(parts, dcfg.ema_decay)
-    start_epoch, step, history, elapsed, best = 0, 0, [], 0.0, None
+    progress = Progress()
     if state is not None:
         parts.load_state_dict(state["parts"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if ema is not None:
             ema.load_state_dict(state["ema"])
-        start_epoch, step, history, elapsed, best = (state["epoch"], state["step"], state["history"],
-                                                     state["elapsed"], state["best"])
+        progress = Progress(state["epoch"], state["step"], state["history"], state["elapsed"], state["best"])
     inputs_to_diffuse = [data.train] if unlabeled is None else [data.train, unlabeled]
     starts = start_states(view, prefix, inputs_to_diffuse, device, dcfg.start_states_memory_bytes,
                           run_dir / f"rank-{dist_info.rank}")  # X_{T-K} of every training input, once
-    elapsed += time.perf_counter() - t_start
+    progress.elapsed += time.perf_counter() - t_start
+    return Distillation(cfg, dist_info, device, family, view, data, teacher, parts, kernel_args, objective,
+                        data_parallel(objective, device, dist_info), trainable, optimizer, scheduler, ema, starts,
+                        steps_per_epoch, total_steps, progress)
 
-    gen = torch.Generator().manual_seed(cfg.seed)
-    for epoch in range(start_epoch, dcfg.epochs):
-        if step >= total_steps:
+
+def train_epoch(run: Distillation, epoch: int, gen: torch.Generator) -> dict[str, Any]:
+    """One epoch of the K diffused steps on this rank's shard; the epoch's mean diagnostics."""
+    cfg, dcfg, progress = run.cfg, run.cfg.distil, run.progress
+    gen.manual_seed(cfg.seed * 1000 + epoch)
+    torch.manual_seed(cfg.seed * 1000 + epoch + 7919 * run.dist_info.rank)
+    t0 = time.perf_counter()
+    run.objective.train()
+    run.parts.readout.train(dcfg.finetune_readout)
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    bar = tqdm(epoch_batches(cfg, run.starts, gen, run.dist_info), total=run.steps_per_epoch,
+               desc=f"distil epoch {epoch + 1}/{dcfg.epochs}", leave=False, disable=not run.dist_info.is_main)
+    for x_start, mask, labels in bar:
+        with autocast(run.device, cfg.bf16):
+            loss, diag = run.model(x_start.to(run.device, non_blocking=True),
+                                   labels.to(run.device, non_blocking=True),
+                                   None if mask is None else mask.to(run.device, non_blocking=True))
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(run.trainable, 1.0)
+        run.optimizer.step()
+        run.scheduler.step()
+        if run.ema is not None:
+            run.ema.update_parameters(run.parts)
+        progress.step += 1
+        count += 1
+        for key, value in diag.items():
+            sums[key] = sums.get(key, 0) + value.detach()
+        if count % 20 == 1:
+            bar.set_postfix(l1=f"{float(diag['l1']):.3f}", l2=f"{float(diag['l2']):.3f}")
+        if progress.step >= run.total_steps:
             break
-        gen.manual_seed(cfg.seed * 1000 + epoch)
-        torch.manual_seed(cfg.seed * 1000 + epoch + 7919 * dist_info.rank)
-        t0 = time.perf_counter()
-        objective.train()
-        readout.train(dcfg.finetune_readout)
-        sums: dict[str, torch.Tensor] = {}
-        count = 0
-        bar = tqdm(epoch_batches(cfg, starts, gen, dist_info), total=steps_per_epoch,
-                   desc=f"distil epoch {epoch + 1}/{dcfg.epochs}", leave=False, disable=not dist_info.is_main)
-        for x_start, mask, labels in bar:
-            with autocast(device, cfg.bf16):
-                loss, diag = model(x_start.to(device, non_blocking=True), labels.to(device, non_blocking=True),
-                                   None if mask is None else mask.to(device, non_blocking=True))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            scheduler.step()
-            if ema is not None:
-                ema.update_parameters(parts)
-            step += 1
-            count += 1
-            for key, value in diag.items():
-                sums[key] = sums.get(key, 0) + value.detach()
-            if count % 20 == 1:
-                bar.set_postfix(l1=f"{float(diag['l1']):.3f}", l2=f"{float(diag['l2']):.3f}")
-            if step >= total_steps:
-                break
-        elapsed += time.perf_counter() - t0
-        means = {k: (v.cpu() / max(count, 1)).tolist() for k, v in sums.items()}
-        record: dict[str, Any] = {"epoch": epoch + 1, "step": step, **means}
-        if dist_info.is_main:
-            validated = ema.module if ema is not None else parts
-            director = family.director(view, validated.kernel, validated.readout)
-            torch.manual_seed(cfg.seed)
-            record.update({f"val_{k}": v for k, v in
-                           validate(director, data.val.head(dcfg.val_images), dcfg.val_samples, device).items()})
-            if best is None or not dcfg.keep_best or record["val_nll"] < best["val_nll"]:
-                best = {"epoch": epoch + 1, "val_nll": record["val_nll"],
-                        "parts": copy.deepcopy(validated.state_dict())}
-            history.append(record)
-            print(f"distil epoch {epoch + 1}: L1 {means['l1']:.4f} L2 {means['l2']:.4f} "
-                  f"val acc {record['val_accuracy']:.4f} ece {record['val_ece']:.4f} nll {record['val_nll']:.4f} "
-                  f"(kept: epoch {best['epoch']}) | per step var_obs {_fmt(means['var_obs'])} "
-                  f"mse {_fmt(means['mean_sq_error'])} var_p {_fmt(means['var_p'])} ({elapsed / 60:.1f} min)")
-            save_checkpoint(ckpt_path, {
-                "parts": parts.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "epoch": epoch + 1,
-                "step": step, "history": history, "elapsed": elapsed, "best": best, "tau": teacher.tau,
-                "tau_accuracies": teacher.tau_accuracies, "stats": vars(teacher.stats), "config": config_dict(cfg),
-            })
-    if dist_info.is_main:
-        kept = Trainables(copy.deepcopy(kernel), copy.deepcopy(readout))
-        if best is not None:
-            kept.load_state_dict(best["parts"])
-        save_checkpoint(final_path, {
-            "kernel": kept.kernel.state_dict(), "kernel_args": kernel_args,
-            "readout": kept.readout.state_dict() if dcfg.finetune_readout else None,
-            "depth": depth, "backbone_steps": view.num_steps, "kept_epoch": None if best is None else best["epoch"],
-            "tau": teacher.tau, "tau_accuracies": teacher.tau_accuracies, "floors": teacher.floors,
-            "stats": vars(teacher.stats), "observed_variance": dcfg.observed_variance, "history": history,
-            "seconds": elapsed, "config": config_dict(cfg),
-        })
-    if dist_info.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
-    return DistilResult(final_path, kernel)
+    progress.elapsed += time.perf_counter() - t0
+    progress.epoch = epoch + 1
+    means = {k: (v.cpu() / max(count, 1)).tolist() for k, v in sums.items()}
+    return {"epoch": epoch + 1, "step": progress.step, **means}
+
+
+def validate_and_keep(run: Distillation, record: dict[str, Any]) -> None:
+    """Validate the moving average (else the trained weights) and keep them when their NLL is the best so far."""
+    cfg, dcfg, progress = run.cfg, run.cfg.distil, run.progress
+    validated = run.ema.module if run.ema is not None else run.parts
+    director = run.family.director(run.view, validated.kernel, validated.readout)
+    torch.manual_seed(cfg.seed)
+    report = validate(director, run.data.val.head(dcfg.val_images), dcfg.val_samples, run.device)
+    record.update({f"val_{k}": v for k, v in report.items()})
+    best = progress.best
+    if best is None or not dcfg.keep_best or record["val_nll"] < best["val_nll"]:
+        progress.best = best = {"epoch": record["epoch"], "val_nll": record["val_nll"],
+                                "parts": copy.deepcopy(validated.state_dict())}
+    progress.history.append(record)
+    print(f"distil epoch {record['epoch']}: L1 {record['l1']:.4f} L2 {record['l2']:.4f} "
+          f"val acc {record['val_accuracy']:.4f} ece {record['val_ece']:.4f} nll {record['val_nll']:.4f} "
+          f"(kept: epoch {best['epoch']}) | per step var_obs {_fmt(record['var_obs'])} "
+          f"mse {_fmt(record['mean_sq_error'])} var_p {_fmt(record['var_p'])} ({progress.elapsed / 60:.1f} min)")
+
+
+def save_progress(run: Distillation) -> None:
+    """The epoch's checkpoint: everything ``prepare`` restores to resume."""
+    progress, teacher = run.progress, run.teacher
+    save_checkpoint(Path(run.cfg.run_dir) / CHECKPOINT_FILE, {
+        "parts": run.parts.state_dict(), "ema": run.ema.state_dict() if run.ema is not None else None,
+        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(), "epoch": progress.epoch,
+        "step": progress.step, "history": progress.history, "elapsed": progress.elapsed, "best": progress.best,
+        "tau": teacher.tau, "tau_accuracies": teacher.tau_accuracies, "stats": vars(teacher.stats),
+        "config": config_dict(run.cfg),
+    })
+
+
+def save_kept(run: Distillation, path: Path) -> None:
+    """``director.pt``: the kept epoch's weights with what the exporter needs beside them."""
+    dcfg, teacher, best = run.cfg.distil, run.teacher, run.progress.best
+    kept = Trainables(copy.deepcopy(run.parts.kernel), copy.deepcopy(run.parts.readout))
+    if best is not None:
+        kept.load_state_dict(best["parts"])
+    save_checkpoint(path, {
+        "kernel": kept.kernel.state_dict(), "kernel_args": run.kernel_args,
+        "readout": kept.readout.state_dict() if dcfg.finetune_readout else None,
+        "depth": run.kernel_args["num_steps"], "backbone_steps": run.view.num_steps,
+        "kept_epoch": None if best is None else best["epoch"], "tau": teacher.tau,
+        "tau_accuracies": teacher.tau_accuracies, "floors": teacher.floors, "stats": vars(teacher.stats),
+        "observed_variance": dcfg.observed_variance, "history": run.progress.history,
+        "seconds": run.progress.elapsed, "config": config_dict(run.cfg),
+    })
 
 
 def _fmt(values: list[float]) -> str:
