@@ -7,6 +7,8 @@ Follows facebookresearch/DiT (``TimestepEmbedder``, ``modulate``, one ``initiali
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from timm.layers import Attention, Mlp
@@ -52,6 +54,45 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(self.timestep_embedding(t, self.frequency_embedding_size))  # [K, D]
 
 
+@dataclass(frozen=True, eq=False)
+class KernelConfig:
+    """What builds a ``TransitionKernel``, decided once where distillation sizes the kernel and saved beside its
+    weights, so whatever loads a checkpoint rebuilds the same module without knowing how it was sized."""
+
+    dim: int
+    num_heads: int
+    depth: int  # K, the diffused transitions: one conditioning and one pair of log-variance bounds per step
+    mlp_ratio: float = 1.0
+    frequency_embedding_size: int = 64
+    causal: bool = False  # a decoder's kernel attends like its teacher: token i to tokens j <= i only
+    logvar_init: float = 0.0  # a fresh kernel's log-variance (the observed level)
+    logvar_min: torch.Tensor | None = None  # [K]; None: -30
+    logvar_max: torch.Tensor | None = None  # [K]; None: 30
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError(f"a kernel diffuses at least one step, got depth {self.depth}")
+        for name in ("logvar_min", "logvar_max"):
+            bound = getattr(self, name)
+            if bound is not None and bound.numel() != self.depth:
+                raise ValueError(f"{name} has {bound.numel()} entries for {self.depth} steps")
+
+    def document(self) -> dict[str, Any]:
+        """The config as a plain dict (bounds as CPU tensors), what a checkpoint stores: loading it back needs no
+        class from this module."""
+        return {f.name: getattr(self, f.name) if not isinstance(getattr(self, f.name), torch.Tensor)
+                else getattr(self, f.name).detach().cpu() for f in fields(self)}
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> KernelConfig:
+        """The config of ``document``; older checkpoints stored the constructor's arguments, with the depth under
+        ``num_steps`` and no ``causal``."""
+        values = dict(document)
+        if "num_steps" in values:
+            values["depth"] = values.pop("num_steps")
+        return cls(**values)
+
+
 class TransitionKernel(nn.Module):
     """One adaLN-Zero DiT block with a mean head (residual) and a log-variance head (soft-clamped)."""
 
@@ -59,7 +100,7 @@ class TransitionKernel(nn.Module):
         self,
         dim: int,
         num_heads: int,
-        num_steps: int,
+        depth: int,
         mlp_ratio: float = 1.0,
         logvar_init: float = 0.0,
         logvar_min: torch.Tensor | None = None,
@@ -69,7 +110,7 @@ class TransitionKernel(nn.Module):
     ) -> None:
         super().__init__()
         self.dim = dim
-        self.num_steps = num_steps
+        self.num_steps = depth  # K; the scripted attribute keeps the name exported artifacts carry
         self.causal = causal  # a decoder's kernel: token i attends to tokens j <= i only, like its teacher
         self.t_embedder = TimestepEmbedder(dim, frequency_embedding_size)
         # 6 block modulations (DiT) + shift/scale of the output norm shared by both heads
@@ -81,11 +122,17 @@ class TransitionKernel(nn.Module):
         self.norm_final = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mean_head = nn.Linear(dim, dim)
         self.var_head = nn.Linear(dim, dim)
-        low = logvar_min if logvar_min is not None else torch.full((num_steps,), -30.0)
-        high = logvar_max if logvar_max is not None else torch.full((num_steps,), 30.0)
-        self.register_buffer("logvar_min", low.detach().clone().float().reshape(num_steps))
-        self.register_buffer("logvar_max", high.detach().clone().float().reshape(num_steps))
+        low = logvar_min if logvar_min is not None else torch.full((depth,), -30.0)
+        high = logvar_max if logvar_max is not None else torch.full((depth,), 30.0)
+        self.register_buffer("logvar_min", low.detach().clone().float().reshape(depth))
+        self.register_buffer("logvar_max", high.detach().clone().float().reshape(depth))
         self.initialize_weights(logvar_init)
+
+    @classmethod
+    def from_config(cls, config: KernelConfig) -> TransitionKernel:
+        return cls(dim=config.dim, num_heads=config.num_heads, depth=config.depth, mlp_ratio=config.mlp_ratio,
+                   logvar_init=config.logvar_init, logvar_min=config.logvar_min, logvar_max=config.logvar_max,
+                   frequency_embedding_size=config.frequency_embedding_size, causal=config.causal)
 
     def initialize_weights(self, logvar_init: float) -> None:
         """Fresh kernel = identity mean map and the observed variance level (docs/method.md)."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from models.backbones import ImageClassifier
-from models.kernel import TransitionKernel
+from models.kernel import KernelConfig, TransitionKernel
 from models.text_backbones import TextClassifier
 from training.config import PipelineConfig
 from training.data.images import Dataset, Split
@@ -23,7 +23,7 @@ BACKBONE_FILE = "backbone.pt"
 DIRECTOR_FILE = "director.pt"
 AnySplit = Split | TokenSplit
 __all__ = ["BACKBONE_FILE", "DIRECTOR_FILE", "AnySplit", "Director", "View", "load_backbone", "run_family",
-           "load_data", "load_view", "load_director", "split_sampled_logits"]
+           "load_data", "load_view", "load_director", "saved_kernel_config", "split_sampled_logits"]
 
 
 def run_family(run_dir: str | Path) -> tuple[Family, dict[str, Any]]:
@@ -49,12 +49,20 @@ def load_view(run_dir: str | Path, device: torch.device | str = "cpu") -> View:
     return family.view(family.build_backbone(payload).to(device).eval().requires_grad_(False))
 
 
+def saved_kernel_config(payload: dict[str, Any]) -> KernelConfig:
+    """The kernel config a ``director.pt`` payload was distilled with; checkpoints written before the config was typed
+    hold the constructor's arguments under ``kernel_args``."""
+    if "kernel_config" in payload:
+        return KernelConfig.from_document(payload["kernel_config"])
+    return KernelConfig.from_document(payload["kernel_args"])
+
+
 def load_director(run_dir: str | Path, device: torch.device | str = "cpu") -> tuple[Director, dict[str, Any]]:
     """The distilled DIRECTOR module of a run (eager, eval mode) and its saved payload."""
     payload = load_checkpoint(Path(run_dir) / DIRECTOR_FILE)
     family, _ = run_family(run_dir)
     view = load_view(run_dir, device)
-    kernel = TransitionKernel(**payload["kernel_args"])
+    kernel = TransitionKernel.from_config(saved_kernel_config(payload))
     kernel.load_state_dict(payload["kernel"])
     readout = family.default_readout(view)
     if payload.get("readout") is not None:

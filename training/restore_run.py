@@ -13,13 +13,13 @@ only: a text artifact drops its adaLN weights once they are folded, so its kerne
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from artifact.contract import ARTIFACT, MANIFEST
+from artifact.contract import ARTIFACT, Manifest, parse_manifest, read_document
+from models.kernel import KernelConfig
 from training.config import PipelineConfig, config_dict, load_config
 from training.export.writing import load_scripted
 from training.families.registry import family_of
@@ -27,6 +27,7 @@ from training.loading import BACKBONE_FILE, DIRECTOR_FILE
 from training.runtime import save_checkpoint
 
 RESTORED = "restored from committed artifacts"
+DESCRIBED = {"deterministic": "a deterministic image artifact", "director": "an image DIRECTOR artifact"}
 
 
 def prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -34,11 +35,17 @@ def prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Ten
     return {k[len(prefix):]: v.clone() for k, v in state.items() if k.startswith(prefix)}
 
 
+def artifact_manifest(folder: Path, method: str) -> Manifest:
+    """The typed manifest of an image artifact of ``method``; anything else cannot rebuild this run."""
+    manifest = parse_manifest(read_document(folder))
+    if manifest.method != method or manifest.modality != "image":
+        raise ValueError(f"{folder} is not {DESCRIBED[method]}")
+    return manifest
+
+
 def backbone_payload(cfg: PipelineConfig, folder: Path, seconds: float) -> dict[str, Any]:
     """``backbone.pt`` from a deterministic baseline artifact of the same backbone."""
-    manifest = json.loads((folder / MANIFEST).read_text())
-    if manifest.get("method") != "deterministic" or manifest.get("modality") != "image":
-        raise ValueError(f"{folder} is not a deterministic image artifact")
+    artifact_manifest(folder, "deterministic")
     weights = prefixed(load_scripted(folder / ARTIFACT).state_dict(), "classifier.")
     payload = {"backbone_config": config_dict(cfg)["backbone"], "state_dict": weights}
     family_of("vit").build_backbone(payload)  # the weights fit the config's backbone, key for key
@@ -48,26 +55,33 @@ def backbone_payload(cfg: PipelineConfig, folder: Path, seconds: float) -> dict[
 
 def director_payload(cfg: PipelineConfig, folder: Path) -> dict[str, Any]:
     """``director.pt`` from an image DIRECTOR artifact and its manifest."""
-    manifest = json.loads((folder / MANIFEST).read_text())
-    if manifest.get("method") != "director" or manifest.get("modality") != "image":
-        raise ValueError(f"{folder} is not an image DIRECTOR artifact")
+    manifest = artifact_manifest(folder, "director")
+    sampling, variance, prov = manifest.sampling, manifest.variance, provenance_record(manifest)
+    if sampling.depth is None or sampling.backbone_steps is None or variance is None:
+        raise ValueError(f"{folder}'s manifest does not record the depth, the backbone's steps and the variance")
     state = load_scripted(folder / ARTIFACT).state_dict()
     kernel = prefixed(state, "rollout.kernel.")
-    dim = int(kernel["mean_head.weight"].shape[0])
-    dcfg, sampling, variance, prov = cfg.distil, manifest["sampling"], manifest["variance"], manifest["provenance"]
-    kernel_args = {"dim": dim, "num_heads": cfg.backbone.num_heads, "num_steps": int(sampling["depth"]),
-                   "mlp_ratio": dcfg.kernel.mlp_ratio, "frequency_embedding_size": dcfg.kernel.frequency_embedding_size,
-                   "logvar_init": 0.0, "logvar_min": kernel["logvar_min"], "logvar_max": kernel["logvar_max"]}
+    dcfg = cfg.distil
+    config = KernelConfig(dim=int(kernel["mean_head.weight"].shape[0]), num_heads=cfg.backbone.num_heads,
+                          depth=sampling.depth, mlp_ratio=dcfg.kernel.mlp_ratio,
+                          frequency_embedding_size=dcfg.kernel.frequency_embedding_size,
+                          logvar_min=kernel["logvar_min"], logvar_max=kernel["logvar_max"])
     return {
-        "kernel": kernel, "kernel_args": kernel_args,
+        "kernel": kernel, "kernel_config": config.document(),
         "readout": prefixed(state, "readout.") if dcfg.finetune_readout else None,
-        "depth": int(sampling["depth"]), "backbone_steps": int(sampling["backbone_steps"]),
-        "kept_epoch": prov["distil_kept_epoch"], "tau": variance["tau"],
-        "tau_accuracies": variance.get("tau_selection_accuracy") or {}, "floors": variance["floors"],
-        "stats": prov["step_statistics"], "observed_variance": variance["observed_variance"],
+        "depth": config.depth, "backbone_steps": sampling.backbone_steps,
+        "kept_epoch": prov["distil_kept_epoch"], "tau": variance.tau,
+        "tau_accuracies": variance.tau_selection_accuracy or {}, "floors": variance.floors,
+        "stats": prov["step_statistics"], "observed_variance": variance.observed_variance,
         "history": prov["distil_history"], "seconds": prov["seconds"]["distil"], "config": config_dict(cfg),
         "restored": RESTORED, "source": str(folder),
     }
+
+
+def provenance_record(manifest: Manifest) -> dict[str, Any]:
+    """What the exporter recorded beyond the contract's provenance fields (stage times, step statistics, the
+    distillation history and kept epoch): the provenance section's own extra keys."""
+    return (manifest.provenance.model_extra or {}) if manifest.provenance is not None else {}
 
 
 def restore_run(cfg: PipelineConfig, director: Path, backbone: Path) -> Path:
@@ -75,7 +89,7 @@ def restore_run(cfg: PipelineConfig, director: Path, backbone: Path) -> Path:
     run = Path(cfg.run_dir)
     if (run / BACKBONE_FILE).exists() or (run / DIRECTOR_FILE).exists():
         raise FileExistsError(f"{run} already holds a run: restore only into an empty run directory")
-    fit_seconds = json.loads((director / MANIFEST).read_text())["provenance"]["seconds"]["fit_backbone"]
+    fit_seconds = provenance_record(parse_manifest(read_document(director)))["seconds"]["fit_backbone"]
     backbone_state = backbone_payload(cfg, backbone, fit_seconds)
     director_state = director_payload(cfg, director)
     run.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,14 @@
 import math
 
+import pytest
 import torch
 
-from models.kernel import TransitionKernel, soft_clamp
+from models.kernel import KernelConfig, TransitionKernel, soft_clamp
 
 
 def _kernel(**kwargs) -> TransitionKernel:
     torch.manual_seed(0)
-    args = {"dim": 16, "num_heads": 2, "num_steps": 3, "mlp_ratio": 1.0, "logvar_init": math.log(0.01),
+    args = {"dim": 16, "num_heads": 2, "depth": 3, "mlp_ratio": 1.0, "logvar_init": math.log(0.01),
             "logvar_min": torch.log(torch.tensor([1e-5, 2e-5, 3e-5])), "logvar_max": torch.log(torch.tensor([1.0] * 3))}
     args.update(kwargs)
     return TransitionKernel(**args)
@@ -63,3 +64,31 @@ def test_key_padding_mask_isolates_padding() -> None:
     x_other_padding[:, 4:] = torch.randn(1, 2, 16) * 10
     other_mean, _ = kernel(x_other_padding, torch.tensor([1]), mask)
     torch.testing.assert_close(padded_mean[:, :4], other_mean[:, :4], atol=1e-5, rtol=0)
+
+
+def test_kernel_config_builds_the_same_kernel_and_round_trips() -> None:
+    bounds = torch.log(torch.tensor([1e-5, 2e-5, 3e-5])), torch.log(torch.tensor([1.0] * 3))
+    config = KernelConfig(dim=16, num_heads=2, depth=3, logvar_init=math.log(0.01), logvar_min=bounds[0],
+                          logvar_max=bounds[1])
+    torch.manual_seed(0)
+    built = TransitionKernel.from_config(config)
+    for key, value in _kernel().state_dict().items():
+        torch.testing.assert_close(built.state_dict()[key], value, rtol=0, atol=0)
+    again = KernelConfig.from_document(config.document())
+    assert again.document().keys() == config.document().keys() and again.depth == 3 and not again.causal
+    torch.testing.assert_close(again.logvar_min, bounds[0])
+
+
+def test_kernel_config_reads_the_older_constructor_arguments() -> None:
+    legacy = {"dim": 16, "num_heads": 2, "num_steps": 2, "mlp_ratio": 1.0, "frequency_embedding_size": 64,
+              "logvar_init": 0.0, "logvar_min": torch.zeros(2), "logvar_max": torch.ones(2)}
+    config = KernelConfig.from_document(legacy)
+    assert (config.depth, config.causal) == (2, False)
+    assert TransitionKernel.from_config(config).num_steps == 2
+
+
+def test_kernel_config_refuses_bounds_of_another_depth() -> None:
+    with pytest.raises(ValueError, match="3 entries for 2 steps"):
+        KernelConfig(dim=16, num_heads=2, depth=2, logvar_min=torch.zeros(3))
+    with pytest.raises(ValueError, match="at least one step"):
+        KernelConfig(dim=16, num_heads=2, depth=0)

@@ -52,7 +52,7 @@ def check_partial_depth(config: Path, tmp_path: Path) -> tuple[Path, Path]:
             "--set", f"export.docs_dir={tmp_path / 'docs'}"]
     assert main(["distil", *args]) == 0
     payload = load_checkpoint(run / "director.pt")
-    assert payload["depth"] == 1 and payload["kernel_args"]["num_steps"] == 1
+    assert payload["depth"] == 1 and payload["kernel_config"]["depth"] == 1
     assert payload["readout"] is not None
     cfg = load_config(config)
     train = cfg.data.train_limit  # training inputs, each with one perturbed copy

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
-from models.kernel import TransitionKernel
+from models.kernel import KernelConfig, TransitionKernel
 from training.config import PipelineConfig, config_dict
 from training.data.images import Dataset
 from training.data.tokens import TokenDataset, bucketed_indices
@@ -35,9 +35,9 @@ from training.distil.objective import DistillationLoss, LossWeights, ObservedPro
 from training.distil.start_states import StartStates, start_states
 from training.distil.teacher import (
     StepStatistics,
-    build_kernel,
     diffused_depth,
     gather_step_statistics,
+    kernel_config,
     select_tau,
 )
 from training.families.base import Family
@@ -86,11 +86,10 @@ class Teacher:
     tau_accuracies: dict[str, float]
 
 
-def prepare_teacher(cfg: PipelineConfig, family: Family, view: View, prefix: torch.nn.Module, data: Any,
+def prepare_teacher(cfg: PipelineConfig, family: Family, view: View, prefix: torch.nn.Module, depth: int, data: Any,
                     device: torch.device, state: dict[str, Any] | None, verbose: bool) -> Teacher:
     """Gather the step statistics and select tau, or take both from a checkpoint being resumed."""
     dcfg = cfg.distil
-    depth = diffused_depth(cfg, view)
     if state is not None:
         stats = StepStatistics(**state["stats"])
         return Teacher(stats, depth, stats.last(depth).floors(dcfg.floor_fraction), state["tau"],
@@ -176,7 +175,7 @@ class Distillation:
     data: Any
     teacher: Teacher
     parts: Trainables
-    kernel_args: dict[str, Any]
+    kernel_config: KernelConfig  # what rebuilds the kernel from its saved weights
     objective: DistillationLoss
     model: torch.nn.Module  # the objective, wrapped for DDP when there are several ranks
     trainable: list[torch.nn.Parameter]
@@ -228,14 +227,11 @@ def prepare(cfg: PipelineConfig, resume: bool) -> Distillation:
     prefix = view.prefix(view.num_steps - depth).to(device).eval()
     state = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
     t_start = time.perf_counter()
-    teacher = prepare_teacher(cfg, family, view, prefix, data, device, state, dist_info.is_main)
+    teacher = prepare_teacher(cfg, family, view, prefix, depth, data, device, state, dist_info.is_main)
     if state is not None:
         print(f"resuming distillation at epoch {state['epoch']}")
-    kernel = build_kernel(cfg, view, teacher.floors, teacher.tau, teacher.stats.last(depth), family.causal).to(device)
-    kernel_args = {"dim": kernel.dim, "num_heads": view.num_heads, "num_steps": depth,
-                   "mlp_ratio": dcfg.kernel.mlp_ratio, "frequency_embedding_size": dcfg.kernel.frequency_embedding_size,
-                   "logvar_init": float(kernel.var_head.bias.detach()[0]), "logvar_min": kernel.logvar_min.cpu(),
-                   "logvar_max": kernel.logvar_max.cpu(), "causal": family.causal}
+    config = kernel_config(cfg, view, teacher.floors, teacher.tau, teacher.stats.last(depth), family.causal)
+    kernel = TransitionKernel.from_config(config).to(device)
     readout = family.default_readout(view)
     if dcfg.finetune_readout:
         readout = copy.deepcopy(readout).requires_grad_(True)
@@ -266,7 +262,7 @@ def prepare(cfg: PipelineConfig, resume: bool) -> Distillation:
     starts = start_states(view, prefix, inputs_to_diffuse, device, dcfg.start_states_memory_bytes,
                           run_dir / f"rank-{dist_info.rank}")  # X_{T-K} of every training input, once
     progress.elapsed += time.perf_counter() - t_start
-    return Distillation(cfg, dist_info, device, family, view, data, teacher, parts, kernel_args, objective,
+    return Distillation(cfg, dist_info, device, family, view, data, teacher, parts, config, objective,
                         data_parallel(objective, device, dist_info), trainable, optimizer, scheduler, ema, starts,
                         steps_per_epoch, total_steps, progress)
 
@@ -347,9 +343,9 @@ def save_kept(run: Distillation, path: Path) -> None:
     if best is not None:
         kept.load_state_dict(best["parts"])
     save_checkpoint(path, {
-        "kernel": kept.kernel.state_dict(), "kernel_args": run.kernel_args,
+        "kernel": kept.kernel.state_dict(), "kernel_config": run.kernel_config.document(),
         "readout": kept.readout.state_dict() if dcfg.finetune_readout else None,
-        "depth": run.kernel_args["num_steps"], "backbone_steps": run.view.num_steps,
+        "depth": run.kernel_config.depth, "backbone_steps": run.view.num_steps,
         "kept_epoch": None if best is None else best["epoch"], "tau": teacher.tau,
         "tau_accuracies": teacher.tau_accuracies, "floors": teacher.floors, "stats": vars(teacher.stats),
         "observed_variance": dcfg.observed_variance, "history": run.progress.history,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.kernel import TransitionKernel
+from models.kernel import KernelConfig
 from training.config import PipelineConfig
 from training.data.images import key_padding
 from training.distil.objective import ObservedProcess, masked_mean
@@ -119,18 +119,17 @@ def select_tau(view: View, prefix: torch.nn.Module, floors: torch.Tensor, split:
     return chosen, accuracies
 
 
-def build_kernel(cfg: PipelineConfig, view: View, floors: torch.Tensor, tau: float,
-                 stats: StepStatistics, causal: bool = False) -> TransitionKernel:
-    """A kernel for the diffused steps (``floors`` and ``stats`` cut to them): its initial variance is the mean
+def kernel_config(cfg: PipelineConfig, view: View, floors: torch.Tensor, tau: float, stats: StepStatistics,
+                  causal: bool = False) -> KernelConfig:
+    """The kernel for the diffused steps (``floors`` and ``stats`` cut to them): its initial variance is the mean
     observed level and its log-variance is bounded by [log floor_k, log(4 max var_obs_k)]; its attention is causal
     when the backbone's is (decoders)."""
     if cfg.distil.observed_variance == "floor":
         var_obs_mean, var_obs_max = floors, floors
     else:
         var_obs_mean, var_obs_max = tau * stats.raw_var_mean + floors, tau * stats.raw_var_max + floors
-    return TransitionKernel(
-        dim=view.dim, num_heads=view.num_heads, num_steps=floors.shape[0], mlp_ratio=cfg.distil.kernel.mlp_ratio,
-        logvar_init=math.log(float(var_obs_mean.mean())), logvar_min=floors.log(),
-        logvar_max=(4.0 * var_obs_max).log(), frequency_embedding_size=cfg.distil.kernel.frequency_embedding_size,
-        causal=causal,
+    return KernelConfig(
+        dim=view.dim, num_heads=view.num_heads, depth=floors.shape[0], mlp_ratio=cfg.distil.kernel.mlp_ratio,
+        frequency_embedding_size=cfg.distil.kernel.frequency_embedding_size, causal=causal,
+        logvar_init=math.log(float(var_obs_mean.mean())), logvar_min=floors.log(), logvar_max=(4.0 * var_obs_max).log(),
     )
