@@ -70,8 +70,6 @@ class KernelConfig:
     logvar_max: torch.Tensor | None = None  # [K]; None: 30
 
     def __post_init__(self) -> None:
-        if self.depth < 1:
-            raise ValueError(f"a kernel diffuses at least one step, got depth {self.depth}")
         for name in ("logvar_min", "logvar_max"):
             bound = getattr(self, name)
             if bound is not None and bound.numel() != self.depth:

@@ -90,5 +90,3 @@ def test_kernel_config_reads_the_older_constructor_arguments() -> None:
 def test_kernel_config_refuses_bounds_of_another_depth() -> None:
     with pytest.raises(ValueError, match="3 entries for 2 steps"):
         KernelConfig(dim=16, num_heads=2, depth=2, logvar_min=torch.zeros(3))
-    with pytest.raises(ValueError, match="at least one step"):
-        KernelConfig(dim=16, num_heads=2, depth=0)

@@ -50,7 +50,8 @@ class ObservedProcess:
         self.first_step = first_step
 
     @property
-    def num_steps(self) -> int:
+    def depth(self) -> int:
+        """K, the transitions diffused: the backbone's T less the ``first_step`` run before them."""
         return int(self.view.num_steps) - self.first_step
 
     def observed_variance(self, k: int, raw_variance: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ class ObservedProcess:
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Deterministic observed states [X_{T-K}..X_T] from ``x0`` = X_{T-K} and variances [var_1..var_K]."""
         states, variances = [x0], []
-        for t in range(1, self.num_steps + 1):
+        for t in range(1, self.depth + 1):
             mean, var = self.transition(t, states[-1], mask)
             states.append(mean)
             variances.append(var)
@@ -80,7 +81,7 @@ class ObservedProcess:
     def sample(self, x0: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """One stochastic rollout of the observed process itself (used to select tau)."""
         x = x0
-        for t in range(1, self.num_steps + 1):
+        for t in range(1, self.depth + 1):
             mean, var = self.transition(t, x, mask)
             x = mean + var.sqrt() * torch.randn_like(mean)
         return x
@@ -112,9 +113,9 @@ class DistillationLoss(nn.Module):
 
     def _l1(self, inputs: torch.Tensor, steps: torch.Tensor, target_mean: torch.Tensor, target_var: torch.Tensor,
             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Teacher-forced KL for all T steps in one kernel call; inputs/targets [T*B, N, D]."""
-        mean_p, logvar_p = self.kernel(inputs, steps, mask)  # [T*B, N, D]
-        kl = gaussian_kl(target_mean, target_var, mean_p, logvar_p)  # [T*B, N, D]
+        """Teacher-forced KL for all K diffused steps in one kernel call; inputs/targets [K*B, N, D]."""
+        mean_p, logvar_p = self.kernel(inputs, steps, mask)  # [K*B, N, D]
+        kl = gaussian_kl(target_mean, target_var, mean_p, logvar_p)  # [K*B, N, D]
         if self.weights.beta_nll > 0:
             kl = kl * logvar_p.detach().exp().pow(self.weights.beta_nll)  # beta-NLL weighting
         loss = masked_mean(kl, mask)
@@ -131,21 +132,21 @@ class DistillationLoss(nn.Module):
     def forward(self, x0: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch = x0.shape[0]
-        num_steps = self.process.num_steps
+        depth = self.process.depth
         states, variances = self.process.trajectory(x0, mask)
-        steps = torch.arange(1, num_steps + 1, device=x0.device).repeat_interleave(batch)  # [T*B]
-        step_mask = mask.repeat(num_steps, 1) if mask is not None else None  # [T*B, N]
-        inputs = torch.cat(states[:-1])  # [T*B, N, D]
-        target_mean, target_var = torch.cat(states[1:]), torch.cat(variances)  # [T*B, N, D]
+        steps = torch.arange(1, depth + 1, device=x0.device).repeat_interleave(batch)  # [K*B]
+        step_mask = mask.repeat(depth, 1) if mask is not None else None  # [K*B, N]
+        inputs = torch.cat(states[:-1])  # [K*B, N, D]
+        target_mean, target_var = torch.cat(states[1:]), torch.cat(variances)  # [K*B, N, D]
         l1, mean_p, logvar_p = self._l1(inputs, steps, target_mean, target_var, step_mask)
 
         if self.weights.l1_on_rollout:
             with torch.no_grad():  # states the kernel actually visits, detached
                 rolled = [x0]
-                for t in range(1, num_steps):
+                for t in range(1, depth):
                     mean, std = self.rollout.step(rolled[-1], t, mask)
                     rolled.append(mean + std * torch.randn_like(mean))
-                targets = [self.process.transition(t, rolled[t - 1], mask) for t in range(1, num_steps + 1)]
+                targets = [self.process.transition(t, rolled[t - 1], mask) for t in range(1, depth + 1)]
             l1_roll, _, _ = self._l1(torch.cat(rolled), steps, torch.cat([m for m, _ in targets]),
                                      torch.cat([v for _, v in targets]), step_mask)
             l1 = 0.5 * (l1 + l1_roll)
@@ -163,11 +164,11 @@ class DistillationLoss(nn.Module):
 
         with torch.no_grad():
             if step_mask is None:
-                per_step = lambda v: v.view(num_steps, batch, -1).mean(dim=(1, 2))  # noqa: E731  [T]
+                per_step = lambda v: v.view(depth, batch, -1).mean(dim=(1, 2))  # noqa: E731  [K]
             else:  # means over real tokens
-                real = step_mask.to(target_var.dtype).view(num_steps, batch, -1, 1)  # [T, B, N, 1]
-                per_step = lambda v: ((v.view(num_steps, batch, real.shape[2], -1) * real).sum(dim=(1, 2, 3))  # noqa: E731
-                                      / (real.sum(dim=(1, 2, 3)) * v.shape[-1]))  # [T]
+                real = step_mask.to(target_var.dtype).view(depth, batch, -1, 1)  # [K, B, N, 1]
+                per_step = lambda v: ((v.view(depth, batch, real.shape[2], -1) * real).sum(dim=(1, 2, 3))  # noqa: E731
+                                      / (real.sum(dim=(1, 2, 3)) * v.shape[-1]))  # [K]
             diagnostics = {
                 "l1": l1.detach(), "l2": l2.detach(),
                 "var_obs": per_step(target_var), "mean_sq_error": per_step((mean_p - target_mean).square()),
