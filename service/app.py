@@ -15,6 +15,7 @@ from service import __doc__ as package_doc
 from service import __version__
 from service.api.admission import Admission
 from service.api.auth import OPEN_PATHS, ApiKeyGuard, docs_paths
+from service.api.grpc_service import start_grpc
 from service.api.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
 from service.api.request_context import RequestContext
 from service.api.routes import feedback, health, metrics, models, oip, predict, repository
@@ -89,12 +90,15 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
         app.state.director = state
         state.repository.start(settings.poll_interval_s, state.refresh_live_gauges)  # the gauges survive a restart
         state.flusher.start()
+        grpc_server = await start_grpc(state, settings)
         log.info("serving %s on %s (%d threads)", settings.model_repository, state.device.torch_device,
                  torch.get_num_threads())
         try:
             yield
         finally:
             lifecycle.draining = True
+            if grpc_server is not None:  # no new calls; the ones in progress get the request timeout to finish
+                await grpc_server.stop(settings.request_timeout_s)
             await state.repository.close()  # queued requests finish first
             await asyncio.to_thread(state.decoder.close)
             await state.flusher.close()  # writes what is still pending

@@ -20,6 +20,8 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to bind (0.0.0.0 inside a container)")
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
+    grpc_port: int = Field(0, ge=0, le=65535, description="TCP port of the gRPC Open Inference Protocol (KServe's "
+                           "inference.GRPCInferenceService, as Triton serves it); 0: off")
     workers: int = Field(1, ge=1, description="uvicorn worker processes (each loads every model)")
     model_repository: Path = Field(Path("model_repository"), description="folder of <model>/<version>/ artifacts")
     default_model: str = Field("fashion-vit", description="model used when a request names none")

@@ -75,7 +75,7 @@ class Stack:
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         if not self.ports:
-            names = ("SERVICE_PORT", "PROMETHEUS_PORT", "ALERTMANAGER_PORT", "WEBHOOK_PORT")
+            names = ("SERVICE_PORT", "GRPC_PORT", "PROMETHEUS_PORT", "ALERTMANAGER_PORT", "WEBHOOK_PORT")
             self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         webhook = self.folder / "webhook-url"
         webhook.write_text(f"http://{GATEWAY}:{self.webhook_port}/alerts\n")

@@ -30,9 +30,14 @@ CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 def authorized(key: SecretStr | None, scope: Scope) -> bool:
     """True without a key, or when the request's ``Authorization: Bearer`` token equals it."""
+    header = next((value for name, value in scope.get("headers", []) if name == b"authorization"), b"")
+    return bearer_matches(key, header)
+
+
+def bearer_matches(key: SecretStr | None, header: bytes) -> bool:
+    """True without a key, or when an ``Authorization`` value (HTTP header or gRPC metadata) is ``Bearer <key>``."""
     if key is None:
         return True
-    header = next((value for name, value in scope.get("headers", []) if name == b"authorization"), b"")
     scheme, _, given = header.partition(b" ")
     return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), key.get_secret_value().encode())
 

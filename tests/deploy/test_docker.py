@@ -39,7 +39,8 @@ from tests.deploy.conftest import (
 
 # settings the image fixes (ports, volumes, healthcheck and scrape config rely on them); every other server
 # setting passes through compose from .env
-FIXED_BY_IMAGE = {"DIRECTOR_HOST", "DIRECTOR_PORT", "DIRECTOR_MODEL_REPOSITORY", "DIRECTOR_FEEDBACK_DB"}
+FIXED_BY_IMAGE = {"DIRECTOR_HOST", "DIRECTOR_PORT", "DIRECTOR_GRPC_PORT", "DIRECTOR_MODEL_REPOSITORY",
+                  "DIRECTOR_FEEDBACK_DB"}
 SETTINGS_ENV = {"DIRECTOR_" + name.upper() for name in Settings.model_fields}
 # settings compose sets itself (the shared feedback store), beside libpq's password variable
 SET_BY_COMPOSE = {"DIRECTOR_FEEDBACK_URL", "PGPASSWORD"}
@@ -196,10 +197,10 @@ def test_image_env_names_real_settings() -> None:
     assert set(env) - {"PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PIP_NO_CACHE_DIR",
                        "PIP_DISABLE_PIP_VERSION_CHECK"} == FIXED_BY_IMAGE
     settings = Settings(**{k.removeprefix("DIRECTOR_").lower(): v for k, v in env.items() if k in FIXED_BY_IMAGE})
-    assert settings.host == "0.0.0.0" and settings.port == 8000
+    assert settings.host == "0.0.0.0" and settings.port == 8000 and settings.grpc_port == 8001
     assert str(settings.feedback_db).startswith("/var/lib/director/")
     assert "/var/lib/director" in yaml.safe_load(dockerfile_stages()["service"].last("VOLUME") or "[]")
-    assert dockerfile_stages()["service"].last("EXPOSE") == str(settings.port)
+    assert dockerfile_stages()["service"].last("EXPOSE").split() == [str(settings.port), str(settings.grpc_port)]
 
 
 def test_entrypoints_are_the_commands_the_tests_run() -> None:

@@ -40,13 +40,13 @@ def test_the_check_runs_the_cpu_server_with_monitoring_and_grafana_off(tmp_path:
     assert services[SERVER]["build"]["args"]["TORCH_IMAGE"] == "director-local/torch:2.14.1"
     assert services[SERVER]["environment"]["DIRECTOR_API_KEY"] == stack.api_key
     published = {p["published"] for p in services[SERVER]["ports"]}
-    assert published == {str(stack.ports["SERVICE_PORT"])}
+    assert published == {str(stack.ports["SERVICE_PORT"]), str(stack.ports["GRPC_PORT"])}
     mounts = {v["target"]: v["source"] for v in services["prometheus"]["volumes"]}
     assert mounts["/etc/prometheus"] == str(stack.folder / "prometheus")
     network = rendered(stack)["networks"]["default"]["ipam"]["config"][0]
     assert network == {"subnet": SUBNET, "gateway": GATEWAY}
     assert (stack.folder / "webhook-url").read_text().startswith(f"http://{GATEWAY}:{stack.webhook_port}/")
-    assert len(set(stack.ports.values())) == 4  # distinct: the receiver never takes a published port
+    assert len(set(stack.ports.values())) == 5  # distinct: the receiver never takes a published port
     assert "grafana" in rendered(stack, "grafana")["services"]
 
 
