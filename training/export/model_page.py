@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from artifact.contract import Manifest, Ood, Provenance
+
 
 def _pct(value: float) -> str:
     return f"{100 * value:.2f}%"
@@ -23,22 +25,43 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
-def _sampling_choice(manifest: dict[str, Any]) -> list[str]:
+def _extras(manifest: Manifest) -> dict[str, Any]:
+    """What the exporter records in the provenance beyond the contract's fields: stage times, the fits of the noise
+    scale and the temperature, the rollout diagnostics, the step statistics and the distillation history."""
+    return _provenance(manifest).model_extra or {}
+
+
+def _provenance(manifest: Manifest) -> Provenance:
+    if manifest.provenance is None:
+        raise ValueError(f"{manifest.name} v{manifest.version}: a results page needs the manifest's provenance")
+    return manifest.provenance
+
+
+def _test_metrics(manifest: Manifest) -> dict[str, Any]:
+    return _provenance(manifest).test_metrics or {}
+
+
+def _served_score(ood: Ood) -> str | None:
+    """The OOD score the exporter chose (its label, e.g. a combination's), else the manifest's score."""
+    return ood.selection_choice if "selection_choice" in ood.model_fields_set else ood.score
+
+
+def _sampling_choice(manifest: Manifest) -> list[str]:
     """How the default sample count and the served temperature were chosen (both on validation)."""
-    prov, s = manifest["provenance"], manifest["sampling"]["default_samples"]
+    s = manifest.sampling.default_samples
     lines: list[str] = []
-    table = prov.get("default_samples_nll") or {}
+    table = _provenance(manifest).default_samples_nll or {}
     if table:
-        reference = max(table, key=int)
+        reference = max(table)
         lines += [f"Default sample count **S={s}**: the smallest S whose validation NLL is within two standard errors "
                   f"of S={reference}'s (paired per-input differences):", "",
                   "| S | validation NLL | minus the reference | standard error |", "| --- | --- | --- | --- |"]
-        lines += [f"| {k} | {v['nll']:.4f} | {v['minus_reference']:+.4f} | {v['stderr']:.4f} |"
-                  for k, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
+        lines += [f"| {k} | {v.nll:.4f} | {v.minus_reference:+.4f} | {v.stderr:.4f} |"
+                  for k, v in sorted(table.items())]
         lines.append("")
-    fit = prov.get("temperature_fit") or {}
+    fit = _extras(manifest).get("temperature_fit") or {}
     if fit:
-        kept = manifest.get("temperature", 1.0)
+        kept = manifest.temperature
         lines += [f"Served temperature **{kept:.3f}**: fitted on the first half of validation "
                   f"(T={fit['temperature_first_half']:.3f}), it moved the second half's NLL from {fit['nll_t1']:.4f} "
                   f"to {fit['nll_fitted']:.4f}, so it is " + ("kept (refitted on all of validation)." if kept != 1.0
@@ -46,15 +69,14 @@ def _sampling_choice(manifest: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _served_against_features(manifest: dict[str, Any]) -> list[str]:
+def _served_against_features(manifest: Manifest) -> list[str]:
     """A line per reported set: the served score's test AUROC against the best feature-space score's (none when the
     artifact carries no feature scores)."""
     from models.uncertainty import FEATURE_SCORES
 
-    ood, tm = manifest["ood"], manifest["provenance"]["test_metrics"]
-    served = ood.get("selection_choice", ood["score"])
+    served = _served_score(manifest.ood)
     out = []
-    for name, block in tm["ood"].items():
+    for name, block in _test_metrics(manifest)["ood"].items():
         features = {f: block["auroc_vs_test"][f] for f in FEATURE_SCORES if f in block["auroc_vs_test"]}
         if not features or served not in block["auroc_vs_test"]:
             continue
@@ -66,36 +88,37 @@ def _served_against_features(manifest: dict[str, Any]) -> list[str]:
         if out else []
 
 
-def render_results(manifest: dict[str, Any], command: str, reliability_png: str | None) -> str:
-    prov = manifest["provenance"]
-    tm = prov["test_metrics"]
-    s = manifest["sampling"]["default_samples"]
-    director = tm[f"director_s{s}"]
-    backbone, ts = tm["backbone"], tm["backbone_temperature_scaled"]
-    ood = manifest["ood"]
-    text = manifest.get("modality") == "text"
-    secs = prov["seconds"]
-    # the reported scores (logit, per-input, the best combination); every candidate's validation AUROC is in the
-    # manifest's ood.selection_auroc
-    columns = list(next(iter(tm["ood"].values()))["auroc_vs_test"])
-    lines = [
-        f"# {manifest['name']} v{manifest['version']}: results",
+def _header(manifest: Manifest, command: str) -> list[str]:
+    """Where the version came from: the command, the commit, the config and the stage times."""
+    prov, secs = _provenance(manifest), _extras(manifest)["seconds"]
+    parameters = manifest.artifact.parameters if manifest.artifact is not None else None
+    return [
+        f"# {manifest.name} v{manifest.version}: results",
         "",
-        f"Produced {prov['date']} from commit `{prov['git_commit']}` with:",
+        f"Produced {prov.date} from commit `{prov.git_commit}` with:",
         "",
         "```bash",
         command,
         "```",
         "",
-        f"Config `{prov['config']}`, seed {prov['seed']}, dataset {prov['dataset']}. "
+        f"Config `{prov.config}`, seed {prov.seed}, dataset {prov.dataset}. "
         f"Stage times: fit-backbone {_minutes(secs['fit_backbone'])}, distil {_minutes(secs['distil'])}, "
         f"export (with the evaluation below) {_minutes(secs['export'])}.",
         "",
-        f"Backbone: {prov['backbone']['parameters']:,} parameters; DIRECTOR artifact: "
-        f"{manifest['artifact']['parameters']:,} parameters ({manifest['sampling']['steps']} steps, "
-        f"one DiT block).",
+        f"Backbone: {(prov.backbone or {})['parameters']:,} parameters; DIRECTOR artifact: "
+        f"{parameters:,} parameters ({manifest.sampling.steps} steps, one DiT block).",
         "",
-        f"## Test split ({backbone['n']:,} {'sentences' if text else 'images'})",
+    ]
+
+
+def _test_split(manifest: Manifest) -> list[str]:
+    """The backbone, its temperature-scaled copy and the served DIRECTOR on the test split."""
+    tm, s = _test_metrics(manifest), manifest.sampling.default_samples
+    backbone, ts = tm["backbone"], tm["backbone_temperature_scaled"]
+    served = f"DIRECTOR, S={s}" + (f", served temperature {manifest.temperature:.3f}"
+                                   if manifest.temperature != 1.0 else "")
+    return [
+        f"## Test split ({backbone['n']:,} {'sentences' if manifest.modality == 'text' else 'images'})",
         "",
         "ECE: 15 equal-width bins on the top-label confidence, with a 95% percentile bootstrap interval (200 "
         "resamples). Binned ECE is biased upward under resampling, so for a well-calibrated model the interval "
@@ -106,46 +129,58 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
         _row("backbone (deterministic)", backbone),
         _row(f"backbone + temperature scaling (T={ts['temperature']:.3f}, fit on validation)", ts),
         *([_row("DIRECTOR, S=1", tm["director_s1"])] if s != 1 else []),
-        _row(f"DIRECTOR, S={s}" + (f", served temperature {manifest['temperature']:.3f}"
-                                   if manifest.get("temperature", 1.0) != 1.0 else ""), director),
+        _row(served, tm[f"director_s{s}"]),
         "",
-        *_sampling_choice(manifest),
     ]
-    if not text:  # the foundation issue's figures are stated for the Fashion-MNIST vision model
-        lines += [
-            "Requirements of the foundation issue, measured:",
-            "",
-            f"- backbone accuracy {_pct(backbone['accuracy'])} (>= 89% required): "
-            f"{'met' if backbone['accuracy'] >= 0.89 else 'NOT met'}",
-            f"- DIRECTOR S={s} accuracy within 1 point of the backbone: "
-            f"{(director['accuracy'] - backbone['accuracy']) * 100:+.2f} points "
-            f"({'met' if director['accuracy'] >= backbone['accuracy'] - 0.01 else 'NOT met'})",
-            f"- DIRECTOR ECE lower than the backbone's by more than the bootstrap half-width: "
-            f"{_pct(backbone['ece'])} - {_pct(director['ece'])} = {_pct(backbone['ece'] - director['ece'])} vs "
-            f"half-width {_pct(backbone['ece_half_width'])} ("
-            f"{'met' if backbone['ece'] - director['ece'] > backbone['ece_half_width'] else 'NOT met'})",
-            "",
-        ]
-    if reliability_png:
-        lines += [f"![reliability diagram]({reliability_png})", ""]
-    lines += [
+
+
+def _requirements(manifest: Manifest) -> list[str]:
+    """The foundation issue's figures, stated for the Fashion-MNIST vision model (none for a text model)."""
+    if manifest.modality == "text":
+        return []
+    tm, s = _test_metrics(manifest), manifest.sampling.default_samples
+    backbone, director = tm["backbone"], tm[f"director_s{s}"]
+    return [
+        "Requirements of the foundation issue, measured:",
+        "",
+        f"- backbone accuracy {_pct(backbone['accuracy'])} (>= 89% required): "
+        f"{'met' if backbone['accuracy'] >= 0.89 else 'NOT met'}",
+        f"- DIRECTOR S={s} accuracy within 1 point of the backbone: "
+        f"{(director['accuracy'] - backbone['accuracy']) * 100:+.2f} points "
+        f"({'met' if director['accuracy'] >= backbone['accuracy'] - 0.01 else 'NOT met'})",
+        f"- DIRECTOR ECE lower than the backbone's by more than the bootstrap half-width: "
+        f"{_pct(backbone['ece'])} - {_pct(director['ece'])} = {_pct(backbone['ece'] - director['ece'])} vs "
+        f"half-width {_pct(backbone['ece_half_width'])} ("
+        f"{'met' if backbone['ece'] - director['ece'] > backbone['ece_half_width'] else 'NOT met'})",
+        "",
+    ]
+
+
+def _uncertainty_and_ood(manifest: Manifest) -> list[str]:
+    """Mutual information, the chosen OOD score against every reported score, and the thresholds."""
+    tm, s, ood = _test_metrics(manifest), manifest.sampling.default_samples, manifest.ood
+    director = tm[f"director_s{s}"]
+    # the reported scores (logit, per-input, the best combination); every candidate's validation AUROC is in the
+    # manifest's ood.selection_auroc
+    columns = list(next(iter(tm["ood"].values()))["auroc_vs_test"])
+    lines = [
         "## Uncertainty and OOD",
         "",
         f"Mean mutual information (nats, S={s}): test split {director['mean_mutual_information']:.2e}, "
         + ", ".join(f"{name} {v['mean_mutual_information']:.2e}" for name, v in tm["ood"].items()) + ".",
         "",
-        f"The manifest's OOD score is **{ood.get('selection_choice', ood['score'])}** (fallback "
-        f"**{ood['fallback_score']}** where it is undefined), chosen by AUROC on the OOD validation set "
-        f"({ood['selection_set']}), which is none of the reported sets:",
+        f"The manifest's OOD score is **{_served_score(ood)}** (fallback "
+        f"**{ood.fallback_score}** where it is undefined), chosen by AUROC on the OOD validation set "
+        f"({ood.selection_set}), which is none of the reported sets:",
         "",
         "| score | " + " | ".join(columns) + " |",
         "| --- | " + " | ".join("---" for _ in columns) + " |",
-        "| AUROC, OOD validation | " + " | ".join(_cell(ood["selection_auroc"], c) for c in columns) + " |",
+        "| AUROC, OOD validation | " + " | ".join(_cell(ood.selection_auroc or {}, c) for c in columns) + " |",
     ]
     for name, block in tm["ood"].items():
         lines.append(f"| AUROC, test vs {name} | " + " | ".join(_cell(block["auroc_vs_test"], c) for c in columns)
                      + " |")
-    lines += [
+    return lines + [
         "",
         *_served_against_features(manifest),
         "`kernel_error` is the kernel's squared mean error against the backbone's own next state (the artifact "
@@ -162,46 +197,75 @@ def render_results(manifest: dict[str, Any], command: str, reliability_png: str 
         + ", ".join(f"{n} {_pct(v['flagged_rate'])}" for n, v in tm["ood"].items()) + ".",
         "",
         "Thresholds per sample count: " + ", ".join(
-            f"S={k}: {v['score']} > {v['threshold']:.4g}" for k, v in ood["thresholds"].items()) + ".",
+            f"S={k}: {v.score} > {v.threshold:.4g}" for k, v in ood.thresholds.items()) + ".",
         "",
+    ]
+
+
+def _observed_process(manifest: Manifest) -> list[str]:
+    """Tau, the noise temperature and, per diffused step, the floor, the observed and the predicted variance."""
+    extras, variance = _extras(manifest), manifest.variance
+    if variance is None:
+        raise ValueError(f"{manifest.name} v{manifest.version}: a DIRECTOR manifest records its variance")
+    noise_nll = extras["noise_scale_nll"]
+    lines = [
         "## The observed process and the kernel",
         "",
-        f"Observed variance: `{manifest['variance']['observed_variance']}`, tau = {manifest['variance']['tau']} "
+        f"Observed variance: `{variance.observed_variance}`, tau = {variance.tau} "
         "(the largest value on the grid whose S=1 sampled observed process keeps validation accuracy within "
         "1 point of the backbone). S=1 validation accuracy by tau: "
-        + ", ".join(f"{k}: {_pct(v)}" for k, v in manifest["variance"]["tau_selection_accuracy"].items()) + ".",
+        + ", ".join(f"{k}: {_pct(v)}" for k, v in (variance.tau_selection_accuracy or {}).items()) + ".",
         "",
         "Noise temperature (a scale on every step's std, fitted on validation NLL at "
-        f"S={prov.get('noise_scale_fit_samples', s)}): "
-        f"**{manifest['sampling']['noise_scale']}**"
-        + (" (validation NLL by scale: " + ", ".join(f"{k}: {v:.4f}" for k, v in prov["noise_scale_nll"].items())
-           + ")." if prov["noise_scale_nll"] else " (not fitted)."),
+        f"S={extras.get('noise_scale_fit_samples', manifest.sampling.default_samples)}): "
+        f"**{manifest.sampling.noise_scale}**"
+        + (" (validation NLL by scale: " + ", ".join(f"{k}: {v:.4f}" for k, v in noise_nll.items())
+           + ")." if noise_nll else " (not fitted)."),
         "",
         "| step t | floor_t | mean raw attention variance | median predicted std / RMS(X_t) "
         "| mean predicted log-var |",
         "| --- | --- | --- | --- | --- |",
     ]
-    stats = prov["step_statistics"]
-    rollout = prov["rollout"]
-    for t, floor in enumerate(manifest["variance"]["floors"]):
+    stats, rollout = extras["step_statistics"], extras["rollout"]
+    for t, floor in enumerate(variance.floors):
         lines.append(f"| {t + 1} | {floor:.3e} | {stats['raw_var_mean'][t]:.3e} | "
                      f"{rollout['median_std_over_rms'][t]:.4f} | {rollout['mean_logvar'][t]:.3f} |")
-    lines += ["", "Distillation, per epoch (validation subset; per-step values are training-epoch means):", "",
-              "| epoch | L1 | L2 | val acc | val ECE | val NLL | var_obs per step | mean sq. error per step "
-              "| var_p per step |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in prov["distil_history"]:
+    return lines
+
+
+def _distillation(manifest: Manifest) -> list[str]:
+    """The distillation history, one row per epoch."""
+    lines = ["", "Distillation, per epoch (validation subset; per-step values are training-epoch means):", "",
+             "| epoch | L1 | L2 | val acc | val ECE | val NLL | var_obs per step | mean sq. error per step "
+             "| var_p per step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in _extras(manifest)["distil_history"]:
         fmt = lambda v: ", ".join(f"{x:.2e}" for x in v)  # noqa: E731
         lines.append(f"| {r['epoch']} | {r['l1']:.4f} | {r['l2']:.4f} | {_pct(r['val_accuracy'])} | "
                      f"{_pct(r['val_ece'])} | {r['val_nll']:.4f} | {fmt(r['var_obs'])} | {fmt(r['mean_sq_error'])} | "
                      f"{fmt(r['var_p'])} |")
     lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
-def write_results(manifest: dict[str, Any], docs_dir: Path, command: str, reliability_png: Path | None) -> Path:
+def render_results(manifest: Manifest, command: str, reliability_png: str | None) -> str:
+    """The page, section by section, read from the typed manifest the server reads too: what the page states is
+    what the artifact carries."""
+    return "\n".join([
+        *_header(manifest, command),
+        *_test_split(manifest),
+        *_sampling_choice(manifest),
+        *_requirements(manifest),
+        *([f"![reliability diagram]({reliability_png})", ""] if reliability_png else []),
+        *_uncertainty_and_ood(manifest),
+        *_observed_process(manifest),
+        *_distillation(manifest),
+    ])
+
+
+def write_results(manifest: Manifest, docs_dir: Path, command: str, reliability_png: Path | None) -> Path:
     docs_dir.mkdir(parents=True, exist_ok=True)
-    path = docs_dir / f"{manifest['name']}.md"
+    path = docs_dir / f"{manifest.name}.md"
     rel = reliability_png.name if reliability_png is not None else None
     path.write_text(render_results(manifest, command, rel))
     return path

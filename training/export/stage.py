@@ -20,7 +20,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sampling, Variance, file_digests
+from artifact.contract import (
+    ARTIFACT,
+    FORMAT_VERSION,
+    Manifest,
+    Provenance,
+    Sampling,
+    Variance,
+    file_digests,
+    parse_manifest,
+)
 from models.uncertainty import summarize
 from training.config import ExportConfig, PipelineConfig
 from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
@@ -139,47 +148,51 @@ def reproduce_command(cfg: PipelineConfig, payload: dict[str, Any], backbone_pay
             f"--backbone {backbone_payload['source']}\npython -m training export --config {cfg.source}")
 
 
-def export(cfg: PipelineConfig) -> Path:
-    t_start = time.perf_counter()
-    set_threads(cfg.threads)
-    ecfg = cfg.export
+@dataclass
+class ExportRun:
+    """What the export reads from a run: the distilled DIRECTOR and its saved payload, the backbone and its payload,
+    and what the run's modality contributes."""
+
+    cfg: PipelineConfig
+    director: Director
+    payload: dict[str, Any]  # director.pt
+    backbone: torch.nn.Module
+    backbone_payload: dict[str, Any]  # backbone.pt
+    parts: ExportParts
+
+    @property
+    def backbone_parameters(self) -> int:
+        return sum(p.numel() for p in self.backbone.parameters())
+
+
+def load_run(cfg: PipelineConfig) -> ExportRun:
     run_dir = Path(cfg.run_dir)
     director, payload = load_director(run_dir)
     backbone = load_backbone(run_dir)
     family, backbone_payload = run_family(run_dir)
-    parts = export_parts(cfg, family, backbone)
-    data = parts.data
-    progress = tqdm(total=6, desc="export", leave=False)
+    return ExportRun(cfg, director, payload, backbone, backbone_payload, export_parts(cfg, family, backbone))
 
-    sampling = calibrate_sampling(director, parts, ecfg, cfg.seed)
-    default_s = sampling.default_samples
-    progress.update()
 
-    # TorchScript artifact: adaLN folded into per-step buffers; written to a temporary folder first
-    out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
-    tmp_dir = staging_dir(out_dir)
-    artifact_module, served = parts.build_artifact(director, tmp_dir / ARTIFACT)
-    for name, source in parts.files.items():
+def stage_artifact(run: ExportRun, tmp_dir: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
+    """The TorchScript artifact (adaLN folded into per-step buffers) and the modality's files, written into the
+    staging folder; returns the eager artifact module and the scripted one as it will be served."""
+    artifact_module, served = run.parts.build_artifact(run.director, tmp_dir / ARTIFACT)
+    for name, source in run.parts.files.items():
         shutil.copyfile(source, tmp_dir / name)
-    progress.update()
+    return artifact_module, served
 
-    # the served temperature, reference statistics and the OOD score, from the artifact that will be served
-    temperature, temperature_fit = choose_temperature(served, parts, ecfg, default_s, cfg.seed)
-    served_stats = served_statistics(served, data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
-                                     parts.ood_validation, parts.selection_set, temperature)
-    progress.update()
-    figures = test_figures(served, director, parts, sum(p.numel() for p in backbone.parameters()), served_stats,
-                           default_s, temperature, cfg.seed)
-    diagnostics = split_rollout_trace(director, data.test.head(500), cfg.seed)
-    progress.update()
 
-    depth = director.rollout.num_steps
-    provenance = Provenance(
-        backbone={**parts.backbone_description, "parameters": sum(p.numel() for p in backbone.parameters())},
+def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[str, float], figures: TestFigures,
+               diagnostics: dict[str, Any], export_seconds: float) -> Provenance:
+    """Where the version came from and what it measured: the backbone, data, config, commit, stage times, the test
+    figures and how the sampling, the temperature and the distillation went."""
+    cfg, ecfg, payload, backbone_payload = run.cfg, run.cfg.export, run.payload, run.backbone_payload
+    return Provenance(
+        backbone={**run.parts.backbone_description, "parameters": run.backbone_parameters},
         dataset=cfg.data.dataset, config=cfg.source, seed=cfg.seed, git_commit=git_commit(),
         date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         seconds={"fit_backbone": backbone_payload["seconds"], "distil": payload["seconds"],
-                 "export": round(time.perf_counter() - t_start, 1)},
+                 "export": round(export_seconds, 1)},
         test_metrics=figures.metrics,
         noise_scale_nll=sampling.noise_scale_nll,
         noise_scale_fit_samples=ecfg.default_samples or ecfg.default_samples_reference,
@@ -196,30 +209,75 @@ def export(cfg: PipelineConfig) -> Path:
                         "data": source_record(cfg.data.root)}}
            if cfg.pretrained.source is not None else {}),
     )
-    manifest = Manifest(
-        format_version=FORMAT_VERSION, name=ecfg.name, version=str(ecfg.version), method="director",
-        modality=cfg.modality, labels=list(data.labels), input=parts.input_section,
+
+
+def director_manifest(run: ExportRun, sampling: SamplingChoice, temperature: float, served_stats: ServedStatistics,
+                      artifact_module: torch.nn.Module, provenance: Provenance, tmp_dir: Path) -> Manifest:
+    """The version's manifest; the depth goes under both ``sampling.steps`` (the kernel steps per sample) and
+    ``sampling.depth``, the keys served artifacts already carry."""
+    cfg, payload = run.cfg, run.payload
+    depth = run.director.rollout.num_steps
+    return Manifest(
+        format_version=FORMAT_VERSION, name=cfg.export.name, version=str(cfg.export.version), method="director",
+        modality=cfg.modality, labels=list(run.parts.data.labels), input=run.parts.input_section,
         sampling=Sampling(steps=depth, depth=depth, backbone_steps=payload["backbone_steps"],
-                          prefix_transitions=payload["backbone_steps"] - depth, default_samples=default_s,
-                          max_samples=ecfg.max_samples, noise_scale=sampling.noise_scale),
+                          prefix_transitions=payload["backbone_steps"] - depth,
+                          default_samples=sampling.default_samples, max_samples=cfg.export.max_samples,
+                          noise_scale=sampling.noise_scale),
         variance=Variance(observed_variance=payload["observed_variance"], tau=payload["tau"],
                           floors=[float(f) for f in payload["floors"]],
                           tau_selection_accuracy=payload["tau_accuracies"]),
         temperature=temperature, ood=served_stats.ood, reference=served_stats.reference,
-        artifact=artifact_info(parts, artifact_module), provenance=provenance, files=file_digests(tmp_dir))
+        artifact=artifact_info(run.parts, artifact_module), provenance=provenance, files=file_digests(tmp_dir))
+
+
+def write_reports(run: ExportRun, manifest: Manifest, figures: TestFigures) -> None:
+    """The run's export report (the manifest as written), the reliability diagram and the results page, the page
+    read from the manifest as the server parses it."""
+    cfg, ecfg = run.cfg, run.cfg.export
+    document = manifest.document()
+    (Path(cfg.run_dir) / "export_report.json").write_text(json.dumps(document, indent=2) + "\n")
+    docs_dir = Path(ecfg.docs_dir)
+    png = reliability_diagram(figures.probabilities, run.parts.data.test.labels,
+                              docs_dir / f"{ecfg.name}-reliability.png")
+    write_results(parse_manifest(document), docs_dir, reproduce_command(cfg, run.payload, run.backbone_payload), png)
+
+
+def export(cfg: PipelineConfig) -> Path:
+    """Calibrate the sampling, stage and verify the artifact, measure what the manifest records, then write the
+    manifest, swap the version in and write the reports."""
+    t_start = time.perf_counter()
+    set_threads(cfg.threads)
+    ecfg = cfg.export
+    run = load_run(cfg)
+    progress = tqdm(total=6, desc="export", leave=False)
+    sampling = calibrate_sampling(run.director, run.parts, ecfg, cfg.seed)
+    default_s = sampling.default_samples
+    progress.update()
+    out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
+    tmp_dir = staging_dir(out_dir)
+    artifact_module, served = stage_artifact(run, tmp_dir)
+    progress.update()
+    # the served temperature, reference statistics and the OOD score, from the artifact that will be served
+    temperature, temperature_fit = choose_temperature(served, run.parts, ecfg, default_s, cfg.seed)
+    served_stats = served_statistics(served, run.parts.data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
+                                     run.parts.ood_validation, run.parts.selection_set, temperature)
+    progress.update()
+    figures = test_figures(served, run.director, run.parts, run.backbone_parameters, served_stats, default_s,
+                           temperature, cfg.seed)
+    diagnostics = split_rollout_trace(run.director, run.parts.data.test.head(500), cfg.seed)
+    progress.update()
+    record = provenance(run, sampling, temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
+    manifest = director_manifest(run, sampling, temperature, served_stats, artifact_module, record, tmp_dir)
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
     progress.update()
-    document = manifest.document()
-    (run_dir / "export_report.json").write_text(json.dumps(document, indent=2) + "\n")
-    docs_dir = Path(ecfg.docs_dir)
-    png = reliability_diagram(figures.probabilities, data.test.labels, docs_dir / f"{ecfg.name}-reliability.png")
-    write_results(document, docs_dir, reproduce_command(cfg, payload, backbone_payload), png)
+    write_reports(run, manifest, figures)
     progress.update()
     progress.close()
     metrics = figures.metrics
-    print(f"exported {out_dir} (depth {depth}, S={default_s}, T={temperature:.3f}, OOD score "
-          f"{served_stats.ood['score']}); test: backbone acc {metrics['backbone']['accuracy']:.4f} "
+    print(f"exported {out_dir} (depth {manifest.sampling.depth}, S={default_s}, T={temperature:.3f}, OOD score "
+          f"{manifest.ood.score}); test: backbone acc {metrics['backbone']['accuracy']:.4f} "
           f"ece {metrics['backbone']['ece']:.4f}, DIRECTOR acc {metrics[f'director_s{default_s}']['accuracy']:.4f} "
           f"ece {metrics[f'director_s{default_s}']['ece']:.4f}")
     return out_dir
