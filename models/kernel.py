@@ -1,8 +1,6 @@
-"""The DIRECTOR transition kernel: one DiT block with adaLN-Zero, conditioned only on the step t.
-
-``p_theta(X_t | X_{t-1}) = N(x + MeanHead(h), exp(VarHead(h)))``; one kernel serves all T steps.
-Follows facebookresearch/DiT (``TimestepEmbedder``, ``modulate``, one ``initialize_weights``).
-"""
+"""The DIRECTOR transition kernel ``p_theta(X_t | X_{t-1}) = N(x + MeanHead(h), exp(VarHead(h)))``: one DiT block
+(facebookresearch/DiT: ``TimestepEmbedder``, ``modulate``, one ``initialize_weights``) with adaLN-Zero, conditioned
+only on the step t, one kernel for all T steps; ``KernelConfig`` is what builds one."""
 
 from __future__ import annotations
 
@@ -54,43 +52,6 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(self.timestep_embedding(t, self.frequency_embedding_size))  # [K, D]
 
 
-@dataclass(frozen=True, eq=False)
-class KernelConfig:
-    """What builds a ``TransitionKernel``, decided once where distillation sizes the kernel and saved beside its
-    weights, so whatever loads a checkpoint rebuilds the same module without knowing how it was sized."""
-
-    dim: int
-    num_heads: int
-    depth: int  # K, the diffused transitions: one conditioning and one pair of log-variance bounds per step
-    mlp_ratio: float = 1.0
-    frequency_embedding_size: int = 64
-    causal: bool = False  # a decoder's kernel attends like its teacher: token i to tokens j <= i only
-    logvar_init: float = 0.0  # a fresh kernel's log-variance (the observed level)
-    logvar_min: torch.Tensor | None = None  # [K]; None: -30
-    logvar_max: torch.Tensor | None = None  # [K]; None: 30
-
-    def __post_init__(self) -> None:
-        for name in ("logvar_min", "logvar_max"):
-            bound = getattr(self, name)
-            if bound is not None and bound.numel() != self.depth:
-                raise ValueError(f"{name} has {bound.numel()} entries for {self.depth} steps")
-
-    def document(self) -> dict[str, Any]:
-        """The config as a plain dict (bounds as CPU tensors), what a checkpoint stores: loading it back needs no
-        class from this module."""
-        return {f.name: getattr(self, f.name) if not isinstance(getattr(self, f.name), torch.Tensor)
-                else getattr(self, f.name).detach().cpu() for f in fields(self)}
-
-    @classmethod
-    def from_document(cls, document: dict[str, Any]) -> KernelConfig:
-        """The config of ``document``; older checkpoints stored the constructor's arguments, with the depth under
-        ``num_steps`` and no ``causal``."""
-        values = dict(document)
-        if "num_steps" in values:
-            values["depth"] = values.pop("num_steps")
-        return cls(**values)
-
-
 class TransitionKernel(nn.Module):
     """One adaLN-Zero DiT block with a mean head (residual) and a log-variance head (soft-clamped)."""
 
@@ -125,12 +86,6 @@ class TransitionKernel(nn.Module):
         self.register_buffer("logvar_min", low.detach().clone().float().reshape(depth))
         self.register_buffer("logvar_max", high.detach().clone().float().reshape(depth))
         self.initialize_weights(logvar_init)
-
-    @classmethod
-    def from_config(cls, config: KernelConfig) -> TransitionKernel:
-        return cls(dim=config.dim, num_heads=config.num_heads, depth=config.depth, mlp_ratio=config.mlp_ratio,
-                   logvar_init=config.logvar_init, logvar_min=config.logvar_min, logvar_max=config.logvar_max,
-                   frequency_embedding_size=config.frequency_embedding_size, causal=config.causal)
 
     def initialize_weights(self, logvar_init: float) -> None:
         """Fresh kernel = identity mean map and the observed variance level (docs/method.md)."""
@@ -187,3 +142,46 @@ class TransitionKernel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [R, N, D], steps [R] in 1..T -> mean, logvar [R, N, D]."""
         return self.forward_conditioned(x, self.conditioning(steps), steps - 1, key_padding_mask)
+
+    @classmethod
+    def from_config(cls, config: KernelConfig) -> TransitionKernel:
+        return cls(dim=config.dim, num_heads=config.num_heads, depth=config.depth, mlp_ratio=config.mlp_ratio,
+                   logvar_init=config.logvar_init, logvar_min=config.logvar_min, logvar_max=config.logvar_max,
+                   frequency_embedding_size=config.frequency_embedding_size, causal=config.causal)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelConfig:
+    """What builds a ``TransitionKernel``, decided once where distillation sizes the kernel and saved beside its
+    weights, so whatever loads a checkpoint rebuilds the same module without knowing how it was sized."""
+
+    dim: int
+    num_heads: int
+    depth: int  # K, the diffused transitions: one conditioning and one pair of log-variance bounds per step
+    mlp_ratio: float = 1.0
+    frequency_embedding_size: int = 64
+    causal: bool = False  # a decoder's kernel attends like its teacher: token i to tokens j <= i only
+    logvar_init: float = 0.0  # a fresh kernel's log-variance (the observed level)
+    logvar_min: torch.Tensor | None = None  # [K]; None: -30
+    logvar_max: torch.Tensor | None = None  # [K]; None: 30
+
+    def __post_init__(self) -> None:
+        for name in ("logvar_min", "logvar_max"):
+            bound = getattr(self, name)
+            if bound is not None and bound.numel() != self.depth:
+                raise ValueError(f"{name} has {bound.numel()} entries for {self.depth} steps")
+
+    def document(self) -> dict[str, Any]:
+        """The config as a plain dict (bounds as CPU tensors), what a checkpoint stores: loading it back needs no
+        class from this module."""
+        return {f.name: getattr(self, f.name) if not isinstance(getattr(self, f.name), torch.Tensor)
+                else getattr(self, f.name).detach().cpu() for f in fields(self)}
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> KernelConfig:
+        """The config of ``document``; older checkpoints stored the constructor's arguments, with the depth under
+        ``num_steps`` and no ``causal``."""
+        values = dict(document)
+        if "num_steps" in values:
+            values["depth"] = values.pop("num_steps")
+        return cls(**values)
