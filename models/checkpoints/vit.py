@@ -50,10 +50,8 @@ def _norm_eps(norms: Sequence[nn.Module], where: str) -> float:
     return eps.pop()
 
 
-def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
-    """The ``vit_spec`` fields of a timm ViT (all but mean/std); refuses what ``VitTransitionView`` cannot take or
-    ``VisionTransformer(**kwargs)`` cannot rebuild."""
-    name = type(vit).__name__
+def _check_timm_model(vit: VisionTransformer, name: str) -> None:
+    """Refuses a timm ViT whose class, embedding, pooling, patch stem or head the transition view cannot take."""
     if type(vit) not in (VisionTransformer, VisionTransformerDistilled):
         raise ValueError(f"{name}: supported are timm's plain VisionTransformer (class, register tokens) and "
                          "VisionTransformerDistilled (DeiT's distillation token and head)")
@@ -71,8 +69,10 @@ def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
         raise ValueError(f"{name}: only a plain PatchEmbed (no norm, no hybrid stem, no dynamic padding) is supported")
     if not isinstance(vit.head, nn.Linear) or not isinstance(getattr(vit, "head_dist", vit.head), nn.Linear):
         raise ValueError(f"{name}: a classifier needs a linear head (num_classes > 0)")
-    blocks = list(vit.blocks)
-    first: Block = blocks[0]
+
+
+def _check_timm_blocks(blocks: Sequence[nn.Module], name: str) -> None:
+    """Refuses blocks other than timm's plain Block / Attention / Mlp (with LayerScale or none)."""
     for block in blocks:
         if type(block) is not Block or type(block.attn) is not Attention or type(block.mlp) is not Mlp:
             raise ValueError(f"{name}: only timm Block / Attention / Mlp layers are supported")
@@ -82,6 +82,27 @@ def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
             raise ValueError(f"{name}: an MLP with scale_mlp_norm is not supported")
         if not all(type(ls) in (nn.Identity, LayerScale) for ls in (block.ls1, block.ls2)):
             raise ValueError(f"{name}: only LayerScale (or none) is supported after the sublayers")
+
+
+def _timm_widths(vit: VisionTransformer, first: Block, name: str) -> float:
+    """The MLP ratio of a timm ViT, refused when timm cannot rebuild its MLP width or its heads do not fill it."""
+    dim, hidden = vit.embed_dim, first.mlp.fc1.out_features
+    mlp_ratio = hidden / dim
+    if int(dim * mlp_ratio) != hidden:
+        raise ValueError(f"{name}: MLP width {hidden} is not int(embed_dim * mlp_ratio) for any ratio timm rebuilds")
+    if first.attn.num_heads * first.attn.head_dim != dim:
+        raise ValueError(f"{name}: heads x head_dim must equal embed_dim ({dim})")
+    return mlp_ratio
+
+
+def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
+    """The ``vit_spec`` fields of a timm ViT (all but mean/std); refuses what ``VitTransitionView`` cannot take or
+    ``VisionTransformer(**kwargs)`` cannot rebuild."""
+    name = type(vit).__name__
+    _check_timm_model(vit, name)
+    blocks = list(vit.blocks)
+    _check_timm_blocks(blocks, name)
+    first: Block = blocks[0]
     norms = [vit.norm_pre, vit.norm, vit.fc_norm]
     for block in blocks:
         norms += [block.norm1, block.norm2, block.attn.q_norm, block.attn.k_norm]
@@ -89,12 +110,8 @@ def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
     approximations = {checked_gelu(block.mlp.act, name) for block in blocks}
     if len(approximations) != 1:
         raise ValueError(f"{name}: the blocks mix GELU approximations {sorted(approximations)}")
-    dim, hidden = vit.embed_dim, first.mlp.fc1.out_features
-    mlp_ratio = hidden / dim
-    if int(dim * mlp_ratio) != hidden:
-        raise ValueError(f"{name}: MLP width {hidden} is not int(embed_dim * mlp_ratio) for any ratio timm rebuilds")
-    if first.attn.num_heads * first.attn.head_dim != dim:
-        raise ValueError(f"{name}: heads x head_dim must equal embed_dim ({dim})")
+    mlp_ratio = _timm_widths(vit, first, name)
+    patch = vit.patch_embed
     return {
         "format": VIT_SPEC_FORMAT,
         "vit": {
@@ -103,7 +120,7 @@ def _timm_layout(vit: VisionTransformer) -> dict[str, Any]:
             "in_chans": patch.proj.in_channels,
             "num_classes": vit.head.out_features,
             "global_pool": vit.global_pool,
-            "embed_dim": dim,
+            "embed_dim": vit.embed_dim,
             "depth": len(blocks),
             "num_heads": first.attn.num_heads,
             "mlp_ratio": mlp_ratio,
@@ -168,27 +185,18 @@ def processor_normalisation(config: dict[str, Any] | None, channels: int) -> tup
     return mean, std
 
 
-def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification | DeiTForImageClassificationWithTeacher,
-                image_processor_config: dict[str, Any] | None = None) -> tuple[ImageClassifier, list[str] | None]:
-    """A Hugging Face ViT or DeiT classifier as the canonical timm ViT: class token, token pooling, qkv as HF's
-    query/key/value concatenated, its LayerNorm epsilon and GELU, the position embeddings as they are (fixed image
-    size ``config.image_size``), final ``layernorm`` and head; mean/std from the image processor config
-    (``processor_normalisation``).
+HfVit = ViTForImageClassification | DeiTForImageClassification | DeiTForImageClassificationWithTeacher
 
-    DeiT's embeddings carry a distillation token after the class token, inside the position embedding.
-    ``DeiTForImageClassification`` reads only the class token: timm's ``VisionTransformer`` with that token as its
-    one register token computes the same. ``DeiTForImageClassificationWithTeacher`` averages its class and
-    distillation heads: timm's ``VisionTransformerDistilled``."""
-    if not isinstance(model, ViTForImageClassification | DeiTForImageClassification
-                      | DeiTForImageClassificationWithTeacher):
-        raise ValueError(f"{type(model).__name__}: supported are ViTForImageClassification, "
-                         "DeiTForImageClassification and DeiTForImageClassificationWithTeacher")
-    base = model.base_model
-    name = type(model).__name__
-    distillation_token = getattr(base.embeddings, "distillation_token", None)
+
+def _hf_head(model: HfVit) -> nn.Module:
+    """The head the canonical ViT's ``head`` copies: DeiT-with-teacher's class head, else the classifier."""
+    return model.cls_classifier if isinstance(model, DeiTForImageClassificationWithTeacher) else model.classifier
+
+
+def _hf_spec(model: HfVit, image_processor_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``vit_spec`` of a Hugging Face ViT / DeiT classifier; refuses what timm's ViT cannot rebuild."""
+    base, name, config, head = model.base_model, type(model).__name__, model.config, _hf_head(model)
     with_teacher = isinstance(model, DeiTForImageClassificationWithTeacher)
-    head = model.cls_classifier if with_teacher else model.classifier
-    config = model.config
     if not isinstance(head, nn.Linear):
         raise ValueError(f"{name}: a classifier needs a linear head (num_labels > 0)")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -204,7 +212,8 @@ def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification | 
     norms = [base.layernorm] + [n for layer in layers for n in (layer.layernorm_before, layer.layernorm_after)]
     patch = base.embeddings.patch_embeddings
     mean, std = processor_normalisation(image_processor_config, patch.num_channels)
-    spec = {
+    distillation_token = getattr(base.embeddings, "distillation_token", None)
+    return {
         "format": VIT_SPEC_FORMAT,
         "vit": {
             "img_size": list(patch.image_size),
@@ -233,7 +242,14 @@ def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification | 
         "mean": mean,
         "std": std,
     }
-    emb = base.embeddings
+
+
+def _hf_state(model: HfVit) -> dict[str, torch.Tensor]:
+    """The Hugging Face weights under timm ``VisionTransformer`` names: qkv as query/key/value concatenated, DeiT's
+    distillation token as ``dist_token`` (with its head) or as the one register token."""
+    base, head = model.base_model, _hf_head(model)
+    emb, patch = base.embeddings, base.embeddings.patch_embeddings
+    distillation_token = getattr(emb, "distillation_token", None)
     state = {
         "cls_token": emb.cls_token,
         "pos_embed": emb.position_embeddings,
@@ -244,23 +260,42 @@ def vit_from_hf(model: ViTForImageClassification | DeiTForImageClassification | 
         "head.weight": head.weight,
         "head.bias": head.bias,
     }
-    if with_teacher:
+    if isinstance(model, DeiTForImageClassificationWithTeacher):
         state |= {"dist_token": distillation_token, "head_dist.weight": model.distillation_classifier.weight,
                   "head_dist.bias": model.distillation_classifier.bias}
     elif distillation_token is not None:
         state["reg_token"] = distillation_token
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(base.layers):
         attn, prefix = layer.attention, f"blocks.{i}."
         state[prefix + "attn.qkv.weight"] = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        if config.qkv_bias:
+        if model.config.qkv_bias:
             state[prefix + "attn.qkv.bias"] = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
         pairs = {"attn.proj": attn.o_proj, "norm1": layer.layernorm_before, "norm2": layer.layernorm_after,
                  "mlp.fc1": layer.mlp.fc1, "mlp.fc2": layer.mlp.fc2}
         for target, module in pairs.items():
             state[f"{prefix}{target}.weight"] = module.weight
             state[f"{prefix}{target}.bias"] = module.bias
-    state = {k: v.detach() for k, v in state.items()}
-    return _rebuilt(spec, state, name), ordered_labels(config.id2label, head.out_features)
+    return {k: v.detach() for k, v in state.items()}
+
+
+def vit_from_hf(model: HfVit, image_processor_config: dict[str, Any] | None = None
+                ) -> tuple[ImageClassifier, list[str] | None]:
+    """A Hugging Face ViT or DeiT classifier as the canonical timm ViT: class token, token pooling, qkv as HF's
+    query/key/value concatenated, its LayerNorm epsilon and GELU, the position embeddings as they are (fixed image
+    size ``config.image_size``), final ``layernorm`` and head; mean/std from the image processor config
+    (``processor_normalisation``).
+
+    DeiT's embeddings carry a distillation token after the class token, inside the position embedding.
+    ``DeiTForImageClassification`` reads only the class token: timm's ``VisionTransformer`` with that token as its
+    one register token computes the same. ``DeiTForImageClassificationWithTeacher`` averages its class and
+    distillation heads: timm's ``VisionTransformerDistilled``."""
+    if not isinstance(model, ViTForImageClassification | DeiTForImageClassification
+                      | DeiTForImageClassificationWithTeacher):
+        raise ValueError(f"{type(model).__name__}: supported are ViTForImageClassification, "
+                         "DeiTForImageClassification and DeiTForImageClassificationWithTeacher")
+    spec = _hf_spec(model, image_processor_config)
+    classifier = _rebuilt(spec, _hf_state(model), type(model).__name__)
+    return classifier, ordered_labels(model.config.id2label, spec["vit"]["num_classes"])
 
 
 def vit_from_timm(model: VisionTransformer, mean: Sequence[float] | None = None, std: Sequence[float] | None = None

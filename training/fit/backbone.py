@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -95,16 +97,34 @@ FitTaskBuilder = Callable[[PipelineConfig, torch.device, bool], FitTask]  # (con
 FIT_TASKS: dict[str, FitTaskBuilder] = {"image": image_fit_task, "text": text_fit_task}
 
 
-def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
-    run_dir = Path(cfg.run_dir)
-    final_path = run_dir / BACKBONE_FILE
-    ckpt_path = run_dir / "backbone_ckpt.pt"
+@dataclass
+class Fitting:
+    """One backbone fit: the task, its optimiser and schedule, and where training stands (what a checkpoint saves
+    and a resumed fit starts from)."""
+
+    cfg: PipelineConfig
+    device: torch.device
+    task: FitTask
+    trainable: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    steps_per_epoch: int
+    epochs: int
+    total_steps: int
+    start_epoch: int = 0
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    elapsed: float = 0.0  # seconds spent training, across resumptions
+
+
+def prepare(cfg: PipelineConfig, resume: bool, ckpt_path: Path) -> Fitting:
+    """The task (a user's checkpoint, else the modality's), AdamW with warm-up and cosine, restored from the
+    checkpoint when resuming."""
     set_threads(cfg.threads)
     seed_everything(cfg.seed)
     device = select_device(cfg.device)
     task = (pretrained_fit_task if cfg.pretrained.source is not None else FIT_TASKS[cfg.modality])(cfg, device, resume)
-    model = task.model
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable = [p for p in task.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.fit.lr, weight_decay=cfg.fit.weight_decay)
     steps_per_epoch = -(-task.train_size // cfg.fit.batch_size)
     epochs = cfg.fit.epochs if task.epochs is None else task.epochs
@@ -112,54 +132,71 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
     if cfg.fit.max_steps is not None:
         total_steps = min(total_steps, cfg.fit.max_steps)
     scheduler = warmup_cosine(optimizer, int(cfg.fit.warmup_epochs * steps_per_epoch), total_steps)
-    start_epoch, step, history, elapsed = 0, 0, [], 0.0
+    fit = Fitting(cfg, device, task, trainable, optimizer, scheduler, steps_per_epoch, epochs, total_steps)
     if resume and ckpt_path.exists():
         state = load_checkpoint(ckpt_path)
-        model.load_state_dict(state["model"])
+        task.model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        start_epoch, step, history, elapsed = state["epoch"], state["step"], state["history"], state["elapsed"]
-        print(f"resuming backbone fit at epoch {start_epoch}")
-    gen = torch.Generator().manual_seed(cfg.seed)
-    for epoch in range(start_epoch, epochs):
-        if step >= total_steps:
+        fit.start_epoch, fit.step, fit.history, fit.elapsed = (state["epoch"], state["step"], state["history"],
+                                                               state["elapsed"])
+        print(f"resuming backbone fit at epoch {fit.start_epoch}")
+    return fit
+
+
+def train_epoch(fit: Fitting, epoch: int, gen: torch.Generator) -> float:
+    """One epoch (or what is left of the step budget); the smoothed training loss at its end."""
+    cfg, model, device = fit.cfg, fit.task.model, fit.device
+    gen.manual_seed(cfg.seed * 1000 + epoch)  # resumable: the epoch alone fixes its order and augmentation
+    model.train()
+    t0 = time.perf_counter()
+    bar = tqdm(fit.task.train_batches(gen), total=fit.steps_per_epoch,
+               desc=f"fit-backbone epoch {epoch + 1}/{fit.epochs}", leave=False)
+    running = torch.zeros((), device=device)  # smoothed loss, kept on the device: read once per log interval
+    for epoch_steps, (inputs, labels) in enumerate(bar, start=1):
+        with autocast(device, cfg.bf16):
+            logits = model(*(x.to(device, non_blocking=True) for x in inputs))  # [B, C]
+        loss = F.cross_entropy(logits.float(), labels.to(device, non_blocking=True),
+                               label_smoothing=cfg.fit.label_smoothing)
+        fit.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.fit.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(fit.trainable, cfg.fit.grad_clip)
+        fit.optimizer.step()
+        fit.scheduler.step()
+        fit.step += 1
+        running = loss.detach() if epoch_steps == 1 else 0.98 * running + 0.02 * loss.detach()
+        if epoch_steps % LOG_EVERY == 1:
+            bar.set_postfix(loss=f"{float(running):.3f}", lr=f"{fit.scheduler.get_last_lr()[0]:.2e}")
+        if fit.step >= fit.total_steps:
             break
-        gen.manual_seed(cfg.seed * 1000 + epoch)  # resumable: the epoch alone fixes its order and augmentation
-        model.train()
-        t0 = time.perf_counter()
-        bar = tqdm(task.train_batches(gen), total=steps_per_epoch,
-                   desc=f"fit-backbone epoch {epoch + 1}/{epochs}", leave=False)
-        running = torch.zeros((), device=device)  # smoothed loss, kept on the device: read once per log interval
-        for epoch_steps, (inputs, labels) in enumerate(bar, start=1):
-            with autocast(device, cfg.bf16):
-                logits = model(*(x.to(device, non_blocking=True) for x in inputs))  # [B, C]
-            loss = F.cross_entropy(logits.float(), labels.to(device, non_blocking=True),
-                                   label_smoothing=cfg.fit.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.fit.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(trainable, cfg.fit.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            running = loss.detach() if epoch_steps == 1 else 0.98 * running + 0.02 * loss.detach()
-            if epoch_steps % LOG_EVERY == 1:
-                bar.set_postfix(loss=f"{float(running):.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-            if step >= total_steps:
-                break
-        elapsed += time.perf_counter() - t0
-        train_loss = float(running)
-        val = task.evaluate(model, "val")
-        history.append({"epoch": epoch + 1, "train_loss": train_loss, **{f"val_{k}": v for k, v in val.items()}})
+    fit.elapsed += time.perf_counter() - t0
+    return float(running)
+
+
+def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
+    """Fit (resumable, one checkpoint per epoch) and write ``backbone.pt`` with the test figures beside it."""
+    run_dir = Path(cfg.run_dir)
+    final_path = run_dir / BACKBONE_FILE
+    ckpt_path = run_dir / "backbone_ckpt.pt"
+    fit = prepare(cfg, resume, ckpt_path)
+    model = fit.task.model
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for epoch in range(fit.start_epoch, fit.epochs):
+        if fit.step >= fit.total_steps:
+            break
+        train_loss = train_epoch(fit, epoch, gen)
+        val = fit.task.evaluate(model, "val")
+        fit.history.append({"epoch": epoch + 1, "train_loss": train_loss, **{f"val_{k}": v for k, v in val.items()}})
         print(f"epoch {epoch + 1}: loss {train_loss:.4f} val acc {val['accuracy']:.4f} ece {val['ece']:.4f} "
-              f"({elapsed / 60:.1f} min)")
-        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                    "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "step": step,
-                                    "history": history, "elapsed": elapsed, "config": config_dict(cfg)})
-    test = task.evaluate(model, "test")
+              f"({fit.elapsed / 60:.1f} min)")
+        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": fit.optimizer.state_dict(),
+                                    "scheduler": fit.scheduler.state_dict(), "epoch": epoch + 1, "step": fit.step,
+                                    "history": fit.history, "elapsed": fit.elapsed, "config": config_dict(cfg)})
+    test = fit.task.evaluate(model, "test")
     print(f"backbone test: {test}")
     save_checkpoint(final_path, {
-        "state_dict": model.state_dict(), "config": config_dict(cfg), "history": history, "test": test,
-        "seconds": elapsed, **task.payload,
+        "state_dict": model.state_dict(), "config": config_dict(cfg), "history": fit.history, "test": test,
+        "seconds": fit.elapsed, **fit.task.payload,
     })
     return final_path
