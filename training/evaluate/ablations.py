@@ -71,18 +71,26 @@ def seed_config(cfg: PipelineConfig, seed: int) -> PipelineConfig:
                                run_dir=str(Path(cfg.run_dir) / "ablations" / f"seed{seed}"))
 
 
+def link_backbone(source: Path, target: Path) -> None:
+    """``target`` names the same frozen backbone file as ``source`` (a hard link, else a copy). ``source`` is resolved
+    first: a main run's backbone may itself be a relative symbolic link (``calibrate``'s depth folders), which a hard
+    link would copy as a link that dangles from the variant's folder."""
+    if target.exists():
+        return
+    target.unlink(missing_ok=True)  # a dangling link left by an earlier attempt
+    try:
+        os.link(source.resolve(), target)  # no copy
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def ensure_distilled(main: PipelineConfig, variant: PipelineConfig) -> Path:
     """Distil ``variant`` (resuming a partial run) on the main run's backbone unless it is done."""
     run_dir = Path(variant.run_dir)
     if (run_dir / DIRECTOR_FILE).exists():
         return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    backbone = run_dir / BACKBONE_FILE
-    if not backbone.exists():
-        try:
-            os.link(Path(main.run_dir) / BACKBONE_FILE, backbone)  # the same frozen backbone, no copy
-        except OSError:
-            shutil.copy2(Path(main.run_dir) / BACKBONE_FILE, backbone)
+    link_backbone(Path(main.run_dir) / BACKBONE_FILE, run_dir / BACKBONE_FILE)
     tokenizer = Path(main.run_dir) / TOKENIZER_FILE  # text runs tokenise with the run's own tokenizer
     if tokenizer.exists() and not (run_dir / TOKENIZER_FILE).exists():
         shutil.copy2(tokenizer, run_dir / TOKENIZER_FILE)

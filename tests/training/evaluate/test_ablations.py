@@ -1,9 +1,11 @@
 """Named distillation variants change exactly the settings they name."""
 
+from pathlib import Path
+
 import pytest
 
 from training.config import DistilConfig, KernelConfig
-from training.evaluate.ablations import variant_overrides
+from training.evaluate.ablations import link_backbone, variant_overrides
 
 
 def test_variants_change_one_setting() -> None:
@@ -22,3 +24,17 @@ def test_variants_change_one_setting() -> None:
 def test_unknown_variant_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown ablation"):
         variant_overrides("wider", DistilConfig())
+
+
+def test_a_variant_links_the_backbone_a_symbolic_link_names(tmp_path: Path) -> None:
+    # a calibrate depth folder holds its backbone as a relative link to the run's own file
+    (tmp_path / "backbone.pt").write_bytes(b"weights")
+    main = tmp_path / "depth-1"
+    main.mkdir()
+    (main / "backbone.pt").symlink_to(Path("..") / "backbone.pt")
+    variant = main / "ablations" / "depth_2"
+    variant.mkdir(parents=True)
+    (variant / "backbone.pt").symlink_to(Path("..") / "backbone.pt")  # dangling, as an earlier attempt left it
+    link_backbone(main / "backbone.pt", variant / "backbone.pt")
+    assert (variant / "backbone.pt").read_bytes() == b"weights"
+    assert not (variant / "backbone.pt").is_symlink()
