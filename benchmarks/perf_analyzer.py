@@ -1,11 +1,12 @@
-"""Triton's perf_analyzer against this server over HTTP, beside the project's own load generator at the same
-concurrency on the same route, in one run.
+"""Triton's perf_analyzer against this server over HTTP and gRPC, beside the project's own load generator at the
+same concurrency on the HTTP route, in one run.
 
 ``python -m benchmarks.perf_analyzer [--concurrency 1 2 4] [--threads 1] [--seconds 4]``: serves the committed
-repository (torch pinned to ``--threads``), then for each model (``fashion-vit`` with real Fashion-MNIST test images,
-``movie-reviews-minilm`` with movie-review sentences) runs perf_analyzer at each concurrency (its default binary
-tensors, one input per request, the server's default ``n_samples``) and ``benchmarks.loadgen``'s closed loop with
-the same requests as JSON. Prints one JSON object and writes it to ``--out``; the figures go to docs/benchmarks.md
+repository (torch pinned to ``--threads``, the gRPC port on), then for each model (``fashion-vit`` with real
+Fashion-MNIST test images, ``movie-reviews-minilm`` with movie-review sentences) runs perf_analyzer at each
+concurrency over HTTP (its default binary tensors) and over gRPC (one input per request, the server's default
+``n_samples``) and ``benchmarks.loadgen``'s closed loop with the same requests as JSON. Prints one JSON object and
+writes it to ``--out``; the figures go to docs/benchmarks.md
 ("perf_analyzer").
 
 perf_analyzer comes from the ``tritonclient`` 2.50.0 wheel: the PyPI ``perf-analyzer`` wheels need glibc 2.38, newer
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen import closed_loop, encode_post
-from benchmarks.server import ROOT, running_server
+from benchmarks.server import ROOT, free_port, running_server
 
 CACHE = Path.home() / ".cache" / "director" / "perf_analyzer"
 WHEELS = {"tritonclient==2.50.0": "tritonclient-2.50.0.data/data/bin/perf_analyzer",
@@ -85,11 +86,12 @@ def input_data(model: str, folder: Path) -> tuple[Path, list[dict[str, Any]]]:
     return path, bodies
 
 
-def perf_analyzer(binary: Path, env: dict[str, str], url: str, model: str, data: Path, concurrency: int,
-                  seconds: float, out: Path) -> dict[str, float]:
-    csv_path = out / f"{model}-{concurrency}.csv"
+def perf_analyzer(binary: Path, env: dict[str, str], address: str, protocol: str, model: str, data: Path,
+                  concurrency: int, seconds: float, out: Path) -> dict[str, float]:
+    """perf_analyzer at one concurrency over ``protocol`` (http or grpc) to ``address`` (host:port)."""
+    csv_path = out / f"{model}-{protocol}-{concurrency}.csv"
     done = subprocess.run(
-        [str(binary), "-m", model, "-u", url.removeprefix("http://"), "-i", "http", "--input-data", str(data),
+        [str(binary), "-m", model, "-u", address, "-i", protocol, "--input-data", str(data),
          "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(int(seconds * 1000)),
          "--stability-percentage", "25", "--max-trials", "12", "-f", str(csv_path)],
         env=env, capture_output=True, text=True, timeout=600)
@@ -118,16 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     binary, env = install()
     results: dict[str, Any] = {"threads": args.threads, "seconds": args.seconds, "models": {}}
+    grpc_port = free_port()
     with tempfile.TemporaryDirectory() as tmp, \
-            running_server(ROOT / "model_repository", IMAGE_MODEL, args.threads, []) as url:
+            running_server(ROOT / "model_repository", IMAGE_MODEL, args.threads,
+                           ["--grpc-port", str(grpc_port)]) as url:
+        addresses = {"http": url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
         for model in (IMAGE_MODEL, TEXT_MODEL):
             data, bodies = input_data(model, Path(tmp))
             rows = results["models"][model] = {}
             for concurrency in args.concurrency:
-                rows[str(concurrency)] = {
-                    "perf_analyzer": perf_analyzer(binary, env, url, model, data, concurrency, args.seconds,
-                                                   Path(tmp)),
-                    "loadgen": own_loadgen(url, model, bodies, concurrency, args.seconds * 3)}
+                row = rows[str(concurrency)] = {
+                    f"perf_analyzer_{protocol}": perf_analyzer(binary, env, address, protocol, model, data,
+                                                               concurrency, args.seconds, Path(tmp))
+                    for protocol, address in addresses.items()}
+                row["loadgen"] = own_loadgen(url, model, bodies, concurrency, args.seconds * 3)
                 print(model, concurrency, json.dumps(rows[str(concurrency)]), flush=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

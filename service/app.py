@@ -24,6 +24,7 @@ from service.engine.artifact import Artifact
 from service.engine.batching import BatchStats, BatchWorker
 from service.engine.decoding import DecodePool
 from service.engine.device import resolve_device
+from service.engine.model_settings import ModelConfigFile, ServingSettings, serving_settings
 from service.engine.predictor import Predictor
 from service.engine.repository import ModelRepository
 from service.errors import register_error_handlers
@@ -44,7 +45,7 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
     device.on_out_of_memory = metrics_.gpu_out_of_memory.inc
     holder: dict[str, AppState] = {}
 
-    def make_worker(name: str, version: str, artifact: Artifact) -> BatchWorker:
+    def make_worker(name: str, version: str, artifact: Artifact, serving: ServingSettings) -> BatchWorker:
         def on_batch(stats: BatchStats) -> None:
             labels = (name, version)
             metrics_.batch_size.labels(*labels).observe(stats.inputs)
@@ -59,11 +60,15 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
             holder["state"].statistics.of(*labels).forward(stats.inputs, stats.requests, stats.inference_s,
                                                            stats.queue_waits)
 
-        return BatchWorker(artifact, device, device.shapes.max_batch_samples, settings.max_batch_delay_ms,
-                           settings.max_queue, on_batch, reservation_timeout_s=settings.request_timeout_s,
-                           max_batch_tokens=device.shapes.max_batch_tokens)
+        return BatchWorker(artifact, device, serving.max_batch_samples, serving.max_batch_delay_ms, serving.max_queue,
+                           on_batch, reservation_timeout_s=serving.request_timeout_s,
+                           max_batch_tokens=serving.max_batch_tokens, instances=serving.instances)
 
-    repository = ModelRepository(settings.model_repository, device, make_worker,
+    def settings_of(config: ModelConfigFile | None) -> ServingSettings:
+        return serving_settings(config, device.shapes, settings.max_batch_delay_ms, settings.max_queue,
+                                settings.request_timeout_s)
+
+    repository = ModelRepository(settings.model_repository, device, make_worker, settings_of,
                                  drain_timeout_s=settings.request_timeout_s,
                                  on_change=lambda: holder["state"].sync_version_metrics(),
                                  trusted_digests=settings.trusted_digests)

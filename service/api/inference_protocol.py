@@ -57,7 +57,7 @@ def model_ready(state: AppState, name: str, version: str | None) -> bool:
 def configuration(state: AppState, name: str, version: str | None) -> dict[str, Any]:
     """Triton's model configuration of a ready version."""
     entry = state.predictor.resolve(name, version)
-    return model_config(entry.name, entry.artifact, state.settings, state.device)
+    return model_config(entry, state.settings, state.device)
 
 
 def statistics(state: AppState, name: str | None, version: str | None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from service.config import Settings
 from service.engine.artifact import Artifact, ood_rule
 from service.engine.codecs.base import TensorSpec
 from service.engine.device import Device
+from service.engine.repository import ReadyVersion
 
 # the OIP outputs as Triton types, each per input (one element: dims [1] reshaped to [] as Triton writes a scalar)
 SCALAR_OUTPUTS = {"confidence": "FP32", "predictive_entropy": "FP32", "expected_entropy": "FP32",
@@ -44,37 +45,40 @@ def io_config(artifact: Artifact) -> tuple[list[dict[str, Any]], list[dict[str, 
     return [_tensor(codec.tensor)], outputs
 
 
-def parameters(artifact: Artifact, device: Device) -> dict[str, dict[str, str]]:
+def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
     """DIRECTOR's settings that have no Triton field: sampling, the OOD rule, the batch budgets."""
+    artifact, serving = entry.artifact, entry.serving
     manifest = artifact.manifest
     values: dict[str, Any] = {
         "method": manifest.method,
         "modality": manifest.modality,
-        "n_samples_default": artifact.default_samples,
-        "n_samples_max": artifact.max_samples,
+        "n_samples_default": entry.default_samples,
+        "n_samples_max": entry.max_samples,
         "temperature": artifact.temperature,
-        "ood_score": ood_rule(manifest.ood, artifact.default_samples).score,  # at the default sample count
+        "ood_score": ood_rule(manifest.ood, entry.default_samples).score,  # at the default sample count
         "ood_thresholds": json.dumps({str(k): v.threshold for k, v in sorted(manifest.ood.thresholds.items())}),
         "labels": json.dumps(artifact.labels),
     }
-    cost = artifact.codec.batch_cost(device.shapes.max_batch_samples, device.shapes.max_batch_tokens)
+    cost = artifact.codec.batch_cost(serving.max_batch_samples, serving.max_batch_tokens)
     values[cost.setting] = cost.budget
     values |= artifact.codec.parameters()
     return {key: {"string_value": str(value)} for key, value in values.items()}
 
 
-def model_config(name: str, artifact: Artifact, settings: Settings, device: Device) -> dict[str, Any]:
-    inputs, outputs = io_config(artifact)
+def model_config(entry: ReadyVersion, settings: Settings, device: Device) -> dict[str, Any]:
+    """The version as Triton's model configuration, with its model's own settings (config.yaml) where it has them."""
+    serving = entry.serving
+    inputs, outputs = io_config(entry.artifact)
     cuda = device.torch_device.type == "cuda"
-    instance = {"name": f"{name}_0", "kind": "KIND_GPU" if cuda else "KIND_CPU", "count": 1}
+    instance = {"name": f"{entry.name}_0", "kind": "KIND_GPU" if cuda else "KIND_CPU", "count": serving.instances}
     if cuda:
         instance["gpus"] = [device.torch_device.index or 0]
     return {
-        "name": name,
+        "name": entry.name,
         "platform": "pytorch_libtorch",
         "backend": "pytorch",
-        # every version in the repository is served (requests name one, or get the highest ready one)
-        "version_policy": {"all": {}},
+        # the model's config.yaml, else every version (requests name one, or get the highest ready one)
+        "version_policy": serving.version_policy,
         # inputs per request; a request's cost is also bounded in samples (DIRECTOR_MAX_REQUEST_BATCHES)
         "max_batch_size": settings.max_inputs_per_request,
         "input": inputs,
@@ -83,15 +87,15 @@ def model_config(name: str, artifact: Artifact, settings: Settings, device: Devi
         "batch_output": [],
         "dynamic_batching": {
             "preferred_batch_size": [],
-            "max_queue_delay_microseconds": int(settings.max_batch_delay_ms * 1000),
+            "max_queue_delay_microseconds": int(serving.max_batch_delay_ms * 1000),
             "preserve_ordering": False,
             "priority_levels": 0,
             "default_queue_policy": {"timeout_action": "REJECT",
-                                     "default_timeout_microseconds": int(settings.request_timeout_s * 1e6),
-                                     "allow_timeout_override": False, "max_queue_size": settings.max_queue},
+                                     "default_timeout_microseconds": int(serving.request_timeout_s * 1e6),
+                                     "allow_timeout_override": False, "max_queue_size": serving.max_queue},
         },
         "instance_group": [instance],
         "default_model_filename": "director.ts",
-        "parameters": parameters(artifact, device),
+        "parameters": parameters(entry),
         "model_warmup": [],
     }

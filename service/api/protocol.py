@@ -168,8 +168,9 @@ class VersionInfo(BaseModel):
     method: str | None = Field(None, description="the manifest's method: director, deterministic, mc_dropout or "
                                                   "ensemble")
     modality: str | None = Field(None, description="image or text")
-    default_samples: int | None = Field(None, description="n_samples when a request gives none")
-    max_samples: int | None = Field(None, description="largest n_samples accepted")
+    default_samples: int | None = Field(None, description="n_samples when a request gives none (the model's "
+                                                          "config.yaml, else the manifest)")
+    max_samples: int | None = Field(None, description="largest n_samples accepted (config.yaml, else the manifest)")
     loaded_at: float | None = Field(None, description="unix time the version became ready")
     queue_depth: int | None = Field(None, description="requests waiting for a batch")
     input: dict[str, Any] | None = Field(None, description="the manifest's input section (image: channels, height, "
@@ -181,12 +182,17 @@ class VersionInfo(BaseModel):
                                                               "on this version, from what its export measured (null: "
                                                               "not measured, or the version is not loaded)")
     samples_note: str | None = Field(None, description="the evidence behind samples_informative, in words")
+    serving: dict[str, Any] | None = Field(None, description="what a ready version is served with: the server's "
+                                                             "settings with the model's config.yaml over them")
 
 
 class ModelSummary(BaseModel):
     name: str = Field(..., description="model folder name")
     default_version: str | None = Field(None, description="highest ready version")
     versions: list[VersionInfo] = Field(..., description="every version in the repository, lowest first")
+    config: dict[str, Any] | None = Field(None, description="what the model's config.yaml sets (null: no file)")
+    config_error: str | None = Field(None, description="why the model's config.yaml was refused (its versions are "
+                                                       "then unavailable)")
 
 
 class ModelList(BaseModel):

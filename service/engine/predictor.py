@@ -83,11 +83,11 @@ class Predictor:
         return ready
 
     def samples(self, entry: ReadyVersion, n_samples: int | None) -> int:
-        """The request's sample count (the manifest's default when it names none), within the model's maximum."""
-        artifact = entry.artifact
-        count = artifact.default_samples if n_samples is None else n_samples
-        if not 1 <= count <= artifact.max_samples:
-            raise invalid(f"n_samples must be between 1 and {artifact.max_samples} for {entry.name} "
+        """The request's sample count (the model's default when it names none), within the model's maximum (its
+        config.yaml's, else the manifest's)."""
+        count = entry.default_samples if n_samples is None else n_samples
+        if not 1 <= count <= entry.max_samples:
+            raise invalid(f"n_samples must be between 1 and {entry.max_samples} for {entry.name} "
                           f"version {entry.version}, got {count}", ["body", "n_samples"])
         return count
 
@@ -188,7 +188,7 @@ class Predictor:
         labels = (entry.name, entry.version)
         metrics = self.metrics
         worker = entry.worker
-        timeout = self.settings.request_timeout_s
+        timeout = entry.serving.request_timeout_s
         try:
             future = worker.enqueue(inputs, n_samples, seed, ticket)
             metrics.queue_depth.labels(*labels).set(worker.depth)

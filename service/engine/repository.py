@@ -24,6 +24,13 @@ from service.engine.artifact import Artifact, ArtifactError, load_artifact, read
 from service.engine.batching import BatchWorker
 from service.engine.device import Device
 from service.engine.heap import collect_retired, freeze_long_lived, thaw
+from service.engine.model_settings import (
+    CONFIG_FILE,
+    ModelConfigFile,
+    ServingSettings,
+    check_sampling,
+    read_config,
+)
 
 log = logging.getLogger("service.engine.repository")
 RETIRED_COLLECT_DELAY_S = 1.0  # after a retired worker closes, before its version is collected
@@ -51,6 +58,7 @@ class ModelVersion:
     # retried until the folder or the allowlist changes again) and why it failed
     failed_fingerprint: tuple | None = None
     reload_error: str | None = None
+    serving: ServingSettings | None = None  # the model's settings (config.yaml over the server's) it loaded with
 
     @property
     def method(self) -> str:
@@ -58,9 +66,9 @@ class ModelVersion:
 
     def ready(self) -> ReadyVersion | None:
         """This version as one that can serve, or None while it is loading or unavailable."""
-        if self.state is not VersionState.READY or self.artifact is None or self.worker is None:
+        if self.state is not VersionState.READY or None in (self.artifact, self.worker, self.serving):
             return None
-        return ReadyVersion(self.name, self.version, self.artifact, self.worker)
+        return ReadyVersion(self.name, self.version, self.artifact, self.worker, self.serving)
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,15 @@ class ReadyVersion:
     version: str
     artifact: Artifact
     worker: BatchWorker
+    serving: ServingSettings  # what this model is served with (its config.yaml over the server's settings)
+
+    @property
+    def default_samples(self) -> int:
+        return self.serving.default_samples or self.artifact.default_samples
+
+    @property
+    def max_samples(self) -> int:
+        return self.serving.max_samples or self.artifact.max_samples
 
 
 def version_key(version: str) -> tuple[int, int, str]:
@@ -102,12 +119,14 @@ def without_paths(reason: str, root: Path) -> str:
     return reason
 
 
-WorkerFactory = Callable[[str, str, Artifact], BatchWorker]
+WorkerFactory = Callable[[str, str, Artifact, ServingSettings], BatchWorker]
+SettingsFactory = Callable[[ModelConfigFile | None], ServingSettings]
 
 
 class ModelRepository:
-    def __init__(self, root: Path, device: Device, make_worker: WorkerFactory, drain_timeout_s: float,
-                 on_change: Callable[[], None] | None = None, trusted_digests: Path | None = None) -> None:
+    def __init__(self, root: Path, device: Device, make_worker: WorkerFactory, settings_of: SettingsFactory,
+                 drain_timeout_s: float, on_change: Callable[[], None] | None = None,
+                 trusted_digests: Path | None = None) -> None:
         self.root = root
         self.trusted_digests = trusted_digests
         self.device = device
@@ -120,6 +139,8 @@ class ModelRepository:
         self._retiring: set[asyncio.Task[None]] = set()
         self.unloaded: set[str] = set()  # models taken out by ``unload``: scans skip their folders until ``load``
         self._scanner: asyncio.Task[None] | None = None
+        self.settings_of = settings_of  # a model's config.yaml (or None) -> its serving settings
+        self.configs: dict[str, ModelConfigFile | ValueError | None] = {}  # per model: its file, or why it is bad
 
     # lookups -------------------------------------------------------------------------------------------
 
@@ -144,15 +165,30 @@ class ModelRepository:
 
     # scanning ------------------------------------------------------------------------------------------
     def _folders(self) -> dict[tuple[str, str], Path]:
+        """Every version folder to serve: published ones, of models not unloaded, within the model's version policy
+        (its config.yaml, read here for the whole scan)."""
         found: dict[tuple[str, str], Path] = {}
+        self.configs = {}
         if not self.root.is_dir():
             return found
         for model_dir in filter(is_published, sorted(self.root.iterdir())):
             if model_dir.name in self.unloaded:
                 continue
-            for version_dir in filter(is_published, sorted(model_dir.iterdir())):
-                found[(model_dir.name, version_dir.name)] = version_dir
+            config = self._config(model_dir)
+            folders = {d.name: d for d in filter(is_published, sorted(model_dir.iterdir()))}
+            policy = config.version_policy if isinstance(config, ModelConfigFile) else None
+            chosen = policy.selects(list(folders), version_key) if policy is not None else set(folders)
+            for name in sorted(chosen):
+                found[(model_dir.name, name)] = folders[name]
         return found
+
+    def _config(self, model_dir: Path) -> ModelConfigFile | ValueError | None:
+        try:
+            config: ModelConfigFile | ValueError | None = read_config(model_dir)
+        except ValueError as exc:
+            config = exc
+        self.configs[model_dir.name] = config
+        return config
 
     async def scan(self) -> None:
         async with self._scan_lock:
@@ -161,7 +197,7 @@ class ModelRepository:
             allowlist = file_print(self.trusted_digests)  # an edit of the allowlist re-checks every version
             for (name, version), folder in found.items():
                 current = self.models.get(name, {}).get(version)
-                print_ = (fingerprint(folder), allowlist)
+                print_ = (fingerprint(folder), allowlist, file_print(folder.parent / CONFIG_FILE))
                 if current is not None and print_ in (current.fingerprint, current.failed_fingerprint):
                     continue
                 await self._load(name, version, folder, print_, current)
@@ -192,8 +228,10 @@ class ModelRepository:
             self._notify()
         started = time.perf_counter()
         try:
+            entry.serving = self._serving(name)
             entry.artifact = await asyncio.to_thread(self._load_trusted, folder)
-        except (ArtifactError, trust.Untrusted) as exc:
+            check_sampling(entry.serving, entry.artifact.default_samples, entry.artifact.max_samples)
+        except (ArtifactError, trust.Untrusted, ValueError) as exc:
             entry.state, entry.reason = VersionState.UNAVAILABLE, without_paths(str(exc), self.root)
             log.warning("model %s version %s unavailable: %s", name, version, exc)
         except Exception as exc:  # never let one folder stop the scan
@@ -201,7 +239,7 @@ class ModelRepository:
             entry.reason = without_paths(f"{type(exc).__name__}: {exc}", self.root)
             log.exception("model %s version %s failed to load", name, version)
         else:
-            entry.worker = self.make_worker(name, version, entry.artifact)
+            entry.worker = self.make_worker(name, version, entry.artifact, entry.serving)
             entry.worker.start()
             entry.state, entry.loaded_at = VersionState.READY, time.time()
             log.info("model %s version %s ready in %.2fs", name, version, time.perf_counter() - started)
@@ -215,6 +253,13 @@ class ModelRepository:
         if current is not None:
             self._retire(current)
         self._notify()
+
+    def _serving(self, name: str) -> ServingSettings:
+        """The model's serving settings; ``ValueError`` (the version's reason) when its config.yaml is invalid."""
+        config = self.configs.get(name)
+        if isinstance(config, ValueError):
+            raise config
+        return self.settings_of(config)
 
     def _load_trusted(self, folder: Path) -> Artifact:
         trust.check(self.root, folder, self.trusted_digests)  # before torch.jit.load runs anything

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends
 from artifact.contract import samples_verdict
 from service.api.deps import AppStateDep, require_api_key
 from service.api.protocol import ModelDetail, ModelList, ModelSummary, VersionInfo
+from service.engine.model_settings import ModelConfigFile
 from service.engine.repository import ModelVersion
 from service.errors import ERROR_RESPONSES, not_found, shown
 from service.state import AppState
@@ -23,7 +24,9 @@ def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
     return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
                        reload_error=entry.reload_error,
                        method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
-                       default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
+                       default_samples=ready.default_samples if ready else sampling.get("default_samples"),
+                       max_samples=ready.max_samples if ready else sampling.get("max_samples"),
+                       serving=ready.serving.shown() if ready else None,
                        loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None,
                        input=section if isinstance(section, dict) else None, max_text_characters=text_limit,
                        samples_informative=verdict.informative if verdict else None,
@@ -32,8 +35,11 @@ def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
 
 def summary(state: AppState, name: str) -> ModelSummary:
     default = state.repository.default_version(name)
+    config = state.repository.configs.get(name)
     return ModelSummary(name=name, default_version=default.version if default else None,
-                        versions=[version_info(state, v) for v in state.repository.versions(name)])
+                        versions=[version_info(state, v) for v in state.repository.versions(name)],
+                        config=config.given() if isinstance(config, ModelConfigFile) else None,
+                        config_error=str(config) if isinstance(config, ValueError) else None)
 
 
 def detail(state: AppState, name: str, entry: ModelVersion | None) -> ModelDetail:

@@ -80,7 +80,7 @@ class BatchStats:
 class BatchWorker:
     def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
                  max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
-                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048) -> None:
+                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048, instances: int = 1) -> None:
         self.artifact = artifact
         self.device = device
         self.batch_cost = artifact.codec.batch_cost(max_batch_samples, max_batch_tokens)
@@ -89,9 +89,10 @@ class BatchWorker:
         self.slots = Slots(max_queue, reservation_timeout_s)
         self.on_batch = on_batch
         self._held: WorkItem | None = None  # taken from the queue but left for the next batch
-        self._task: asyncio.Task[None] | None = None
+        self.instances = instances  # tasks draining the queue, each running its own batches' forwards
+        self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-        self._busy = False
+        self._busy = 0  # tasks between taking a batch's first request and finishing its forward
 
     @property
     def max_queue(self) -> int:
@@ -117,10 +118,11 @@ class BatchWorker:
 
     @property
     def idle(self) -> bool:
-        return self.depth == 0 and not self._busy
+        return self.depth == 0 and self._busy == 0
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(), name=f"batch-worker-{i}") for i in range(self.instances)]
 
     def enqueue(self, inputs: InputBatch, n_samples: int, seed: int | None, ticket: Ticket | None = None
                 ) -> asyncio.Future[BatchResult]:
@@ -144,10 +146,10 @@ class BatchWorker:
         deadline = time.monotonic() + timeout_s
         while not self.idle and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         for item in self._drain_left():
             if not item.future.done():
                 item.future.set_exception(Draining("model version shut down before the request ran"))
@@ -167,7 +169,7 @@ class BatchWorker:
 
     async def _collect(self) -> list[WorkItem]:
         first = await self._next()
-        self._busy = True
+        self._busy += 1
         if first.seed is not None:
             return [first]
         batch, rows, longest = [first], first.rows, first.longest
@@ -199,7 +201,7 @@ class BatchWorker:
                     if not item.future.done():
                         item.future.set_exception(exc)
             finally:
-                self._busy = False
+                self._busy -= 1
 
     async def _process(self, batch: list[WorkItem]) -> None:
         """One forward for the batch, its rows split back into each request's future."""
