@@ -145,6 +145,7 @@ class TransitionKernel(nn.Module):
 
     @classmethod
     def from_config(cls, config: KernelConfig) -> TransitionKernel:
+        """The kernel a saved or freshly decided config describes (its weights initialised, as a fresh kernel's)."""
         return cls(dim=config.dim, num_heads=config.num_heads, depth=config.depth, mlp_ratio=config.mlp_ratio,
                    logvar_init=config.logvar_init, logvar_min=config.logvar_min, logvar_max=config.logvar_max,
                    frequency_embedding_size=config.frequency_embedding_size, causal=config.causal)
@@ -174,8 +175,8 @@ class KernelConfig:
     def document(self) -> dict[str, Any]:
         """The config as a plain dict (bounds as CPU tensors), what a checkpoint stores: loading it back needs no
         class from this module."""
-        return {f.name: getattr(self, f.name) if not isinstance(getattr(self, f.name), torch.Tensor)
-                else getattr(self, f.name).detach().cpu() for f in fields(self)}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> KernelConfig:

@@ -166,6 +166,7 @@ class ExportRun:
 
 
 def load_run(cfg: PipelineConfig) -> ExportRun:
+    """The run's DIRECTOR, backbone and modality parts, loaded once for every later step."""
     run_dir = Path(cfg.run_dir)
     director, payload = load_director(run_dir)
     backbone = load_backbone(run_dir)
