@@ -97,9 +97,10 @@ class Inference:
 
 
 async def infer(state: AppState, name: str, version: str | None, body: dict[str, Any], tail: bytes,
-                ticket: Ticket | None = None, before: Any = None) -> Inference:
+                ticket: Ticket | None = None, before: Any = None, client_request_id: str | None = None) -> Inference:
     """One inference: every check of the request before the model runs (``before(codec)`` adds a protocol's own),
-    then the prediction use-case on the body's tensor (``tail``: the binary tensors after it)."""
+    then the prediction use-case on the body's tensor (``tail``: the binary tensors after it). The prediction is
+    logged under ``client_request_id`` (the transport's request id), else the OIP request's ``id``."""
     predictor = state.predictor
     entry = predictor.resolve(name, version)
     codec: Codec = entry.artifact.codec
@@ -110,7 +111,8 @@ async def infer(state: AppState, name: str, version: str | None, body: dict[str,
     requested = oip.requested_outputs(body, codec)
     if before is not None:
         before(codec, requested)
-    outcome = await predictor.predict(entry, lambda: oip.raw_inputs(body, tail, codec), n_samples, seed, ticket)
+    outcome = await predictor.predict(entry, lambda: oip.raw_inputs(body, tail, codec), n_samples, seed, ticket,
+                                      client_request_id or request_id)
     return Inference(outcome, n_samples, requested, request_id)
 
 

@@ -133,7 +133,11 @@ class PredictResponse(BaseModel):
 
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: UnicodeStr = Field(..., min_length=1, max_length=64, description="the id of a /predict response")
+    id: UnicodeStr | None = Field(None, min_length=1, max_length=64, description="the id of a /predict response "
+                                                                              "(or request_id instead)")
+    request_id: UnicodeStr | None = Field(None, min_length=1, max_length=128, description=(
+        "the X-Request-ID the prediction's request carried (or was given in its response): names the newest "
+        "prediction made under it, instead of id"))
     index: int = Field(0, ge=0, le=INDEX_MAX, strict=True, description="input index in that request")
     label: UnicodeStr | StrictInt = Field(..., description="true label: a label name or a class index (a JSON "
                                                            "integer)")
@@ -142,6 +146,8 @@ class FeedbackRequest(BaseModel):
     def _no_bool(self) -> FeedbackRequest:
         if isinstance(self.label, bool):
             raise ValueError("label must be a label name or a class index")
+        if (self.id is None) == (self.request_id is None):
+            raise ValueError("give the prediction's id or its request_id (one of them)")
         return self
 
 

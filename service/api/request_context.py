@@ -61,3 +61,9 @@ class RequestContext:
             await send(message)
 
         await self.app(scope, receive, tagging_send)
+
+
+def request_id_of(scope: Scope) -> str | None:
+    """The request id this middleware took or gave the request (None outside a request it saw)."""
+    context = scope.get(REQUEST_KEY)
+    return context.get("request_id") if isinstance(context, dict) else None

@@ -47,6 +47,7 @@ class Outcome:
     is_ood: list[bool]
     batch: BatchResult
     extras: dict[str, list[Any]] = field(default_factory=dict)  # per-input facts from the codec (texts: tokens)
+    client_request_id: str | None = None  # the request's X-Request-ID, logged with it for /feedback
 
 
 class Predictor:
@@ -92,12 +93,12 @@ class Predictor:
         return count
 
     async def predict(self, entry: ReadyVersion, inputs: RawInputs, n_samples: int, seed: int | None,
-                      ticket: Ticket | None = None) -> Outcome:
+                      ticket: Ticket | None = None, request_id: str | None = None) -> Outcome:
         """Decode ``inputs`` with the model's codec on a queue slot of the version (the one admission reserved, if
-        it is this version's) and run them."""
+        it is this version's) and run them; ``request_id`` (the client's) is logged with the predictions."""
         with self.queue_slot(entry, ticket) as slot:
             batch = await self.decoder.run(self.decode, entry, inputs)
-            return await self.run(entry, batch, n_samples, seed, slot)
+            return await self.run(entry, batch, n_samples, seed, slot, request_id)
 
     def decode(self, entry: ReadyVersion, inputs: RawInputs) -> InputBatch:
         """The server's size limits (inputs per request, characters per text, whatever the model), then the codec.
@@ -152,7 +153,7 @@ class Predictor:
                             "fewer inputs or a smaller n_samples")
 
     async def run(self, entry: ReadyVersion, inputs: InputBatch, n_samples: int, seed: int | None,
-                  ticket: Ticket | None = None) -> Outcome:
+                  ticket: Ticket | None = None, request_id: str | None = None) -> Outcome:
         """Queue decoded ``inputs`` on the version's worker; map overload, drain and timeout to 503/503/504. Counted
         end to end, by outcome, in the version's statistics and ``director_model_request_duration_seconds``."""
         try:
@@ -172,7 +173,7 @@ class Predictor:
         scores = ood_score(batch.summary, rule.score, named, rule.terms).tolist()
         flags = [score > rule.threshold for score in scores]
         outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch,
-                          inputs.extras())
+                          inputs.extras(), request_id)
         self.record(outcome)
         # One batch wakes all its requests at once; without a yield here the loop would build and send every one of
         # their responses before it next reads a socket, leaving new requests unread meanwhile.
@@ -223,7 +224,8 @@ class Predictor:
         rows = [(int(c), labels[int(c)], float(p)) for c, p in zip(summary.prediction, summary.confidence,
                                                                    strict=True)]
         try:
-            self.feedback.log(outcome.id, entry.name, entry.version, outcome.n_samples, rows)  # buffered: no I/O
+            self.feedback.log(outcome.id, entry.name, entry.version, outcome.n_samples, rows,  # buffered: no I/O
+                              outcome.client_request_id)
         except Exception:  # the prediction is still good: losing its log only weakens live accuracy
             log.exception("could not log prediction %s", outcome.id)
 

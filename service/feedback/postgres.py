@@ -30,16 +30,20 @@ CREATE TABLE IF NOT EXISTS predictions (
     created DOUBLE PRECISION NOT NULL,
     correct INTEGER,
     feedback_at DOUBLE PRECISION,
+    client_request_id TEXT,
     PRIMARY KEY (request_id, idx)
 );
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS client_request_id TEXT;
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
+CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created);
 """
 INSERT = ("INSERT INTO predictions (request_id, idx, model, version, n_samples, class_index, label, confidence, "
-          "created) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (request_id, idx) DO UPDATE SET "
-          "model = EXCLUDED.model, version = EXCLUDED.version, n_samples = EXCLUDED.n_samples, "
+          "created, client_request_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (request_id, "
+          "idx) DO UPDATE SET model = EXCLUDED.model, version = EXCLUDED.version, n_samples = EXCLUDED.n_samples, "
           "class_index = EXCLUDED.class_index, label = EXCLUDED.label, confidence = EXCLUDED.confidence, "
-          "created = EXCLUDED.created, correct = NULL, feedback_at = NULL")
+          "created = EXCLUDED.created, correct = NULL, feedback_at = NULL, "
+          "client_request_id = EXCLUDED.client_request_id")
 # replicas serialise schema creation and pruning on this advisory lock (any constant of the application's choosing)
 LOCK_KEY = 0x44495245  # "DIRE"
 POOL_MIN, POOL_MAX = 1, 4  # the flusher, /feedback and /metrics at once; more replicas mean more connections
@@ -106,6 +110,12 @@ class PostgresFeedbackStore(FeedbackStore):
             row = conn.execute("SELECT model, version, class_index, label FROM predictions "
                                "WHERE request_id = %s AND idx = %s", (request_id, index)).fetchone()
         return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+
+    def _prediction_of(self, client_request_id: str) -> str | None:
+        with self._connection() as conn:
+            row = conn.execute("SELECT request_id FROM predictions WHERE client_request_id = %s ORDER BY created "
+                               "DESC LIMIT 1", (client_request_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:
         with self._connection() as conn:

@@ -23,13 +23,17 @@ CREATE TABLE IF NOT EXISTS predictions (
     created REAL NOT NULL,
     correct INTEGER,
     feedback_at REAL,
+    client_request_id TEXT,
     PRIMARY KEY (request_id, idx)
 );
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
 """
+# a database written before the client's request id was stored gains the column (NULL for its rows)
+CLIENT_ID_COLUMN = "ALTER TABLE predictions ADD COLUMN client_request_id TEXT"
+CLIENT_ID_INDEX = "CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created)"
 INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
-          "confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+          "confidence, created, client_request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 class SqliteFeedbackStore(FeedbackStore):
@@ -45,6 +49,10 @@ class SqliteFeedbackStore(FeedbackStore):
         # in WAL mode NORMAL still survives a crash of the process (not of the machine) without an fsync per commit
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(SCHEMA)
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(predictions)")}
+        if "client_request_id" not in columns:
+            self._conn.execute(CLIENT_ID_COLUMN)
+        self._conn.execute(CLIENT_ID_INDEX)
         self.prune()
 
     @contextmanager
@@ -85,6 +93,12 @@ class SqliteFeedbackStore(FeedbackStore):
             row = self._conn.execute("SELECT model, version, class_index, label FROM predictions "
                                      "WHERE request_id = ? AND idx = ?", (request_id, index)).fetchone()
         return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+
+    def _prediction_of(self, client_request_id: str) -> str | None:
+        with self._database():
+            row = self._conn.execute("SELECT request_id FROM predictions WHERE client_request_id = ? ORDER BY "
+                                     "created DESC LIMIT 1", (client_request_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:
         with self._database():

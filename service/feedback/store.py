@@ -29,8 +29,9 @@ log = logging.getLogger("service.feedback.store")
 
 FLUSH_INTERVAL_S = 0.1
 FLUSH_CHUNK = 1000  # rows per transaction: a store short of space still takes a small one once space returns
-Row = tuple[str, int, str, str, int, int, str, float, float]  # request_id, idx, model, version, n_samples,
-# class_index, label, confidence, created: the columns of an insert, in the schema's order
+Row = tuple[str, int, str, str, int, int, str, float, float, str | None]  # request_id (the prediction id), idx,
+# model, version, n_samples, class_index, label, confidence, created, client_request_id (the X-Request-ID of the
+# request that made it): the columns of an insert, in the schema's order
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,12 @@ class FeedbackStore(ABC):
         self.on_drop: Callable[[int], None] | None = None  # told of every drop (a metric)
 
     def log(self, request_id: str, model: str, version: str, n_samples: int,
-            rows: list[tuple[int, str, float]]) -> None:
-        """Log one request's predictions: ``rows`` of (class_index, label, confidence) in input order. No I/O: the
-        rows are written by the next ``flush``."""
+            rows: list[tuple[int, str, float]], client_request_id: str | None = None) -> None:
+        """Log one request's predictions: ``rows`` of (class_index, label, confidence) in input order, with the
+        request id the client sent (or was given), so that ``/feedback`` can name either. No I/O: the rows are
+        written by the next ``flush``."""
         now = time.time()
-        logged = [(request_id, i, model, version, n_samples, c, lab, conf, now)
+        logged = [(request_id, i, model, version, n_samples, c, lab, conf, now, client_request_id)
                   for i, (c, lab, conf) in enumerate(rows)]
         with self._pending_lock:
             self._pending.extend(logged)
@@ -142,6 +144,11 @@ class FeedbackStore(ABC):
         self.flush()
         return self._lookup(request_id, index)
 
+    def prediction_of(self, client_request_id: str) -> str | None:
+        """The prediction id logged for the newest request that carried ``client_request_id``, if any."""
+        self.flush()
+        return self._prediction_of(client_request_id)
+
     def record(self, request_id: str, index: int, correct: bool) -> None:
         self.flush()
         self._record(request_id, index, correct, time.time())
@@ -171,6 +178,9 @@ class FeedbackStore(ABC):
 
     @abstractmethod
     def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None: ...
+
+    @abstractmethod
+    def _prediction_of(self, client_request_id: str) -> str | None: ...
 
     @abstractmethod
     def _record(self, request_id: str, index: int, correct: bool, at: float) -> None: ...

@@ -55,6 +55,20 @@ def test_feedback_moves_live_accuracy_and_survives_a_restart(tiny_repository: Pa
         assert again["live_accuracy"] == 1.0
 
 
+def test_feedback_can_name_the_request_id_a_prediction_was_made_under(tiny_repository: Path, tmp_path: Path
+                                                                     ) -> None:
+    with serve(settings_for(tiny_repository, tmp_path)) as server:
+        body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(9), 1)[0]}]}
+        tagged = httpx.post(f"{server.url}/predict", headers={"X-Request-ID": "order-42"}, json=body).json()
+        by_request = httpx.post(f"{server.url}/feedback", json={"request_id": "order-42", "index": 0, "label": 0})
+        assert by_request.status_code == 200 and by_request.json()["id"] == tagged["id"]
+        both = {"id": tagged["id"], "request_id": "order-42", "index": 0, "label": 0}
+        for refused in (both, {"index": 0, "label": 0}):
+            assert httpx.post(f"{server.url}/feedback", json=refused).status_code == 422, refused
+        unknown = httpx.post(f"{server.url}/feedback", json={"request_id": "order-43", "index": 0, "label": 0})
+        assert unknown.status_code == 404 and "order-43" in unknown.json()["error"]
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., FeedbackStore]:
     """Opens a store of each backend on one file or database, however often it is called."""
@@ -80,6 +94,34 @@ def test_feedback_store_is_bounded_in_rows_and_age(open_store: Callable[..., Fee
     aged = open_store(max_rows=5, max_age_s=1e-9, window=100)
     assert aged.count() == 0  # everything is older than the age limit
     aged.close()
+
+
+def test_the_clients_request_id_names_its_newest_prediction(open_store: Callable[..., FeedbackStore]) -> None:
+    """Both backends: a prediction is found by the X-Request-ID it was made under (the newest, when a client
+    reused one), and predictions logged without one are found by their own id only."""
+    store = open_store(max_rows=100, max_age_s=3600, window=100)
+    store.log("p1", "m", "1", 4, [(0, "a", 0.9)], client_request_id="client-7")
+    store.log("p2", "m", "1", 4, [(1, "b", 0.8)], client_request_id="client-7")  # a retry under the same id
+    store.log("p3", "m", "1", 4, [(1, "b", 0.8)])
+    assert store.prediction_of("client-7") == "p2"
+    assert store.prediction_of("client-8") is None and store.lookup("p3", 0) is not None
+    store.close()
+
+
+def test_a_database_from_before_the_request_id_column_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:  # the schema as it was, with one logged prediction
+        old.execute("CREATE TABLE predictions (request_id TEXT NOT NULL, idx INTEGER NOT NULL, model TEXT NOT NULL, "
+                    "version TEXT NOT NULL, n_samples INTEGER NOT NULL, class_index INTEGER NOT NULL, label TEXT NOT "
+                    "NULL, confidence REAL NOT NULL, created REAL NOT NULL, correct INTEGER, feedback_at REAL, "
+                    "PRIMARY KEY (request_id, idx))")
+        old.execute("INSERT INTO predictions VALUES ('old', 0, 'm', '1', 4, 0, 'a', 0.9, ?, NULL, NULL)",
+                    (time.time(),))
+    store = SqliteFeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
+    assert store.lookup("old", 0) is not None and store.prediction_of("anything") is None
+    store.log("new", "m", "1", 4, [(0, "a", 0.9)], client_request_id="c1")
+    assert store.prediction_of("c1") == "new"
+    store.close()
 
 
 def test_feedback_log_is_buffered_then_written_in_one_transaction_and_read_through(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from service.api.deps import AppStateDep, require_api_key
 from service.api.protocol import FeedbackRequest, FeedbackResponse
-from service.errors import ERROR_RESPONSES, invalid, not_found, overloaded
+from service.errors import ERROR_RESPONSES, invalid, not_found, overloaded, shown
 from service.feedback.store import FeedbackUnavailable
 
 router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
@@ -23,9 +23,15 @@ async def feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackRespons
 async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> FeedbackResponse:
     store = state.feedback
     calls = state.store_calls
-    logged = await calls.run(store.lookup, body.id, body.index)
+    prediction = body.id
+    if prediction is None:
+        assert body.request_id is not None  # the schema takes one of the two
+        prediction = await calls.run(store.prediction_of, body.request_id)
+        if prediction is None:
+            raise not_found(f"no logged prediction under request id {shown(body.request_id)} (unknown, or pruned)")
+    logged = await calls.run(store.lookup, prediction, body.index)
     if logged is None:
-        raise not_found(f"no logged prediction {body.id!r} input {body.index} (unknown, or pruned)")
+        raise not_found(f"no logged prediction {shown(prediction)} input {body.index} (unknown, or pruned)")
     entry = state.repository.get(logged.model, logged.version)
     labels = entry.artifact.labels if entry is not None and entry.artifact is not None else None
     if isinstance(body.label, int):
@@ -36,13 +42,13 @@ async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> Feedback
         if labels is not None and body.label not in labels:
             raise invalid(f"unknown label {body.label!r}; labels: {labels}", ["body", "label"])
         correct = body.label == logged.label
-    await calls.run(store.record, body.id, body.index, correct)
+    await calls.run(store.record, prediction, body.index, correct)
     stats = await calls.run(store.live_stats, logged.model, logged.version)
     model, version = state.metric_labels(logged.model, logged.version)
     state.metrics.feedback.labels(model, version).inc()
     if stats is not None:
         state.metrics.live_accuracy.labels(model, version).set(stats.accuracy)
         state.metrics.live_ece.labels(model, version).set(stats.ece)
-    return FeedbackResponse(id=body.id, index=body.index, model=logged.model, model_version=logged.version,
+    return FeedbackResponse(id=prediction, index=body.index, model=logged.model, model_version=logged.version,
                             correct=correct, live_accuracy=stats.accuracy if stats else None,
                             live_ece=stats.ece if stats else None, labelled=stats.n if stats else 0)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, File, Form, Request, Response, UploadFil
 from service.api.admission import ticket_of
 from service.api.deps import AppStateDep, require_api_key
 from service.api.protocol import PredictRequest, PredictResponse, raw_inputs
+from service.api.request_context import request_id_of
 from service.engine.codecs.base import EncodedImage
 from service.engine.predictor import Outcome
 from service.errors import ERROR_RESPONSES, too_large
@@ -78,7 +79,8 @@ async def predict(body: PredictRequest, state: AppStateDep, request: Request) ->
     predictor = state.predictor
     entry = predictor.resolve(body.model, body.version)
     n_samples = predictor.samples(entry, body.n_samples)
-    outcome = await predictor.predict(entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope))
+    outcome = await predictor.predict(entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope),
+                                      request_id_of(request.scope))
     return to_response(outcome, body.return_probabilities, started)
 
 
@@ -103,5 +105,5 @@ async def predict_image(
     if len(data) > state.settings.max_body_bytes:
         raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
     outcome = await predictor.predict(entry, [EncodedImage(data, ["body", "file"])], count, seed,
-                                      ticket_of(request.scope))
+                                      ticket_of(request.scope), request_id_of(request.scope))
     return to_response(outcome, return_probabilities, started)
