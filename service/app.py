@@ -34,12 +34,14 @@ from service.feedback.flusher import LogFlusher
 from service.observability.metrics import Metrics
 from service.observability.multiprocess import mark_process_dead
 from service.observability.statistics import Statistics
+from service.observability.tracing import Tracing
 from service.state import AppState, Lifecycle
 
 log = logging.getLogger("service")
 
 
-def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> AppState:
+def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tracing: Tracing | None = None
+                ) -> AppState:
     device = resolve_device(settings.device, settings.bf16, settings.torch_threads, settings.max_batch_samples,
                             settings.max_batch_tokens, settings.shape_buckets, settings.concurrent_forwards)
     device.on_out_of_memory = metrics_.gpu_out_of_memory.inc
@@ -76,7 +78,7 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle) -> 
     store.on_drop = metrics_.prediction_log_dropped.inc
     decoder = DecodePool(settings.decode_threads)
     statistics = Statistics()
-    predictor = Predictor(settings, repository, decoder, metrics_, statistics, store)
+    predictor = Predictor(settings, repository, decoder, metrics_, statistics, store, tracing)
     calls = StoreCalls(settings.feedback_threads, settings.feedback_timeout_s)
     state = AppState(settings, device, metrics_, repository, store, lifecycle, decoder, calls, statistics, predictor,
                      LogFlusher(store, calls))
@@ -88,10 +90,11 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     settings = settings or Settings()
     lifecycle = lifecycle or Lifecycle()
     metrics_ = Metrics()
+    tracing = Tracing(settings.otlp_endpoint)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(settings, metrics_, lifecycle)
+        state = build_state(settings, metrics_, lifecycle, tracing)
         app.state.director = state
         state.repository.start(settings.poll_interval_s, state.refresh_live_gauges)  # the gauges survive a restart
         state.flusher.start()
@@ -107,6 +110,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
             await state.repository.close()  # queued requests finish first
             await asyncio.to_thread(state.decoder.close)
             await state.flusher.close()  # writes what is still pending
+            await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
             mark_process_dead()
 
     app = FastAPI(title="DIRECTOR serving", version=__version__, lifespan=lifespan,
@@ -129,7 +133,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     # counts (and logs, with DIRECTOR_ACCESS_LOG) the refusals of the guard and BodyLimit too
     app.add_middleware(HttpMetrics, metrics=metrics_, access=settings.access_log)
     app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # every response
-    app.add_middleware(RequestContext)  # ids on every response, refusals included
+    app.add_middleware(RequestContext, tracing=tracing)  # ids on every response, refusals included
     if settings.cors_origins:  # outermost: a browser's preflight carries no key and is answered here
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "Inference-Header-Content-Length"],

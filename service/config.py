@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     drift_min_window: int = Field(200, ge=10, description="confidences needed before drift is reported")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log lines as text, or one JSON object each")
+    otlp_endpoint: str | None = Field(None, description="OpenTelemetry: an OTLP/HTTP collector's base URL (e.g. "
+                                      "http://otel-collector:4318) to export spans of every HTTP request, its queue "
+                                      "wait and its batch's forward to; unset: no tracing")
     access_log: bool = Field(False, description="one log line per HTTP request (method, route, status, duration, "
                              "request id, trace id)")
 

@@ -28,6 +28,7 @@ from service.feedback.store import FeedbackStore
 from service.observability.drift import DriftMonitor
 from service.observability.metrics import DRAINING, QUEUE_FULL, TIMEOUT, Metrics
 from service.observability.statistics import Statistics
+from service.observability.tracing import Tracing
 
 log = logging.getLogger("service.engine.predictor")
 # a request's raw inputs, or what produces them in the decode pool (a protocol whose parsing is CPU-bound too)
@@ -52,7 +53,7 @@ class Outcome:
 
 class Predictor:
     def __init__(self, settings: Settings, repository: ModelRepository, decoder: DecodePool, metrics: Metrics,
-                 statistics: Statistics, feedback: FeedbackStore) -> None:
+                 statistics: Statistics, feedback: FeedbackStore, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.repository = repository
         self.decoder = decoder
@@ -61,6 +62,7 @@ class Predictor:
         self.feedback = feedback
         self.limits = InputLimits(settings.max_text_chars, settings.max_image_pixels, settings.max_request_pixels)
         self.drift: dict[tuple[str, str], DriftMonitor] = {}
+        self.tracing = tracing if tracing is not None else Tracing(None)
 
     def resolve(self, model: str | None, version: str | None) -> ReadyVersion:
         """The ready version a request names (the default model, the highest ready version), or the error why not."""
@@ -162,13 +164,14 @@ class Predictor:
             raise invalid(str(exc), ["body", "n_samples"]) from exc
         self.check_cost(entry, inputs, n_samples)
         labels = (entry.name, entry.version)
-        started = time.perf_counter()
+        started, queued_ns = time.perf_counter(), time.time_ns()
         try:
             batch = await self._batched(entry, inputs, n_samples, seed, ticket)
         except BaseException:  # a refusal, a timeout, a failed forward, or the client gone
             self._count(labels, "fail", time.perf_counter() - started)
             raise
         self._count(labels, "success", time.perf_counter() - started)
+        self._trace(entry, n_samples, batch, queued_ns)
         named = entry.artifact.named_scores(batch.input_scores)
         scores = ood_score(batch.summary, rule.score, named, rule.terms).tolist()
         flags = [score > rule.threshold for score in scores]
@@ -179,6 +182,15 @@ class Predictor:
         # their responses before it next reads a socket, leaving new requests unread meanwhile.
         await asyncio.sleep(0)
         return outcome
+
+    def _trace(self, entry: ReadyVersion, n_samples: int, batch: BatchResult, queued_ns: int) -> None:
+        """The request's queue wait and its batch's forwards as spans under the current one (the HTTP request's)."""
+        forward_ns = queued_ns + int(batch.queue_s * 1e9)
+        attributes = {"model": entry.name, "model.version": entry.version, "n_samples": n_samples}
+        self.tracing.span("queue", queued_ns, forward_ns, attributes)
+        self.tracing.span("inference", forward_ns, forward_ns + int(batch.inference_s * 1e9),
+                          {**attributes, "batch.requests": batch.batch_requests, "batch.inputs": batch.batch_inputs,
+                           "batch.rows": batch.batch_rows})
 
     def _count(self, labels: tuple[str, str], outcome: str, elapsed: float) -> None:
         getattr(self.statistics.of(*labels), outcome).add(elapsed)
