@@ -71,7 +71,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
             f"scores included) is `{served}`"
             + (f" (AUROC {served_auroc:.4f})" if served_auroc is not None else "") + ": "
             + ("the winner differs from it." if win["differs_from_served"] else "the same.")
-            + " Cost at S = 1 in layer-equivalents (a kernel step counted as one layer; the stem and readout not "
+            + " Cost at S = 1 in layer-equivalents (a kernel step counted as one layer; the embedding and readout not "
             f"counted), against the backbone's {kd['transitions']}: "
             + "; ".join(f"K={d} {c['layer_equivalents_s1']} ({c['ratio_to_backbone']:.2f}x)" for d, c in cost.items())
             + "."]
