@@ -17,6 +17,8 @@ from torch import nn
 class VitConfig:
     """A timm ViT; ``stem_channels`` empty means plain patch embedding with ``patch_size``."""
 
+    __pydantic_config__ = {"extra": "forbid"}  # read from a training config: an unknown key is refused
+
     img_size: int = 28
     in_chans: int = 1
     num_classes: int = 10

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from models.backbones import VitConfig
 
@@ -20,10 +20,12 @@ TEXT_DATASETS = ("movie_reviews", *HUB_TEXT_DATASETS, USER_TEXT_DATASET)
 FIT_TRAIN = ("all", "head")
 L2_TARGETS = ("labels", "teacher")
 UNLABELED_CORPUS_NAMES = ("debian_descriptions",)  # training.data.unlabeled.UNLABELED_CORPORA
+FORBID = ConfigDict(extra="forbid")  # every section refuses keys it does not have, naming them
 
 
 @dataclass
 class DataConfig:
+    __pydantic_config__ = FORBID
     dataset: str = "fashion_mnist"  # image: fashion_mnist | cifar10 | cifar100; text: movie_reviews | imdb | cola
     root: str = "/usr/share/datasets/fashion-mnist"
     val_size: int = 6000
@@ -47,6 +49,7 @@ class PretrainedConfig:
     """A user's pretrained classifier (``python -m training calibrate``): ``source`` is a Hugging Face checkpoint
     folder or hub id, or ``timm:<model name>`` with ``checkpoint`` its weights file. None: the pipeline fits its own
     backbone (the built-in tasks)."""
+    __pydantic_config__ = FORBID
 
     source: str | None = None
     checkpoint: str | None = None
@@ -55,6 +58,7 @@ class PretrainedConfig:
 
 @dataclass
 class FitConfig:
+    __pydantic_config__ = FORBID
     epochs: int = 10
     batch_size: int = 128
     lr: float = 2e-3
@@ -71,12 +75,14 @@ class FitConfig:
 
 @dataclass
 class KernelConfig:
+    __pydantic_config__ = FORBID
     mlp_ratio: float = 1.0
     frequency_embedding_size: int = 64
 
 
 @dataclass
 class DistilConfig:
+    __pydantic_config__ = FORBID
     # K, the transitions the kernel diffuses: the first T - K run as the real layers once per input (partial depth,
     # docs/method.md); None = the whole stack (K = T)
     depth: int | None = None
@@ -120,6 +126,7 @@ class DistilConfig:
 
 @dataclass
 class ExportConfig:
+    __pydantic_config__ = FORBID
     name: str = "fashion-vit"
     version: int = 1
     repository: str = "model_repository"
@@ -143,6 +150,7 @@ class ExportConfig:
 class EvaluateConfig:
     """The evaluation table: methods, shift, OOD sets, ablations. Trained baselines and ablation
     kernels are cached under ``<run_dir>/baselines`` and ``<run_dir>/ablations``; logits under ``<run_dir>/eval``."""
+    __pydantic_config__ = FORBID
 
     task: str = "fashion-mnist"
     stages: list[str] = field(default_factory=lambda: ["test_and_ood", "detectors", "shift", "sweep", "cost",
@@ -174,6 +182,7 @@ class EvaluateConfig:
 @dataclass
 class TinyBertConfig:
     """A randomly initialised small BERT (``text.backbone: tiny``; tests and smoke runs)."""
+    __pydantic_config__ = FORBID
 
     hidden_size: int = 32
     num_layers: int = 2
@@ -192,6 +201,7 @@ class TextConfig:
     ``bucket``: training batches are drawn from windows of this many batches sorted by length (1: no bucketing).
     ``data_cache``: where the VADER corpus is cached (None: DIRECTOR_DATA_CACHE or ~/.cache/director).
     """
+    __pydantic_config__ = FORBID
 
     backbone: str = "minilm"  # minilm | tiny | pretrained (the checkpoint of ``pretrained.source``)
     tokenizer: str = "minilm"  # minilm | wordpiece | pretrained | path/to/tokenizer.json
@@ -209,6 +219,7 @@ class TextConfig:
 
 @dataclass
 class PipelineConfig:
+    __pydantic_config__ = FORBID
     name: str = "fashion-vit"
     seed: int = 0
     modality: str = "image"  # image | text
@@ -231,20 +242,14 @@ class PipelineConfig:
         return self.modality == "text"
 
 
-def _build(cls: type, values: dict[str, Any] | None, where: str) -> Any:
-    """``cls(**values)`` with nested sections built from their dicts (the field's type says which), naming the first
-    unknown key."""
-    values = values or {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(values) - set(fields)
-    if unknown:
-        raise ValueError(f"unknown keys in {where}: {sorted(unknown)}")
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name, value in values.items():
-        nested = hints[name]
-        kwargs[name] = _build(nested, value, f"{where}.{name}") if dataclasses.is_dataclass(nested) else value
-    return cls(**kwargs)
+def validated(raw: dict[str, Any]) -> PipelineConfig:
+    """The config's dict as typed sections (pydantic validates the dataclasses): an unknown key or a value of the
+    wrong type is a ``ValueError`` naming every offending key."""
+    try:
+        return TypeAdapter(PipelineConfig).validate_python(raw)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors()]
+        raise ValueError("config: " + "; ".join(problems)) from exc
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
@@ -256,7 +261,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
-    cfg = _build(PipelineConfig, raw, "config")
+    cfg = validated(raw)
     cfg.source = str(path)
     check_config(cfg)
     return cfg

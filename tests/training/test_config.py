@@ -31,8 +31,15 @@ def test_overrides_and_unknown_keys(tmp_path: Path) -> None:
     assert cfg.distil.epochs == 1 and cfg.export.version == 7
     bad = tmp_path / "bad.yaml"
     bad.write_text("distil:\n  epoch: 3\n")
-    with pytest.raises(ValueError, match="epoch"):
+    with pytest.raises(ValueError, match="distil.epoch: Unexpected keyword argument"):
         load_config(bad)
+    # every offending key named at once, nested sections (the backbone's) included, wrong types too
+    bad.write_text("distil:\n  epochs: ten\nbackbone:\n  depthh: 2\nexport:\n  version: 1.5\n")
+    with pytest.raises(ValueError) as error:
+        load_config(bad)
+    for expected in ("distil.epochs: Input should be a valid integer", "backbone.depthh: Unexpected keyword",
+                     "export.version: Input should be a valid integer"):
+        assert expected in str(error.value), str(error.value)
 
 
 def test_an_unlabeled_corpus_is_for_text_models_distilled_against_the_teacher() -> None:

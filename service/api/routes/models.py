@@ -16,19 +16,25 @@ router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)], res
 
 
 def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
-    sampling = entry.manifest.get("sampling", {}) if isinstance(entry.manifest.get("sampling"), dict) else {}
-    section = entry.manifest.get("input")
+    """A ready version from its typed manifest and what it is served with; any other from its manifest as written,
+    which may not parse (that is often why the version is unavailable), read defensively."""
     ready = entry.ready()
-    text_limit = ready.artifact.codec.max_characters(state.predictor.limits) if ready is not None else None
-    verdict = samples_verdict(ready.artifact.manifest) if ready is not None else None
-    return VersionInfo(version=entry.version, state=entry.state.value, reason=entry.reason,
-                       reload_error=entry.reload_error,
-                       method=entry.manifest.get("method"), modality=entry.manifest.get("modality"),
-                       default_samples=ready.default_samples if ready else sampling.get("default_samples"),
-                       max_samples=ready.max_samples if ready else sampling.get("max_samples"),
-                       serving=ready.serving.shown() if ready else None,
-                       loaded_at=entry.loaded_at, queue_depth=entry.worker.depth if entry.worker else None,
-                       input=section if isinstance(section, dict) else None, max_text_characters=text_limit,
+    common = {"version": entry.version, "state": entry.state.value, "reason": entry.reason,
+              "reload_error": entry.reload_error, "loaded_at": entry.loaded_at,
+              "queue_depth": entry.worker.depth if entry.worker else None}
+    if ready is None:
+        raw = entry.manifest
+        sampling = raw.get("sampling") if isinstance(raw.get("sampling"), dict) else {}
+        section = raw.get("input")
+        return VersionInfo(**common, method=raw.get("method"), modality=raw.get("modality"),
+                           default_samples=sampling.get("default_samples"), max_samples=sampling.get("max_samples"),
+                           input=section if isinstance(section, dict) else None)
+    manifest = ready.artifact.manifest
+    verdict = samples_verdict(manifest)
+    return VersionInfo(**common, method=manifest.method, modality=manifest.modality,
+                       default_samples=ready.default_samples, max_samples=ready.max_samples,
+                       serving=ready.serving.shown(), input=manifest.input.document(),
+                       max_text_characters=ready.artifact.codec.max_characters(state.predictor.limits),
                        samples_informative=verdict.informative if verdict else None,
                        samples_note=verdict.note if verdict else None)
 
