@@ -11,20 +11,17 @@ import torch
 
 from models.feature_scores import FEATURE_SCORES
 from training.evaluate.kernel_depth_page import kernel_depth_section
-from training.evaluate.plots import domain_shift_plot, reliability_grid, risk_coverage_plot, shift_plot, sweep_plot
-
-
-def pct(value: float) -> str:
-    return f"{100 * value:.2f}"
-
-
-def _ci(block: dict[str, Any]) -> str:
-    low, high = block["ece_ci95"]
-    return f"{pct(block['ece'])} [{pct(low)}, {pct(high)}]"
-
-
-def _mib(value: float) -> str:
-    return f"{value / 2**20:.1f}"
+from training.evaluate.page_sections import (
+    PENDING,
+    ablation_section,
+    interval,
+    mib,
+    pct,
+    shift_section,
+    shifted,
+    sweep_section,
+)
+from training.evaluate.plots import reliability_grid, risk_coverage_plot
 
 
 def main_table(results: dict[str, Any]) -> list[str]:
@@ -39,12 +36,12 @@ def main_table(results: dict[str, Any]) -> list[str]:
         acc = pct(t["accuracy"]) + (f" [{pct(t['accuracy_ci95'][0])}, {pct(t['accuracy_ci95'][1])}]"
                                      if "accuracy_ci95" in t else "")
         row = (f"| {r['label']} | {r['n_samples']} | {acc} | {t['nll']:.4f} | {t['brier']:.4f} "
-               f"| {_ci(t)} | {pct(t['adaptive_ece'])} | {pct(t['mce'])} | {t['aurc']:.4f} "
+               f"| {interval(t)} | {pct(t['adaptive_ece'])} | {pct(t['mce'])} | {t['aurc']:.4f} "
                f"| {t['misclassification_auroc']:.4f} |")
         if costs:
             c = costs[key]
             row += (f" {c['parameters']:,} ({c['parameters_ratio']:.1f}) | {c['latency_ms']:.2f} "
-                    f"({c['latency_ms_ratio']:.1f}) | {_mib(c['peak_memory_bytes'])} "
+                    f"({c['latency_ms_ratio']:.1f}) | {mib(c['peak_memory_bytes'])} "
                     f"({c['peak_memory_bytes_ratio']:.1f}) |")
         lines.append(row)
     return lines
@@ -132,78 +129,6 @@ def detector_tables(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def flag_table(results: dict[str, Any]) -> list[str]:
-    """Per method: the share flagged OOD on the test split and on each shifted group (text domains, or corruption
-    severities averaged over the types), with the accuracy of the kept and of the flagged inputs."""
-    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
-    first = next(iter(results["shift"].values()))
-    groups = "by_domain" if "by_domain" in first else "by_severity"
-    names = list(first[groups])
-
-    def cell(entry: dict[str, Any]) -> str:
-        flagged = "-" if entry["accuracy_flagged"] is None else pct(entry["accuracy_flagged"])
-        kept = "-" if entry["accuracy_kept"] is None else pct(entry["accuracy_kept"])
-        return f"{pct(entry['flag_rate'])} / {kept} / {flagged}"
-
-    heading = "domain" if groups == "by_domain" else "severity"
-    lines = ["Each method's own OOD flag (its chosen score above, at the threshold that passes 95% of validation "
-             "inputs): the share flagged, then the accuracy of the kept and of the flagged inputs (`-`: none). A flag "
-             "that separates errors keeps the accurate inputs and sends the inaccurate ones to review.", "",
-             "| method | test: flagged | " + " | ".join(f"{heading} {n}: flagged / acc kept / acc flagged"
-                                                       for n in names) + " |",
-             "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
-    for key, r in results["shift"].items():
-        test_rate = results["test_and_ood"][key].get("test_flag_rate")
-        cells = [cell(r[groups][n]) for n in names]
-        lines.append(f"| {labels[key]} | {'-' if test_rate is None else pct(test_rate)} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def shift_table(results: dict[str, Any]) -> list[str]:
-    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
-    severities = sorted(next(iter(results["shift"].values()))["by_severity"], key=int)
-    lines = ["| method | " + " | ".join(f"sev {s}: acc / ECE / NLL" for s in severities) + " |",
-             "| --- | " + " | ".join("---" for _ in severities) + " |"]
-    for key, r in results["shift"].items():
-        cells = [f"{pct(r['by_severity'][s]['accuracy'])} / {pct(r['by_severity'][s]['ece'])} / "
-                 f"{r['by_severity'][s]['nll']:.3f}" for s in severities]
-        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def sweep_table(results: dict[str, Any]) -> list[str]:
-    sweep = results["sweep"]
-    counts = sorted(next(iter(sweep.values())), key=int)
-    lines = ["| S | DIRECTOR acc % / ECE % / NLL / ms | MC dropout acc % / ECE % / NLL / ms |", "| --- | --- | --- |"]
-    for s in counts:
-        cells = [f"{pct(sweep[src][s]['accuracy'])} / {pct(sweep[src][s]['ece'])} / {sweep[src][s]['nll']:.4f} / "
-                 f"{sweep[src][s]['latency_ms']:.2f}" for src in ("director", "mc_dropout")]
-        lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def domain_shift_table(results: dict[str, Any]) -> list[str]:
-    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
-    first = next(iter(results["shift"].values()))
-    domains = list(first["by_domain"])
-    lines = ["| method | " + " | ".join(f"{d} (n={first['by_domain'][d]['n']:,}): acc / ECE / NLL" for d in domains)
-             + " | mean: acc / ECE / NLL |",
-             "| --- | " + " | ".join("---" for _ in domains) + " | --- |"]
-    for key, r in results["shift"].items():
-        cells = [f"{pct(e['accuracy'])} / {pct(e['ece'])} / {e['nll']:.3f}"
-                 for e in [*(r["by_domain"][d] for d in domains), r["mean"]]]
-        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def shifted(result: dict[str, Any]) -> tuple[str, dict[str, float]]:
-    """The hardest shift a method's shift result holds: the top severity, or the mean over text domains."""
-    if "by_domain" in result:
-        return "on the shifted domains (mean)", result["mean"]
-    sev = max(result["by_severity"], key=int)
-    return f"at severity {sev}", result["by_severity"][sev]
-
-
 def variance_table(results: dict[str, Any]) -> list[str]:
     """The kernel's squared error against the backbone's next state beside its predicted variance, per set."""
     if "variance" not in results:
@@ -220,46 +145,6 @@ def variance_table(results: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {e['mean_error']:.3e} | {e['mean_variance']:.3e} | {spearman} | "
                      + " | ".join(aurocs) + " |")
     return lines
-
-
-def auroc_cell(entry: dict[str, Any], key: str) -> str:
-    """An AUROC of the ablation table; ``-`` where the evaluation that wrote it did not measure it."""
-    return f"{entry[key]:.3f}" if key in entry else "-"
-
-
-def ablation_table(results: dict[str, Any]) -> list[str]:
-    ab = results["ablations"]
-    if not ab["ablation"] and not ab["seed"]:
-        return ["Not run in this evaluation (`evaluate.ablations` and `evaluate.distil_seeds` were empty)."]
-    sets = [k.removeprefix("mi_") for k in next(iter({**ab["ablation"], **ab["seed"]}.values())) if k.startswith("mi_")]
-    samples = results["settings"]["samples"]
-    scores = {"mi": "MI", "max_softmax": "max-softmax", "energy": "energy"}
-    head = (f"| variant | depth K | observed variance | tau | epochs | acc % (S={samples}) | acc % (S=1) | ECE % | NLL "
-            "| mean MI test | " + " | ".join(f"{label} AUROC {s}" for label in scores.values() for s in sets) + " |")
-    lines = [head, "| " + " | ".join("---" for _ in range(10 + len(scores) * len(sets))) + " |"]
-    for group in ("ablation", "seed"):
-        for name, e in ab[group].items():
-            lines.append(f"| {name} | {e.get('depth') or '-'} | {e['observed_variance']} | {e['tau']} | {e['epochs']} "
-                         f"| {pct(e['accuracy'])} | "
-                         f"{pct(e['accuracy_s1'])} | {pct(e['ece'])} | {e['nll']:.4f} | "
-                         f"{e['mean_mutual_information']:.2e} | "
-                         + " | ".join(auroc_cell(e, f"auroc_{score}_{s}") for score in scores for s in sets) + " |")
-    ms = ab.get("seed_mean_std")
-    if ms is None:
-        return lines
-    if len(ab["seed"]) < 2:
-        return [*lines, "", "Distillation seeds: only the main run so far, so no spread yet; the extra seeds of "
-                "`evaluate.distil_seeds` train (full recipe, cached) when that list is non-empty."]
-    lines += ["", f"Distillation seeds ({len(ab['seed'])} runs, full recipe): accuracy "
-                  f"{pct(ms['accuracy']['mean'])} +- {pct(ms['accuracy']['std'])} %, ECE {pct(ms['ece']['mean'])} "
-                  f"+- {pct(ms['ece']['std'])} %, NLL {ms['nll']['mean']:.4f} +- {ms['nll']['std']:.4f}, S=1 accuracy "
-                  f"{pct(ms['accuracy_s1']['mean'])} +- {pct(ms['accuracy_s1']['std'])} %, mean MI "
-                  f"{ms['mean_mutual_information']['mean']:.2e} +- {ms['mean_mutual_information']['std']:.2e} nats."]
-    return lines
-
-
-PENDING = ("Not run: this stage is not in this run's `evaluate.stages` (the config's list, or `--set` on the "
-           "command line); add it there to fill this section.")
 
 
 def findings(results: dict[str, Any]) -> list[str]:
@@ -294,16 +179,10 @@ def findings(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def _shift_cut(settings: dict[str, Any]) -> str:
-    n = settings.get("shift_texts")
-    return f"; each domain cut to {n:,} sentences drawn under the seed" if n else ""
-
-
-def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], labels: torch.Tensor, out_dir: Path,
-                     command: str) -> Path:
-    """The page; a stage missing from ``results`` (not in ``evaluate.stages``) is marked pending."""
+def test_split_section(results: dict[str, Any], probs: dict[str, torch.Tensor], labels: torch.Tensor, out_dir: Path
+                       ) -> list[str]:
+    """The test split: the methods' table, reliability and risk-coverage plots, DIRECTOR's standing, paired."""
     task = results["task"]
-    labels_by_key = {k: r["label"] for k, r in results["test_and_ood"].items()}
     reliability = reliability_grid(probs, labels, out_dir / f"{task}-reliability.png")
     risk_coverage = risk_coverage_plot(probs, labels, out_dir / f"{task}-risk-coverage.png")
     first = next(iter(results["test_and_ood"].values()))["test"]
@@ -316,13 +195,7 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
                  "1-minute load average during the timings: "
                  f"{results['load_average_1m'].get('cost', float('nan')):.2f} on {os.cpu_count()} cores. "
                  if "cost" in results else "Costs: " + PENDING + " ")
-    lines = [
-        f"# {task}: uncertainty methods compared", "",
-        f"Produced {results['date']} from commit `{results['git_commit']}` (torch {results['torch']}, "
-        f"{results['threads']} CPU threads) with:", "", "```bash", command, "```", "",
-        "Every number below is in the JSON beside this page. Trained baselines, ablation kernels and sampled "
-        "logits are cached under the run folder, so the command resumes and a rerun only re-renders. "
-        f"Stage times: {', '.join(f'{k} {v / 60:.1f} min' for k, v in results['seconds'].items())}.", "",
+    return [
         f"## Test split ({first['n']:,} {results.get('unit', 'images')})", "",
         f"Calibration binning: {binning}. ECE interval: 95% percentile bootstrap ({st['bootstrap']} resamples); "
         "binned ECE is biased upward under resampling, so for a well-calibrated method the interval can sit above "
@@ -338,6 +211,22 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
             f"Differences on the same test inputs; 95% intervals from {st['bootstrap']} paired bootstrap resamples "
             "(an interval that excludes 0 is a difference this test split can see).", "", *paired_table(results), ""]
           if results.get("paired") else []),
+    ]
+
+
+def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], labels: torch.Tensor, out_dir: Path,
+                     command: str) -> Path:
+    """The page; a stage missing from ``results`` (not in ``evaluate.stages``) is marked pending."""
+    task = results["task"]
+    labels_by_key = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    lines = [
+        f"# {task}: uncertainty methods compared", "",
+        f"Produced {results['date']} from commit `{results['git_commit']}` (torch {results['torch']}, "
+        f"{results['threads']} CPU threads) with:", "", "```bash", command, "```", "",
+        "Every number below is in the JSON beside this page. Trained baselines, ablation kernels and sampled "
+        "logits are cached under the run folder, so the command resumes and a rerun only re-renders. "
+        f"Stage times: {', '.join(f'{k} {v / 60:.1f} min' for k, v in results['seconds'].items())}.", "",
+        *test_split_section(results, probs, labels, out_dir),
         "## Out-of-distribution detection", "", *ood_tables(results), "",
         "### The free detectors, on each method's own features", "",
         *(detector_tables(results) if "detectors" in results else [PENDING]), "",
@@ -345,46 +234,8 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         "### DIRECTOR's own contribution: the kernel error over K steps", "",
         *(kernel_depth_section(results, out_dir) if "kernel_depth" in results else [PENDING]), "",
     ]
-    text_shift = "shift" in results and "by_domain" in next(iter(results["shift"].values()))
-    if text_shift:
-        shift = domain_shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
-        lines += ["## Shift: other domains of the same corpus", "",
-                  "Sentences from other sources, labelled by the same rule as the training data (mean human rating "
-                  f"above +0.5 positive, below -0.5 negative){_shift_cut(st)}.", "",
-                  *domain_shift_table(results), "", f"![shift]({shift.name})", "",
-                  "### Flags by domain", "", *flag_table(results), ""]
-    elif "shift" in results:
-        lines += [f"## Shift: corrupted test images ({st['corruption_images']} per type and severity, mean over the "
-                  "types)", ""]
-        shift = shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
-        lines += ["Types: " + ", ".join(next(iter(results["shift"].values()))["by_type"]) + ". Per type in the JSON.",
-                  "", *shift_table(results), "", f"![shift]({shift.name})", "",
-                  "### Flags by severity", "", *flag_table(results), ""]
-    else:
-        lines += ["## Shift", "", PENDING, ""]
-    lines += ["## ECE against latency over sample counts", ""]
-    if "sweep" in results:
-        sweep = sweep_plot(results["sweep"], out_dir / f"{task}-ece-latency.png")
-        lines += [f"S-sample figures use the first S of the same {results['test_draws']} test draws per input; "
-                  "latency is one input per forward (1-minute load average during these timings: "
-                  f"{results['load_average_1m']['sweep']:.2f} on {os.cpu_count()} cores).", "",
-                  *sweep_table(results), "", f"![ece-latency]({sweep.name})", ""]
-    else:
-        lines += [PENDING, ""]
-    lines += ["## Ablations", ""]
-    if "ablations" in results:
-        lines += [f"Variants train {st['ablation_epochs']} distillation epochs from the same frozen backbone (`both` "
-                  "is the reference at that budget); tau is the main run's except in the tau variants and the depth "
-                  "variants (selected again for each K); `floor` uses "
-                  "only the per-step floor as observed variance; `unlabeled` adds one perturbed copy of every training "
-                  "input and `corpus` also the sentences of an unlabeled corpus (Debian package descriptions), both "
-                  "distilled against the teacher's outputs. AUROC columns: mutual information, max softmax and "
-                  "energy as the OOD score, test split vs the set. Seed rows use the full recipe. Every row is "
-                  "measured on the first "
-                  f"{results['ablations'].get('test_inputs', first['n']):,} test {results.get('unit', 'images')} at "
-                  f"S = {st['samples']}.", "", *ablation_table(results), ""]
-    else:
-        lines += [PENDING, ""]
+    lines += [*shift_section(results, labels_by_key, out_dir), *sweep_section(results, out_dir),
+              *ablation_section(results)]
     page = out_dir / f"{task}.md"
     page.write_text("\n".join(lines))
     return page

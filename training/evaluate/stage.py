@@ -222,6 +222,23 @@ def paired_differences(methods: list[Method], probs: dict[str, torch.Tensor], la
 Stage = Callable[[], Any]
 
 
+def run_stages(cfg: PipelineConfig, stages: list[tuple[str, Stage]], results: dict[str, Any]) -> None:
+    """The stages ``evaluate.stages`` names, in order, each timed, with how busy the machine was."""
+    unknown = set(cfg.evaluate.stages) - {name for name, _ in stages}
+    if unknown or "test_and_ood" not in cfg.evaluate.stages:
+        raise ValueError(f"evaluate.stages must include test_and_ood and name only {[n for n, _ in stages]}, "
+                         f"got {cfg.evaluate.stages}")
+    for name, stage in stages:
+        if name not in cfg.evaluate.stages:
+            continue
+        t0 = time.perf_counter()
+        print(f"evaluate: {name}")
+        results[name] = stage()
+        results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        # other work on the machine inflates the latencies: record how busy it was
+        results.setdefault("load_average_1m", {})[name] = os.getloadavg()[0]
+
+
 def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
     """Run (or resume) the whole evaluation and write ``docs/results/<task>.{md,json}`` and the plots."""
     from training.evaluate.page import write_evaluation
@@ -253,19 +270,7 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         ("kernel_depth", lambda: evaluate_kernel_depth(evaluation, draws_test,
                                                        results["test_and_ood"]["director_s1"]["ood_score"])),
     ]
-    unknown = set(cfg.evaluate.stages) - {name for name, _ in stages}
-    if unknown or "test_and_ood" not in cfg.evaluate.stages:
-        raise ValueError(f"evaluate.stages must include test_and_ood and name only {[n for n, _ in stages]}, "
-                         f"got {cfg.evaluate.stages}")
-    for name, stage in stages:
-        if name not in cfg.evaluate.stages:
-            continue
-        t0 = time.perf_counter()
-        print(f"evaluate: {name}")
-        results[name] = stage()
-        results.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
-        # other work on the machine inflates the latencies: record how busy it was
-        results.setdefault("load_average_1m", {})[name] = os.getloadavg()[0]
+    run_stages(cfg, stages, results)
     test = evaluation.inputs.test
     probs = {m.key: summary_of(evaluation.logits(m.source, "test", test,
                                                   draws_test if m.source in ("director", "mc_dropout") else None),
