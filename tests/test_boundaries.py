@@ -2,7 +2,8 @@
 training never imports service, service never imports timm, transformers or training, the artifact contract imports
 none of them (nor torch), benchmarks read data with the pipeline's readers only, the service's engine, observability
 and feedback parts never import its API, the training stages import shared modules, never each other's entry points,
-and no module imports itself back through others (no import cycle, lazy imports included)."""
+and no module imports itself back through others (no import cycle, lazy imports included); no module is over 400
+lines and no function over 60."""
 
 from __future__ import annotations
 
@@ -156,3 +157,21 @@ def test_cycles_finds_a_cycle() -> None:
 
 def test_no_import_cycles() -> None:
     assert cycles(import_graph()) == []
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """Outside tests, no module over 400 lines and no function over 60: one job each, readable in one sitting."""
+    long_modules, long_functions = [], []
+    for path in sorted(module_files().values()):
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            long_modules.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
+    assert not long_modules and not long_functions, long_modules + long_functions
