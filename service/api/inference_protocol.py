@@ -4,6 +4,7 @@ calls and back, so both answer with the same checks, errors, statistics and metr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,10 @@ def statistics(state: AppState, name: str | None, version: str | None) -> dict[s
     return state.statistics.report([(e.name, e.version) for e in entries])
 
 
+# a protocol's own check of a request, given the model's codec and the outputs asked for, run before inference
+ProtocolCheck = Callable[[Codec, list[str] | None], None]
+
+
 @dataclass(frozen=True)
 class Inference:
     """An infer call's answer before its wire format: what was asked and the outcome."""
@@ -97,7 +102,8 @@ class Inference:
 
 
 async def infer(state: AppState, name: str, version: str | None, body: dict[str, Any], tail: bytes,
-                ticket: Ticket | None = None, before: Any = None, client_request_id: str | None = None) -> Inference:
+                ticket: Ticket | None = None, before: ProtocolCheck | None = None,
+                client_request_id: str | None = None) -> Inference:
     """One inference: every check of the request before the model runs (``before(codec)`` adds a protocol's own),
     then the prediction use-case on the body's tensor (``tail``: the binary tensors after it). The prediction is
     logged under ``client_request_id`` (the transport's request id), else the OIP request's ``id``."""

@@ -9,16 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from service.api.oip import OUTPUT_TYPES
 from service.config import Settings
 from service.engine.artifact import Artifact, ood_rule
 from service.engine.codecs.base import TensorSpec
 from service.engine.device import Device
 from service.engine.repository import ReadyVersion
 
-# the OIP outputs as Triton types, each per input (one element: dims [1] reshaped to [] as Triton writes a scalar)
-SCALAR_OUTPUTS = {"confidence": "FP32", "predictive_entropy": "FP32", "expected_entropy": "FP32",
-                  "mutual_information": "FP32", "ood_score": "FP32", "is_ood": "BOOL", "label": "BYTES",
-                  "class_index": "INT64"}
 TRITON_TYPES = {"FP32": "TYPE_FP32", "BOOL": "TYPE_BOOL", "BYTES": "TYPE_STRING", "INT64": "TYPE_INT64"}
 
 
@@ -38,9 +35,9 @@ def io_config(artifact: Artifact) -> tuple[list[dict[str, Any]], list[dict[str, 
     """Inputs and outputs without their batch dimension (``max_batch_size`` > 0): the codec's input tensor, the
     prediction's outputs and the codec's per-input extras."""
     codec = artifact.codec
-    outputs = [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [len(artifact.labels)],
-                "label_filename": ""}]
-    outputs += [_tensor(TensorSpec(name, kind, (1,))) for name, kind in SCALAR_OUTPUTS.items()]
+    outputs = [{"name": "probabilities", "data_type": TRITON_TYPES[OUTPUT_TYPES["probabilities"]],
+                "dims": [len(artifact.labels)], "label_filename": ""}]
+    outputs += [_tensor(TensorSpec(name, kind, (1,))) for name, kind in OUTPUT_TYPES.items() if name != "probabilities"]
     outputs += [_tensor(spec) for spec in codec.extra_outputs]
     return [_tensor(codec.tensor)], outputs
 

@@ -27,8 +27,11 @@ from service.errors import bad_input, invalid, shown
 
 HEADER_LENGTH = "inference-header-content-length"
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "UINT8": np.uint8}
-OUTPUTS = ("probabilities", "confidence", "predictive_entropy", "expected_entropy", "mutual_information",
-           "ood_score", "is_ood", "label", "class_index")
+# the outputs every model answers with, and their OIP datatypes: probabilities [N, K], each other one value per input
+OUTPUT_TYPES = {"probabilities": "FP32", "confidence": "FP32", "predictive_entropy": "FP32", "expected_entropy": "FP32",
+                "mutual_information": "FP32", "ood_score": "FP32", "is_ood": "BOOL", "label": "BYTES",
+                "class_index": "INT64"}
+OUTPUTS = tuple(OUTPUT_TYPES)
 
 
 def parse_body(raw: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
@@ -259,34 +262,33 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
     codec = outcome.entry.artifact.codec
     labels = outcome.entry.artifact.labels
     n = int(s.confidence.shape[0])
-    tensors: dict[str, tuple[str, list[int], list[Any]]] = {
-        "probabilities": ("FP32", [n, len(labels)], s.probabilities.reshape(-1).tolist()),
-        "confidence": ("FP32", [n], s.confidence.tolist()),
-        "predictive_entropy": ("FP32", [n], s.predictive_entropy.tolist()),
-        "expected_entropy": ("FP32", [n], s.expected_entropy.tolist()),
-        "mutual_information": ("FP32", [n], s.mutual_information.tolist()),
-        "ood_score": ("FP32", [n], outcome.ood),
-        "is_ood": ("BOOL", [n], outcome.is_ood),
-        "label": ("BYTES", [n], [labels[c] for c in s.prediction.tolist()]),
-        "class_index": ("INT64", [n], s.prediction.tolist()),
+    values: dict[str, tuple[list[int], list[Any]]] = {
+        "probabilities": ([n, len(labels)], s.probabilities.reshape(-1).tolist()),
+        "confidence": ([n], s.confidence.tolist()),
+        "predictive_entropy": ([n], s.predictive_entropy.tolist()),
+        "expected_entropy": ([n], s.expected_entropy.tolist()),
+        "mutual_information": ([n], s.mutual_information.tolist()),
+        "ood_score": ([n], outcome.ood),
+        "is_ood": ([n], outcome.is_ood),
+        "label": ([n], [labels[c] for c in s.prediction.tolist()]),
+        "class_index": ([n], s.prediction.tolist()),
     }
+    types = dict(OUTPUT_TYPES)
     for spec in codec.extra_outputs:
-        tensors[spec.name] = (spec.datatype, [n], outcome.extras[spec.name])
+        values[spec.name] = ([n], outcome.extras[spec.name])
+        types[spec.name] = spec.datatype
     names = requested or available_outputs(codec)
-    return [{"name": name, "datatype": tensors[name][0], "shape": tensors[name][1], "data": tensors[name][2]}
+    return [{"name": name, "datatype": types[name], "shape": values[name][0], "data": values[name][1]}
             for name in names]
 
 
 def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, Any]:
     codec = artifact.codec
     inputs = [{"name": codec.tensor.name, "datatype": codec.tensor.datatype, "shape": [-1, *codec.tensor.dims]}]
-    outputs = ([{"name": "probabilities", "datatype": "FP32", "shape": [-1, len(artifact.labels)]}]
-               + [{"name": n, "datatype": "FP32", "shape": [-1]} for n in ("confidence", "predictive_entropy",
-                                                                          "expected_entropy", "mutual_information",
-                                                                          "ood_score")]
-               + [{"name": "is_ood", "datatype": "BOOL", "shape": [-1]},
-                  {"name": "label", "datatype": "BYTES", "shape": [-1]},
-                  {"name": "class_index", "datatype": "INT64", "shape": [-1]}]
-               + [{"name": spec.name, "datatype": spec.datatype, "shape": [-1]} for spec in codec.extra_outputs])
+    per_input = {name: kind for name, kind in OUTPUT_TYPES.items() if name != "probabilities"}
+    per_input |= {spec.name: spec.datatype for spec in codec.extra_outputs}
+    outputs = ([{"name": "probabilities", "datatype": OUTPUT_TYPES["probabilities"],
+                 "shape": [-1, len(artifact.labels)]}]
+               + [{"name": name, "datatype": kind, "shape": [-1]} for name, kind in per_input.items()])
     return {"name": name, "versions": versions, "platform": "pytorch_torchscript", "inputs": inputs,
             "outputs": outputs}

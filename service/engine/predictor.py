@@ -185,6 +185,8 @@ class Predictor:
 
     def _trace(self, entry: ReadyVersion, n_samples: int, batch: BatchResult, queued_ns: int) -> None:
         """The request's queue wait and its batch's forwards as spans under the current one (the HTTP request's)."""
+        if not self.tracing.enabled:
+            return
         forward_ns = queued_ns + int(batch.queue_s * 1e9)
         attributes = {"model": entry.name, "model.version": entry.version, "n_samples": n_samples}
         self.tracing.span("queue", queued_ns, forward_ns, attributes)

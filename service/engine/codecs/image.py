@@ -71,12 +71,9 @@ class ImageCodec(Codec):
         budget = PixelBudget(limits.max_request_pixels)
         tensors = []
         for item in items:
-            if isinstance(item, Base64Image):
-                data = decode_base64(item.data, item.loc)
+            if isinstance(item, Base64Image | EncodedImage):
+                data = decode_base64(item.data, item.loc) if isinstance(item, Base64Image) else item.data
                 tensors.append(image_to_tensor(data, self.shape, limits.max_image_pixels, item.loc, budget)[None])
-            elif isinstance(item, EncodedImage):
-                tensors.append(image_to_tensor(item.data, self.shape, limits.max_image_pixels, item.loc,
-                                               budget)[None])
             elif isinstance(item, PixelValues) and item.batched:
                 tensors.append(self.batched_pixels(item))
             elif isinstance(item, PixelValues):
