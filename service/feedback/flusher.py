@@ -48,5 +48,5 @@ class LogFlusher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self.store.close()
+        await asyncio.to_thread(self.store.close)  # a locked or unreachable store must not hold the event loop
         self.calls.close()

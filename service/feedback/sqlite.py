@@ -72,7 +72,8 @@ class SqliteFeedbackStore(FeedbackStore):
             try:
                 self._conn.executemany(INSERT, rows)
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # SQLite rolls back itself on some errors (a full disk, SQLITE_FULL)
+                    self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
 
