@@ -14,6 +14,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
+from uvicorn.lifespan.on import LifespanOn
 
 from service.config import Settings
 from service.connections import DirectorConfig
@@ -43,6 +44,19 @@ class DirectorServer(uvicorn.Server):
         timer.start()
 
 
+class ListenOnceLoaded(LifespanOn):
+    """A supervised worker's lifespan: its startup ends only once the repository's first scan is over, and uvicorn
+    listens right after. The socket is shared with the other workers, so a worker still loading its models (a
+    replacement for one that died, or one of the first) takes no connection it could only answer 503: the others
+    take them, or the socket's backlog holds them until a worker is ready."""
+
+    async def startup(self) -> None:
+        await super().startup()
+        state = getattr(self.config.app.state, "director", None)  # the lifespan built it (absent if it failed)
+        if not self.should_exit and state is not None:
+            await state.repository.first_scan()
+
+
 def uvicorn_config(app: object, settings: Settings, **extra: object) -> DirectorConfig:
     """uvicorn refuses the connection that brings the count to ``limit_concurrency``: + 1 serves ``max_connections``."""
     return DirectorConfig(app, header_timeout_s=settings.header_timeout_s, max_header_bytes=settings.max_header_bytes,
@@ -65,6 +79,10 @@ def serve_on(settings: Settings, sockets: list[socket.socket] | None = None) -> 
     configure_logging(settings)
     lifecycle = Lifecycle()
     app = create_app(settings, lifecycle)
-    server = DirectorServer(uvicorn_config(app, settings), lifecycle, settings.shutdown_grace_s)
+    config = uvicorn_config(app, settings)
+    if sockets is not None:  # a worker sharing the supervisor's socket: it listens only once its models loaded
+        config.load()
+        config.lifespan_class = ListenOnceLoaded
+    server = DirectorServer(config, lifecycle, settings.shutdown_grace_s)
     server.run(sockets)
     return server.started

@@ -4,7 +4,9 @@ uvicorn's own multiprocess mode builds plain ``uvicorn.Server`` workers: no shut
 ``service.connections``' protections. Here the parent binds the socket once, starts ``settings.workers`` processes
 (``spawn``: no torch state inherited from the parent) that each run ``DirectorServer`` on it, and on SIGTERM or
 SIGINT forwards SIGTERM to every worker, so each one drains through ``shutdown_grace_s`` as a single process
-does, then waits for them all. A worker that dies while serving is replaced; one that fails to start stops the
+does, closes its own copy of the socket, then waits for them all: once the workers close theirs, new connections are
+refused at once rather than queued where nobody will accept them. A worker listens only once its models are loaded
+(``service.server.ListenOnceLoaded``). A worker that dies while serving is replaced; one that fails to start stops the
 whole server (the next would fail the same way). A supervisor that dies takes its workers with it (SIGTERM from the
 kernel, ``die_with_parent``), so no orphan keeps the port. A dead worker's metric files are marked dead for
 prometheus-client's multiprocess mode, whether it exited cleanly or was killed."""
@@ -83,6 +85,9 @@ class Supervisor:
             log.info("parent %d started workers %s", os.getpid(), [w.pid for w in self.workers])
             while not self.stopping.wait(POLL_S):
                 self._replace_dead()
+            # the workers' copies keep serving through their grace; once they close theirs, nothing holds the
+            # socket and new connections are refused at once, instead of waiting in its backlog for nobody
+            self.sock.close()
             for worker in self.workers:
                 self._terminate(worker)
             for worker in self.workers:

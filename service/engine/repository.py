@@ -139,6 +139,7 @@ class ModelRepository:
         self._retiring: set[asyncio.Task[None]] = set()
         self.unloaded: set[str] = set()  # models taken out by ``unload``: scans skip their folders until ``load``
         self._scanner: asyncio.Task[None] | None = None
+        self._first_scan = asyncio.Event()  # set once the first scan is over, even one that failed
         self.settings_of = settings_of  # a model's config.yaml (or None) -> its serving settings
         self.configs: dict[str, ModelConfigFile | ValueError | None] = {}  # per model: its file, or why it is bad
 
@@ -309,9 +310,16 @@ class ModelRepository:
         self._scanner = asyncio.get_running_loop().create_task(self._scan_then_poll(poll_interval_s, after_first_scan),
                                                                name="repository")
 
+    async def first_scan(self) -> None:
+        """Return once the first scan is over: every version found then is ready or unavailable."""
+        await self._first_scan.wait()
+
     async def _scan_then_poll(self, interval_s: float, after_first_scan: Callable[[], Awaitable[None]] | None
                               ) -> None:
-        await self.scan()
+        try:
+            await self.scan()
+        finally:
+            self._first_scan.set()
         if after_first_scan is not None:
             await after_first_scan()
         while interval_s > 0:
