@@ -33,10 +33,17 @@ def per_input_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
 
 class StochasticRollout(nn.Module):
     """Samples X_T from X_0 with the kernel; ``noise_scale`` multiplies every step's std (a buffer,
-    fitted post hoc on validation: the sampling analogue of temperature scaling)."""
+    fitted post hoc on validation: the sampling analogue of temperature scaling).
 
-    def __init__(self, kernel: TransitionKernel, noise_scale: float = 1.0, teacher: nn.ModuleList | None = None
-                 ) -> None:
+    ``token_correlation`` (rho, a buffer in [0, 1]) is the correlation across tokens of one sample's noise in each
+    feature: the noise is ``sqrt(1 - rho) * e_token + sqrt(rho) * e_shared`` with both standard normal, ``e_shared``
+    one draw per sample row and feature, the same for every token. Every element keeps the kernel's predicted
+    marginal N(mean, std^2) whatever rho; what changes is that noise drawn independently per token (rho = 0, the
+    diagonal Gaussian the kernel is trained on) is averaged away by the readout's pooling over tokens, while shared
+    noise survives it and moves the pooled features (docs/method.md, "Samples that carry information")."""
+
+    def __init__(self, kernel: TransitionKernel, noise_scale: float = 1.0, teacher: nn.ModuleList | None = None,
+                 token_correlation: float = 0.0) -> None:
         super().__init__()
         self.kernel = kernel
         self.num_steps = kernel.num_steps
@@ -46,6 +53,9 @@ class StochasticRollout(nn.Module):
         if teacher is not None:
             self.set_teacher(teacher)
         self.register_buffer("noise_scale", torch.tensor(float(noise_scale)))
+        self.register_buffer("token_correlation", torch.zeros(()))
+        self.shares_noise = False  # a plain attribute: rho > 0, read without a device sync
+        self.set_token_correlation(token_correlation)
         self.register_buffer("step_modulation", torch.zeros(0))
         self.folded = False
 
@@ -56,6 +66,14 @@ class StochasticRollout(nn.Module):
             raise ValueError(f"the teacher has {len(teacher)} transitions; the kernel diffuses {self.num_steps}")
         self.teacher = teacher
         self.has_teacher = True
+
+    @torch.jit.unused
+    def set_token_correlation(self, rho: float) -> None:
+        """Set rho (fitted post hoc, like ``noise_scale``)."""
+        if not 0.0 <= rho <= 1.0:
+            raise ValueError(f"token_correlation must lie in [0, 1], got {rho}")
+        self.token_correlation.fill_(float(rho))
+        self.shares_noise = rho > 0
 
     def fold_conditioning(self) -> None:
         """Precompute the adaLN modulation of every step into a buffer (inference artifacts)."""
@@ -126,11 +144,20 @@ class StochasticRollout(nn.Module):
         row_mask: torch.Tensor | None = None
         if key_padding_mask is not None:
             row_mask = torch.repeat_interleave(key_padding_mask, repeats, dim=0, output_size=rows)  # [R, N]
-        x = mean + std * torch.randn_like(mean)  # [R, N, D]
+        x = mean + std * self.noise(mean)  # [R, N, D]
         for t in range(2, self.num_steps + 1):
             mean, std = self.step(x, t, row_mask)
-            x = mean + std * torch.randn_like(mean)  # [R, N, D]
+            x = mean + std * self.noise(mean)  # [R, N, D]
         return x
+
+    def noise(self, like: torch.Tensor) -> torch.Tensor:
+        """Standard normal noise shaped like ``like`` [R, N, D], correlated across tokens by ``token_correlation``."""
+        own = torch.randn_like(like)  # [R, N, D]
+        if not self.shares_noise:  # the kernel's diagonal Gaussian, drawn as before (same draws under the same seed)
+            return own
+        rho = self.token_correlation.to(like.dtype)
+        shared = torch.randn(like.shape[0], 1, like.shape[2], dtype=like.dtype, device=like.device)  # [R, 1, D]
+        return torch.sqrt(1 - rho) * own + torch.sqrt(rho) * shared  # [R, N, D]
 
 
 class IdentityPrefix(nn.Module):

@@ -159,6 +159,12 @@ class EvaluateConfig:
     samples: int = 16  # S for MC dropout and DIRECTOR
     sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     noise_scale_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])
+    # the shift-fitted noise (``training.export.served_statistics.fit_noise_shape``): token correlation x noise
+    # temperature chosen on validation inputs and a held-out shift of them (``training.data.held_out_shift``);
+    # an empty correlation grid leaves that method out
+    noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
+    shift_noise_scale_grid: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])
+    noise_fit_images: int = 1000
     corruption_images: int = 2000
     shift_texts: int | None = None  # texts per shifted domain (drawn under the seed); None: all of them
     corruptions: list[str] = field(default_factory=list)  # empty: all of training.data.corruptions.CORRUPTIONS

@@ -75,3 +75,60 @@ def test_scripted_matches_eager_and_survives_save_load(director: ImageDirector) 
     torch.manual_seed(0)
     torch.testing.assert_close(loaded.sample_rows(pixels, torch.tensor([3, 3])), eager.transpose(0, 1).reshape(6, 10),
                                atol=1e-5, rtol=0)
+
+
+def rollout_noise(rho: float, rows: int = 4000) -> torch.Tensor:
+    """``rows`` draws of the rollout's standard-normal noise [rows, 5, 3] at token correlation ``rho``."""
+    kernel = TransitionKernel(4, 1, 1)
+    rollout = StochasticRollout(kernel, token_correlation=rho)
+    torch.manual_seed(0)
+    return rollout.noise(torch.zeros(rows, 5, 3))
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.5, 1.0])
+def test_token_correlation_keeps_each_element_standard_normal(rho: float) -> None:
+    noise = rollout_noise(rho)
+    assert abs(float(noise.mean())) < 0.05
+    torch.testing.assert_close(noise.var(dim=0), torch.ones(5, 3), atol=0.1, rtol=0)  # per element
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.5, 1.0])
+def test_token_correlation_is_the_correlation_across_tokens(rho: float) -> None:
+    noise = rollout_noise(rho)
+    across_tokens = torch.corrcoef(torch.stack([noise[:, 0, 1], noise[:, 3, 1]]))[0, 1]  # two tokens, one feature
+    across_features = torch.corrcoef(torch.stack([noise[:, 0, 0], noise[:, 0, 2]]))[0, 1]  # one token
+    assert abs(float(across_tokens) - rho) < 0.06
+    assert abs(float(across_features)) < 0.06
+
+
+def test_token_correlation_is_refused_outside_the_unit_interval() -> None:
+    with pytest.raises(ValueError, match="token_correlation"):
+        StochasticRollout(TransitionKernel(4, 1, 1), token_correlation=1.5)
+
+
+def test_shared_noise_moves_the_pooled_readout_more(director: ImageDirector) -> None:
+    """Noise drawn per token is averaged away by the readout's pooling; the same marginal noise shared across tokens
+    spreads the sampled logits further."""
+    pixels = torch.rand(4, 1, 28, 28)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        independent = director(pixels, 64).std(dim=0).mean()
+        director.rollout.set_token_correlation(1.0)
+        torch.manual_seed(1)
+        shared = director(pixels, 64).std(dim=0).mean()
+    assert float(shared) > 1.5 * float(independent)
+
+
+def test_token_correlation_survives_scripting(director: ImageDirector) -> None:
+    director.rollout.set_token_correlation(0.7)
+    director.rollout.fold_conditioning()
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(director), buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    pixels = torch.rand(2, 1, 28, 28)
+    torch.manual_seed(0)
+    eager = director(pixels, 3)
+    torch.manual_seed(0)
+    torch.testing.assert_close(loaded(pixels, 3), eager, atol=1e-5, rtol=0)
+    assert float(loaded.rollout.token_correlation) == pytest.approx(0.7)

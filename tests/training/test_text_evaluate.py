@@ -14,7 +14,7 @@ from tests.conftest import tiny_text_config_dict
 from training.cli import main
 
 METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "director_s1", "director_s4",
-           "director_s4_ts", "director_s4_noise"]
+           "director_s4_ts", "director_s4_noise", "director_s4_shift_noise"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,8 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     raw["evaluate"] = {
         "task": "tiny-reviews", "stages": ["test_and_ood", "detectors", "shift", "sweep", "cost"],
         "ensemble_members": 2,
-        "samples": 4, "sweep_samples": [1, 2, 4], "noise_scale_grid": [0.5, 1.0], "shift_texts": 50,
+        "samples": 4, "sweep_samples": [1, 2, 4], "noise_scale_grid": [0.5, 1.0], "noise_correlation_grid": [0.0, 1.0],
+        "shift_noise_scale_grid": [1.0, 2.0], "noise_fit_images": 40, "shift_texts": 50,
         "ood_images": 40, "ablations": [], "distil_seeds": [], "latency_images": 3, "latency_repeats": 1,
         "bootstrap": 20,
     }
@@ -65,6 +66,12 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
         low, high = pair[metric]["ci95"]
         assert low <= high
     assert rows["director_s4"]["test"]["accuracy_ci95"][0] <= rows["director_s4"]["test"]["accuracy"]
+
+
+def test_texts_fit_the_noise_shape_on_validation_alone(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    _, results = evaluated
+    assert results["shift_noise"]["fitted_on"] == "validation"  # no held-out text shift: said, not invented
+    assert "director_s4_shift_noise" in results["shift"]
 
 
 def test_shift_is_per_domain(evaluated: tuple[Path, dict[str, Any]]) -> None:

@@ -17,13 +17,15 @@ from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.uncertainty import UncertaintySummary, summarize
 from training.baselines.models import ensemble_members, member_config
 from training.config import PipelineConfig
+from training.data.held_out_shift import rotated
+from training.data.images import Split
 from training.evaluate.logit_cache import LogitCache, fingerprint
 from training.evaluate.sets import EvalInputs, load_eval_inputs
 from training.export.calibration import fit_temperature
 from training.export.feature_statistics import attach_feature_scores
 from training.export.ood_selection import Candidate, InputScores, split_input_scores
 from training.export.parts import with_teacher
-from training.export.served_statistics import fit_noise_scale
+from training.export.served_statistics import fit_noise_scale, fit_noise_shape
 from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
@@ -147,7 +149,36 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
         fits[fit_key] = {"scale": scale, "val_nll": nll_by_scale}
         fits_path.write_text(json.dumps(fits, indent=2) + "\n")
     evaluation.add_source("director_noise", noisy, f"dir-{director_id}-noise{scale}", ev.samples)
-    return {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
+    fitted = {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
+    if ev.noise_correlation_grid:
+        fitted["shift_noise"] = add_shift_noise_source(evaluation, director, director_id)
+    return fitted
+
+
+def add_shift_noise_source(evaluation: Evaluation, director: torch.nn.Module, director_id: str) -> dict[str, Any]:
+    """DIRECTOR with its noise shaped on a held-out shift: the token correlation and noise temperature minimising
+    the NLL on validation inputs and on those inputs rotated (images; texts have no held-out shift here, so they fit
+    on validation alone), cached beside the noise-temperature fits."""
+    cfg, ev = evaluation.cfg, evaluation.ev
+    clean = evaluation.inputs.val.head(ev.noise_fit_images)
+    shifted = rotated(clean, cfg.seed) if isinstance(clean, Split) else None
+    shaped = copy.deepcopy(director)
+    fits_path = evaluation.run_dir / "eval" / "noise_shape_fits.json"
+    fits = json.loads(fits_path.read_text()) if fits_path.exists() else {}
+    key = (f"{director_id}|rho={ev.noise_correlation_grid}|scale={ev.shift_noise_scale_grid}|S={ev.samples}"
+           f"|n={len(clean)}|shift={shifted is not None}|seed={cfg.seed}")
+    if key not in fits:
+        rho, scale, objective = fit_noise_shape(shaped, clean, shifted, ev.noise_correlation_grid,
+                                                ev.shift_noise_scale_grid, ev.samples, cfg.seed)
+        fits[key] = {"token_correlation": rho, "noise_scale": scale, "objective": objective,
+                     "fitted_on": "validation + rotated validation" if shifted is not None else "validation"}
+        fits_path.write_text(json.dumps(fits, indent=2) + "\n")
+    fit = fits[key]
+    shaped.rollout.set_token_correlation(fit["token_correlation"])
+    shaped.rollout.noise_scale.fill_(fit["noise_scale"])
+    evaluation.add_source("director_shift_noise", shaped,
+                          f"dir-{director_id}-rho{fit['token_correlation']:g}-noise{fit['noise_scale']:g}", ev.samples)
+    return fit
 
 
 def build_methods(evaluation: Evaluation) -> list[Method]:
@@ -166,4 +197,6 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
         Method(f"director_s{s}", f"DIRECTOR (S={s})", "director", s),
         Method(f"director_s{s}_ts", f"DIRECTOR (S={s}) + TS (T={dir_t:.2f})", "director", s, dir_t),
         Method(f"director_s{s}_noise", f"DIRECTOR (S={s}) + noise temperature", "director_noise", s),
+        *([Method(f"director_s{s}_shift_noise", f"DIRECTOR (S={s}) + shift-fitted noise", "director_shift_noise", s)]
+          if "director_shift_noise" in evaluation.sources else []),
     ]

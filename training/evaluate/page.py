@@ -24,6 +24,15 @@ from training.evaluate.page_sections import (
 from training.evaluate.plots import reliability_grid, risk_coverage_plot
 
 
+def shift_noise_note(results: dict[str, Any]) -> str:
+    """How the shift-fitted noise row was fitted (empty when the evaluation had none)."""
+    fit = results.get("shift_noise")
+    if not fit:
+        return ""
+    return (f"The shift-fitted noise shares each sample's noise across tokens with correlation "
+            f"{fit['token_correlation']:g} and scales it by {fit['noise_scale']:g}, both chosen on the mean NLL over "
+            f"{fit['fitted_on']} (docs/method.md, \"Samples that carry information\"), never on a reported set.")
+
 def main_table(results: dict[str, Any]) -> list[str]:
     costs = results.get("cost")
     head = ("| method | S | acc % [95% CI] | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC "
@@ -201,7 +210,8 @@ def test_split_section(results: dict[str, Any], probs: dict[str, torch.Tensor], 
         "binned ECE is biased upward under resampling, so for a well-calibrated method the interval can sit above "
         "the point estimate: compare methods by their intervals, not their third digit. "
         + cost_note + "Temperatures are fitted on the validation split; the noise temperature scales every DIRECTOR "
-        f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}.", "",
+        f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}. "
+        + shift_noise_note(results), "",
         *main_table(results), "", f"![reliability]({reliability.name})", "",
         "Risk against coverage: keep the most confident inputs first; the curve gives the error rate of what is "
         "kept at each share kept, so a threshold can be chosen by the error rate a user accepts (AURC, the area "

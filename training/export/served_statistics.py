@@ -50,6 +50,32 @@ def fit_noise_scale(director: Director, split: AnySplit, grid: list[float], n_sa
     return best, scores
 
 
+def fit_noise_shape(director: Director, clean: AnySplit, shifted: AnySplit | None, correlations: list[float],
+                    scales: list[float], n_samples: int, seed: int) -> tuple[float, float, dict[str, float]]:
+    """The token correlation and the noise temperature (``models.director.StochasticRollout``) minimising the mean of
+    the NLL on ``clean`` validation inputs and on ``shifted`` ones (a held-out shift; None: clean alone), set on
+    ``director``'s buffers. Returns (rho, scale, the objective of every grid point keyed "rho=<r> scale=<s>")."""
+    rollout = director.rollout
+    scores: dict[str, float] = {}
+    best: tuple[float, float, float] | None = None  # (objective, rho, scale)
+    for rho in correlations:
+        for scale in scales:
+            rollout.set_token_correlation(rho)
+            rollout.noise_scale.fill_(scale)
+            nlls = [classification_report(summarize(sample_split(director, split, n_samples, seed)).probabilities,
+                                          split.labels)["nll"] for split in (clean, shifted) if split is not None]
+            objective = sum(nlls) / len(nlls)
+            scores[f"rho={rho:g} scale={scale:g}"] = objective
+            if best is None or objective < best[0]:
+                best = (objective, rho, scale)
+    if best is None:
+        raise ValueError("the grid of token correlations and noise scales is empty")
+    _, rho, scale = best
+    rollout.set_token_correlation(rho)
+    rollout.noise_scale.fill_(scale)
+    return rho, scale, scores
+
+
 def per_input_nll(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """-log p(label) of ``mean_s softmax(z_s / T)`` for every input [N] (logits [S, N, C])."""
     probs = summarize(logits, temperature).probabilities  # [N, C]

@@ -29,7 +29,8 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     raw["distil"].update(epochs=1, depth=1)
     raw["backbone"]["drop_rate"] = 0.1  # MC dropout, one of the compared methods, needs dropout layers
     raw["evaluate"] = {"task": "tiny-depth", "stages": ["test_and_ood", "kernel_depth"], "ensemble_members": 1,
-                       "samples": 2, "sweep_samples": [1, 2], "noise_scale_grid": [1.0], "ood_images": 40,
+                       "samples": 2, "sweep_samples": [1, 2], "noise_scale_grid": [1.0], "noise_correlation_grid": [],
+                       "ood_images": 40,
                        "kernel_error_depths": [2, 5], "kernel_depth_epochs": 1, "bootstrap": 20}
     config = tmp / "tiny.yaml"
     config.write_text(yaml.safe_dump(raw))

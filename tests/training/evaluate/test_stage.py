@@ -21,7 +21,9 @@ def tiny_evaluation_config(tmp: Path) -> dict[str, Any]:
     raw["backbone"]["drop_rate"] = 0.1  # MC dropout needs dropout layers
     raw["evaluate"] = {
         "task": "tiny-task", "ensemble_members": 2, "samples": 4, "sweep_samples": [1, 2, 8],
-        "noise_scale_grid": [0.5, 1.0], "corruption_images": 40, "corruptions": ["gaussian_noise", "pixelate"],
+        "noise_scale_grid": [0.5, 1.0], "noise_correlation_grid": [0.0, 1.0],
+        "shift_noise_scale_grid": [1.0, 2.0], "noise_fit_images": 40,
+        "corruption_images": 40, "corruptions": ["gaussian_noise", "pixelate"],
         "severities": [1, 5], "ood_images": 40, "ablations": ["both", "floor", "l2_only", "tau_0.1"],
         "ablation_epochs": 1, "distil_seeds": [1], "latency_images": 3, "latency_repeats": 1, "bootstrap": 20,
     }
@@ -41,7 +43,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "director_s1", "director_s4",
-           "director_s4_ts", "director_s4_noise"]
+           "director_s4_ts", "director_s4_noise", "director_s4_shift_noise"]
 
 
 def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) -> None:
@@ -72,6 +74,12 @@ def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) 
     assert results["test_and_ood"]["director_s4"]["test"]["mean_mutual_information"] > 0.0
     assert results["test_and_ood"]["temperature_scaling"]["temperature"] > 0
     assert results["noise_scale"] in (0.5, 1.0)
+    # the shift-fitted noise: one grid point per (correlation, scale), chosen on validation and rotated validation
+    shift_noise = results["shift_noise"]
+    assert set(shift_noise["objective"]) == {f"rho={r:g} scale={s:g}" for r in (0, 1) for s in (1, 2)}
+    assert (f"rho={shift_noise['token_correlation']:g} scale={shift_noise['noise_scale']:g}"
+            == min(shift_noise["objective"], key=shift_noise["objective"].get))
+    assert shift_noise["fitted_on"] == "validation + rotated validation"
 
 
 def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) -> None:
