@@ -113,6 +113,27 @@ def test_files_named_outside_the_version_folder_are_refused(tiny_artifact: Path,
         assert httpx.post(f"{server.url}/predict", json=BODY, timeout=60).json()["model_version"] == "1"
 
 
+def test_a_tokenizer_named_outside_the_version_folder_is_refused(tiny_text_artifact: Path, tmp_path: Path) -> None:
+    """A text manifest whose tokenizer climbs out with ``..`` to a real tokenizer file (its digest listed and right)
+    is refused with the reason, as any other named file; the reason carries no absolute path."""
+    repository = tmp_path / "repo"
+    copy_version(tiny_text_artifact, repository, "text", "1")
+    climbing = copy_version(tiny_text_artifact, repository, "text", "2")
+    manifest = json.loads((climbing / MANIFEST).read_text())
+    tokenizer = manifest["input"]["tokenizer"]
+    (climbing / tokenizer).unlink()
+    del manifest["files"][tokenizer]
+    manifest["input"]["tokenizer"] = f"../../text/1/{tokenizer}"
+    manifest["files"][f"../../text/1/{tokenizer}"] = {"sha256": sha256_file(tiny_text_artifact / tokenizer)}
+    (climbing / MANIFEST).write_text(json.dumps(manifest))
+    with serve(settings_for(repository, tmp_path, default_model="text")) as server:
+        text = states(server.url, "text")
+        assert text["1"] == ("ready", None)
+        state, reason = text["2"]
+        assert state == "unavailable" and "resolve outside the version folder" in (reason or ""), reason
+        assert str(tmp_path) not in httpx.get(f"{server.url}/models/text", timeout=30).text
+
+
 def test_an_allowlist_edit_takes_effect_at_the_next_scan(tiny_artifact: Path, tmp_path: Path) -> None:
     repository = tmp_path / "repo"
     copy_version(tiny_artifact, repository, "tiny", "1")
