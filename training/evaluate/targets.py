@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.evaluate.detector_targets import detector_sections
+from training.evaluate.target_checks import Check, at_least, pct, table
+
 RESULTS = Path("docs/results")
 REPOSITORY = Path("model_repository")
 BENCHMARK = Path("docs/benchmarks.json")
@@ -41,27 +44,6 @@ TARGETS = (
     TaskTargets("fashion-mnist", "fashion-vit", 3, "make evaluate", 0.003, 0.005, "best baseline", False, 3.0, 0.3),
     TaskTargets("movie-reviews", "movie-reviews-minilm", 3, "make text-evaluate", 0.005, 0.01, "backbone", True),
 )
-
-
-@dataclass
-class Check:
-    target: str
-    director: str
-    reference: str
-    met: bool | None  # None: not measured
-
-    def row(self) -> str:
-        verdict = {True: "met", False: "**missed**", None: "not measured"}[self.met]
-        return f"| {self.target} | {self.director} | {self.reference} | {verdict} |"
-
-
-def at_least(value: float, bound: float) -> bool:
-    """``value >= bound`` up to float rounding (an accuracy exactly at its margin meets it)."""
-    return value >= bound - 1e-9
-
-
-def pct(value: float) -> str:
-    return f"{100 * value:.2f}%"
 
 
 def default_samples(spec: TaskTargets, repository: Path) -> int:
@@ -148,7 +130,16 @@ def render(sections: list[tuple[TaskTargets, int, dict[str, Any], list[Check]]])
         lines += [f"## {spec.model} version {spec.version} ({spec.task}, S = {samples})", "",
                   f"From [`{spec.task}.md`]({spec.task}.md) (`{spec.make}`, commit {results.get('git_commit', '?')}, "
                   f"{results.get('date', '?')}): {len(checks) - missed} of {len(checks)} targets met.", "",
-                  "| target | DIRECTOR | reference | |", "| --- | --- | --- | --- |", *[c.row() for c in checks], ""]
+                  *table(checks), ""]
+    return "\n".join(lines)
+
+
+def render_detectors(sections: list[tuple[str, str, list[Check]]]) -> str:
+    lines = []
+    for title, source, checks in sections:
+        missed = sum(c.met is False for c in checks)
+        lines += [f"## {title}", "", f"{source}: {len(checks) - missed} of {len(checks)} targets met.", "",
+                  *table(checks), ""]
     return "\n".join(lines)
 
 
@@ -163,7 +154,7 @@ def targets_page(results_dir: Path = RESULTS, repository: Path = REPOSITORY, ben
         results = json.loads(path.read_text())
         samples = default_samples(spec, repository)
         sections.append((spec, samples, results, task_checks(spec, results, samples, bench)))
-    return render(sections)
+    return render(sections) + "\n" + render_detectors(detector_sections(results_dir))
 
 
 def write_targets(results_dir: Path = RESULTS, repository: Path = REPOSITORY, benchmark: Path = BENCHMARK) -> Path:

@@ -1,0 +1,106 @@
+"""DIRECTOR against the free detectors and under shift: the targets the detectors and sampling pages answer.
+
+Read from what the evaluation wrote (nothing is measured here): ``docs/results/<task>-detectors.json`` (the
+``detectors`` stage: the served score against MDS, RMDS, KNN and ViM on the same backbone's features, with paired
+intervals) and, where it exists, ``docs/results/<task>-sampling.json`` (the ``shift`` stage with the shift-fitted noise
+beside temperature scaling). ``training.evaluate.targets`` puts these rows on the targets page.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.evaluate.target_checks import Check, at_least, pct
+
+FEATURE_DETECTORS = ("mds", "rmds", "knn", "vim")
+
+
+@dataclass(frozen=True)
+class DetectorTargets:
+    detectors_task: str  # docs/results/<task>.json with a ``detectors`` stage
+    sampling_task: str | None  # docs/results/<task>.json with the shift-fitted noise in its ``shift`` stage
+    model: str
+    version: int
+    samples: int  # S of the MI row (the evaluation's S)
+
+
+DETECTOR_TARGETS = (
+    DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 4, 16),
+    DetectorTargets("writing-source-detectors", None, "writing-source-minilm", 1, 16),
+)
+
+
+def detector_checks(results: dict[str, Any]) -> list[Check]:
+    """Per reported OOD set: the served score's AUROC against the best feature detector on the backbone (met when the
+    paired interval of served minus detector does not lie below 0) and its FPR95 against that detector's."""
+    served = results["detectors"]["served_score_auroc"]
+    backbone = results["detectors"]["methods"]["deterministic"]["ood"]
+    label = results["test_and_ood"]["director_s1"]["ood_score"]
+    checks = []
+    for set_name, mine in served.items():
+        name = max(FEATURE_DETECTORS, key=lambda d: backbone[set_name][d]["auroc"])
+        best = backbone[set_name][name]
+        low, high = best["served_minus_detector"]["ci95"]
+        checks.append(Check(f"OOD AUROC on {set_name} >= the best feature detector's on the backbone",
+                            f"{mine['auroc']:.3f} ({label})",
+                            f"{best['auroc']:.3f} ({name}; served minus it [{low:+.3f}, {high:+.3f}])",
+                            high >= 0))
+        checks.append(Check(f"FPR95 on {set_name} <= that detector's", f"{mine['fpr95']:.3f}",
+                            f"{best['fpr95']:.3f} ({name})", at_least(best["fpr95"], mine["fpr95"])))
+    return checks
+
+
+def mutual_information_checks(results: dict[str, Any], samples: int) -> list[Check]:
+    """Mutual information's AUROC at S against the energy score's, DIRECTOR's own samples, on every reported set."""
+    row = results["test_and_ood"].get(f"director_s{samples}")
+    if row is None:
+        return [Check(f"MI AUROC at S = {samples} >= energy's", "-", "-", None)]
+    checks = []
+    for set_name, scores in row["ood"].items():
+        if "mutual_information" not in scores:
+            continue
+        mine, energy = scores["mutual_information"]["auroc"], scores["energy"]["auroc"]
+        checks.append(Check(f"MI AUROC on {set_name} at S = {samples} >= energy's", f"{mine:.3f}", f"{energy:.3f}",
+                            at_least(mine, energy)))
+    return checks
+
+
+def shift_ece_checks(results: dict[str, Any], key: str, label: str) -> list[Check]:
+    """ECE of method ``key`` against temperature scaling's on every shifted level (images: per severity over the
+    corruption types; texts: the mean over the domains)."""
+    shift = results.get("shift", {})
+    if key not in shift:
+        return [Check(f"{label}: ECE under shift <= temperature scaling's", "-", "-", None)]
+    mine, ts = shift[key], shift["temperature_scaling"]
+    levels = ({f"severity {s}": (mine["by_severity"][s], ts["by_severity"][s]) for s in sorted(mine["by_severity"],
+                                                                                              key=int)}
+              if "by_severity" in mine else {"the domains' mean": (mine["mean"], ts["mean"])})
+    return [Check(f"{label}: ECE under shift, {level} <= temperature scaling's", pct(m["ece"]), pct(t["ece"]),
+                  at_least(t["ece"], m["ece"])) for level, (m, t) in levels.items()]
+
+
+def detector_sections(results_dir: Path) -> list[tuple[str, str, list[Check]]]:
+    """(title, source line, checks) for each task whose detectors page exists."""
+    sections = []
+    for spec in DETECTOR_TARGETS:
+        path = results_dir / f"{spec.detectors_task}.json"
+        if not path.exists():
+            continue
+        results = json.loads(path.read_text())
+        checks = detector_checks(results) + mutual_information_checks(results, spec.samples)
+        sources = [f"[`{spec.detectors_task}.md`]({spec.detectors_task}.md) (commit {results.get('git_commit', '?')})"]
+        sampling = results_dir / f"{spec.sampling_task}.json" if spec.sampling_task else None
+        if sampling is not None and sampling.exists():
+            shifted = json.loads(sampling.read_text())
+            checks += shift_ece_checks(shifted, "director_s1", "DIRECTOR (S=1, served)")
+            samples = shifted["settings"]["samples"]
+            checks += shift_ece_checks(shifted, f"director_s{samples}_shift_noise",
+                                       f"DIRECTOR (S={samples}) + shift-fitted noise")
+            sources.append(f"[`{spec.sampling_task}.md`]({spec.sampling_task}.md) "
+                           f"(commit {shifted.get('git_commit', '?')})")
+        sections.append((f"{spec.model} version {spec.version} against the free detectors and under shift",
+                         "From " + " and ".join(sources), checks))
+    return sections
