@@ -151,6 +151,7 @@ class Sampling(Section):
     default_samples: int = Field(ge=1)
     max_samples: int = Field(ge=1)
     noise_scale: float | None = None
+    token_correlation: float | None = Field(default=None, ge=0, le=1)  # how much of a sample's noise tokens share
 
     @model_validator(mode="after")
     def _default_within_max(self) -> Sampling:

@@ -139,6 +139,9 @@ class ExportConfig:
     ood_validation_images: int = 2000
     eval_samples: int = 16
     noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
+    # the share of each sample's noise drawn once for every token (``models.director.StochasticRollout``); more than
+    # one value: fitted with the noise temperature on validation and a held-out shift of it (images)
+    noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0])
     docs_dir: str = "docs/results"
     # the feature-space OOD scores' statistics (models.feature_scores), fitted on the training split's backbone
     # features and carried in the artifact; knn_bank: the training features kept for KNN (its rows in the artifact)

@@ -12,6 +12,7 @@ import torch
 
 from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_files
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
+from training.cli import main
 from training.config import load_config
 from training.export.writing import load_scripted
 from training.loading import load_director
@@ -175,3 +176,27 @@ def test_partial_depth_distils_exports_and_matches_eager(exported: tuple[Path, P
     run, folder = check_partial_depth(exported[0], tmp_path)
     draws = check_served_equals_eager(run, folder)
     assert not torch.allclose(draws[0], draws[1])  # samples differ
+
+
+def test_a_token_correlation_grid_is_fitted_recorded_and_scripted(exported: tuple[Path, Path],
+                                                                  tmp_path: Path) -> None:
+    """Two token correlations: the export fits them with the noise temperature on validation and its rotated copy,
+    the manifest records the one chosen, the provenance every grid point, and the TorchScript artifact samples with
+    it (the buffer travels in the file)."""
+    config, _ = exported
+    repo = tmp_path / "repo"
+    assert main(["export", "--config", str(config), "--set", "export.noise_correlation_grid=[0.0, 1.0]",
+                 "--set", f"export.repository={repo}", "--set", f"export.docs_dir={tmp_path / 'docs'}"]) == 0
+    cfg = load_config(config)
+    folder = repo / cfg.export.name / str(cfg.export.version)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    fit = manifest["provenance"]["noise_shape_fit"]
+    assert fit["fitted_on"] == "validation + rotated validation"
+    assert set(fit["grid"]) == {f"rho={r:g} scale={s:g}" for r in (0, 1) for s in cfg.export.noise_scale_grid}
+    rho = manifest["sampling"].get("token_correlation", 0.0)
+    chosen = fit["grid"][f"rho={rho:g} scale={manifest['sampling']['noise_scale']:g}"]
+    eligible = [p for p in fit["grid"].values() if p["clean_minus_best"] <= 2 * p["stderr"] + 1e-6]
+    assert chosen in eligible and chosen["shifted_nll"] == min(p["shifted_nll"] for p in eligible)
+    artifact = load_scripted(folder / "director.ts")
+    assert float(artifact.rollout.token_correlation) == rho
+    assert "Token correlation of the sampled noise" in (tmp_path / "docs" / f"{cfg.export.name}.md").read_text()

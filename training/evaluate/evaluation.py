@@ -166,11 +166,11 @@ def add_shift_noise_source(evaluation: Evaluation, director: torch.nn.Module, di
     fits_path = evaluation.run_dir / "eval" / "noise_shape_fits.json"
     fits = json.loads(fits_path.read_text()) if fits_path.exists() else {}
     key = (f"{director_id}|rho={ev.noise_correlation_grid}|scale={ev.shift_noise_scale_grid}|S={ev.samples}"
-           f"|n={len(clean)}|shift={shifted is not None}|seed={cfg.seed}")
+           f"|n={len(clean)}|shift={shifted is not None}|seed={cfg.seed}|rule=within-noise")
     if key not in fits:
-        rho, scale, objective = fit_noise_shape(shaped, clean, shifted, ev.noise_correlation_grid,
+        rho, scale, grid = fit_noise_shape(shaped, clean, shifted, ev.noise_correlation_grid,
                                                 ev.shift_noise_scale_grid, ev.samples, cfg.seed)
-        fits[key] = {"token_correlation": rho, "noise_scale": scale, "objective": objective,
+        fits[key] = {"token_correlation": rho, "noise_scale": scale, "grid": grid,
                      "fitted_on": "validation + rotated validation" if shifted is not None else "validation"}
         fits_path.write_text(json.dumps(fits, indent=2) + "\n")
     fit = fits[key]

@@ -30,8 +30,9 @@ def shift_noise_note(results: dict[str, Any]) -> str:
     if not fit:
         return ""
     return (f"The shift-fitted noise shares each sample's noise across tokens with correlation "
-            f"{fit['token_correlation']:g} and scales it by {fit['noise_scale']:g}, both chosen on the mean NLL over "
-            f"{fit['fitted_on']} (docs/method.md, \"Samples that carry information\"), never on a reported set.")
+            f"{fit['token_correlation']:g} and scales it by {fit['noise_scale']:g}, chosen on {fit['fitted_on']} "
+            "(the lowest rotated-validation NLL among the grid points whose validation NLL is within two standard "
+            "errors of the best; docs/method.md, \"Samples that carry information\"), never on a reported set.")
 
 def main_table(results: dict[str, Any]) -> list[str]:
     costs = results.get("cost")

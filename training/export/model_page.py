@@ -202,6 +202,22 @@ def _uncertainty_and_ood(manifest: Manifest) -> list[str]:
     ]
 
 
+def _noise_shape(manifest: Manifest, extras: dict[str, Any]) -> list[str]:
+    """The token correlation of the sampled noise and how it was fitted (nothing for the diagonal Gaussian)."""
+    rho, fit = manifest.sampling.token_correlation, extras.get("noise_shape_fit")
+    if not rho and not fit:
+        return []
+    line = (f"Token correlation of the sampled noise (docs/method.md, \"Samples that carry information\"): "
+            f"**{rho or 0:g}**")
+    if fit:
+        chosen = fit["grid"][f"rho={rho or 0:g} scale={manifest.sampling.noise_scale:g}"]
+        shifted = "" if chosen["shifted_nll"] is None else f", rotated validation NLL {chosen['shifted_nll']:.4f}"
+        line += (f", fitted with the noise temperature over {len(fit['grid'])} grid points on {fit['fitted_on']}: "
+                 "the lowest NLL on the shift among the points whose validation NLL is within two standard errors of "
+                 f"the best (validation NLL {chosen['clean_nll']:.4f}{shifted})")
+    return ["", line + "."]
+
+
 def _observed_process(manifest: Manifest) -> list[str]:
     """Tau, the noise temperature and, per diffused step, the floor, the observed and the predicted variance."""
     extras, variance = _extras(manifest), manifest.variance
@@ -221,6 +237,7 @@ def _observed_process(manifest: Manifest) -> list[str]:
         f"**{manifest.sampling.noise_scale}**"
         + (" (validation NLL by scale: " + ", ".join(f"{k}: {v:.4f}" for k, v in noise_nll.items())
            + ")." if noise_nll else " (not fitted)."),
+        *_noise_shape(manifest, extras),
         "",
         "| step t | floor_t | mean raw attention variance | median predicted std / RMS(X_t) "
         "| mean predicted log-var |",

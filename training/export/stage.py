@@ -32,6 +32,8 @@ from artifact.contract import (
 )
 from models.uncertainty import summarize
 from training.config import ExportConfig, PipelineConfig
+from training.data.held_out_shift import rotated
+from training.data.images import Split
 from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
 from training.export.calibration import fit_temperature
 from training.export.model_page import write_results
@@ -42,12 +44,13 @@ from training.export.served_statistics import (
     ServedStatistics,
     choose_default_samples,
     fit_noise_scale,
+    fit_noise_shape,
     sample_split,
     served_statistics,
     served_temperature,
 )
 from training.export.writing import git_commit, install_version, source_record, staging_dir, write_manifest
-from training.loading import Director, load_backbone, load_director, run_family
+from training.loading import AnySplit, Director, load_backbone, load_director, run_family
 from training.metrics import classification_report, ece_bootstrap
 from training.ood_metrics import auroc
 from training.runtime import set_threads
@@ -61,6 +64,25 @@ class SamplingChoice:
     noise_scale_nll: dict[str, float]
     default_samples: int
     default_samples_nll: dict[str, dict[str, float]]
+    token_correlation: float = 0.0
+    noise_shape_fit: dict[str, Any] | None = None  # every grid point's NLLs and what they were measured on
+
+
+def fit_sampling_noise(director: Director, val: AnySplit, ecfg: ExportConfig, n_samples: int, seed: int
+                       ) -> tuple[float, dict[str, float], float, dict[str, Any] | None]:
+    """The noise temperature alone (``fit_noise_scale``, on validation NLL) when the token correlation is one fixed
+    value (0: the kernel's diagonal Gaussian), else both together on validation and its held-out shift
+    (``fit_noise_shape``): (noise scale, its NLL by scale, token correlation, the shape fit's record)."""
+    grid = ecfg.noise_correlation_grid or [0.0]
+    if len(grid) == 1:
+        director.rollout.set_token_correlation(grid[0])
+        scale, nll = fit_noise_scale(director, val, ecfg.noise_scale_grid, n_samples, seed)
+        return scale, nll, grid[0], None
+    shifted = rotated(val, seed) if isinstance(val, Split) else None
+    rho, scale, points = fit_noise_shape(director, val, shifted, grid, ecfg.noise_scale_grid, n_samples, seed)
+    record = {"grid": points,
+              "fitted_on": "validation + rotated validation" if shifted is not None else "validation"}
+    return scale, {}, rho, record
 
 
 def calibrate_sampling(director: Director, parts: ExportParts, ecfg: ExportConfig, seed: int) -> SamplingChoice:
@@ -68,11 +90,11 @@ def calibrate_sampling(director: Director, parts: ExportParts, ecfg: ExportConfi
     or (null) the smallest S whose validation NLL is within noise of the reference's."""
     val = parts.data.val.head(ecfg.threshold_images)
     reference = ecfg.default_samples or ecfg.default_samples_reference
-    noise_scale, noise_nll = fit_noise_scale(director, val, ecfg.noise_scale_grid, reference, seed)
+    noise_scale, noise_nll, rho, shape_fit = fit_sampling_noise(director, val, ecfg, reference, seed)
     if ecfg.default_samples is not None:
-        return SamplingChoice(noise_scale, noise_nll, ecfg.default_samples, {})
+        return SamplingChoice(noise_scale, noise_nll, ecfg.default_samples, {}, rho, shape_fit)
     default_s, table = choose_default_samples(director, val, ecfg.sample_counts, reference, seed)
-    return SamplingChoice(noise_scale, noise_nll, default_s, table)
+    return SamplingChoice(noise_scale, noise_nll, default_s, table, rho, shape_fit)
 
 
 def choose_temperature(served: torch.nn.Module, parts: ExportParts, ecfg: ExportConfig, default_s: int, seed: int
@@ -197,6 +219,7 @@ def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[s
         test_metrics=figures.metrics,
         noise_scale_nll=sampling.noise_scale_nll,
         noise_scale_fit_samples=ecfg.default_samples or ecfg.default_samples_reference,
+        **({"noise_shape_fit": sampling.noise_shape_fit} if sampling.noise_shape_fit else {}),
         default_samples_nll=sampling.default_samples_nll,
         temperature_fit=temperature_fit,
         rollout=diagnostics,
@@ -224,7 +247,8 @@ def director_manifest(run: ExportRun, sampling: SamplingChoice, temperature: flo
         sampling=Sampling(steps=depth, depth=depth, backbone_steps=payload["backbone_steps"],
                           prefix_transitions=payload["backbone_steps"] - depth,
                           default_samples=sampling.default_samples, max_samples=cfg.export.max_samples,
-                          noise_scale=sampling.noise_scale),
+                          noise_scale=sampling.noise_scale,
+                          **({"token_correlation": sampling.token_correlation} if sampling.token_correlation else {})),
         variance=Variance(observed_variance=payload["observed_variance"], tau=payload["tau"],
                           floors=[float(f) for f in payload["floors"]],
                           tau_selection_accuracy=payload["tau_accuracies"]),
