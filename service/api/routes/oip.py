@@ -13,6 +13,7 @@ from service.api.admission import ticket_of
 from service.api.deps import AppStateDep, require_api_key
 from service.api.oip_binary import binary_outputs, infer_response
 from service.api.request_context import request_id_of
+from service.api.routes.client_gone import unless_client_leaves
 from service.engine.codecs.base import Codec
 from service.errors import ERROR_RESPONSES
 from service.state import AppState
@@ -54,8 +55,8 @@ async def _infer(request: Request, state: AppState, name: str, version: str | No
     def choose_binary(codec: Codec, requested: list[str] | None) -> None:
         binary.update(binary_outputs(body, requested or oip.available_outputs(codec)))
 
-    answer = await protocol.infer(state, name, version, body, tail, ticket_of(request.scope), choose_binary,
-                                  request_id_of(request.scope))
+    answer = await unless_client_leaves(request, protocol.infer(
+        state, name, version, body, tail, ticket_of(request.scope), choose_binary, request_id_of(request.scope)))
     return infer_response(answer.response(), binary)
 
 

@@ -12,6 +12,7 @@ from service.api.admission import ticket_of
 from service.api.deps import AppStateDep, require_api_key
 from service.api.protocol import PredictRequest, PredictResponse, raw_inputs
 from service.api.request_context import request_id_of
+from service.api.routes.client_gone import unless_client_leaves
 from service.engine.codecs.base import EncodedImage
 from service.engine.predictor import Outcome
 from service.errors import ERROR_RESPONSES, too_large
@@ -79,8 +80,8 @@ async def predict(body: PredictRequest, state: AppStateDep, request: Request) ->
     predictor = state.predictor
     entry = predictor.resolve(body.model, body.version)
     n_samples = predictor.samples(entry, body.n_samples)
-    outcome = await predictor.predict(entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope),
-                                      request_id_of(request.scope))
+    outcome = await unless_client_leaves(request, predictor.predict(
+        entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope), request_id_of(request.scope)))
     return to_response(outcome, body.return_probabilities, started)
 
 
@@ -104,6 +105,7 @@ async def predict_image(
     data = await file.read(state.settings.max_body_bytes + 1)
     if len(data) > state.settings.max_body_bytes:
         raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
-    outcome = await predictor.predict(entry, [EncodedImage(data, ["body", "file"])], count, seed,
-                                      ticket_of(request.scope), request_id_of(request.scope))
+    outcome = await unless_client_leaves(request, predictor.predict(
+        entry, [EncodedImage(data, ["body", "file"])], count, seed, ticket_of(request.scope),
+        request_id_of(request.scope)))
     return to_response(outcome, return_probabilities, started)
