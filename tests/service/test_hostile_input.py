@@ -332,3 +332,13 @@ def test_a_png_whose_image_data_fails_its_crc_is_400(client: httpx.Client, tiny_
     assert predictions(tiny_server) == before
     good = base64.b64encode(buffer.getvalue()).decode()
     assert send(client, "/predict", {"inputs": [{"image_base64": good}]}).status_code == 200
+
+
+def test_too_many_inputs_are_counted_before_the_body_is_validated(client: httpx.Client) -> None:
+    """33 inputs that would each fail validation, one over the shared server's limit of 32: the count refuses them
+    first (413, not 422), so a body of a million small inputs never reaches the per-input validation on the event
+    loop."""
+    response = client.post("/predict", json={"inputs": [{"not an input": 1}] * 33})
+    assert response.status_code == 413, response.text
+    assert response.json()["error"] == "33 inputs in one request, the limit is 32"
+    assert client.post("/predict", json={"inputs": [{"not an input": 1}] * 2}).status_code == 422

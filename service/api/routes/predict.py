@@ -30,6 +30,21 @@ class JsonBody(Response):
         return orjson.dumps(content)
 
 
+async def inputs_counted(request: Request, state: AppStateDep) -> None:
+    """413 for a body holding more inputs than a request may, before FastAPI validates it: FastAPI runs dependencies
+    after parsing the JSON but before validating the body, on the event loop, and validating a million small inputs
+    would hold every other request (health probes included) for seconds before the predictor's own count refused
+    it. Anything else about the body is left to the validation."""
+    try:
+        body = await request.json()  # parsed once: FastAPI's own read is cached on the request
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser: the validation answers
+        return
+    inputs = body.get("inputs") if isinstance(body, dict) else None
+    limit = state.settings.max_inputs_per_request
+    if isinstance(inputs, list) and len(inputs) > limit:
+        raise too_large(f"{len(inputs)} inputs in one request, the limit is {limit}")
+
+
 def elapsed_ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1000.0, 3)
 
@@ -74,7 +89,8 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
                          "shape. Texts (text models only) are tokenised with the model's tokenizer and truncated "
                          "to the manifest's `input.max_length` tokens, reported per input (`tokens`, `truncated`, "
                          "`dropped_tokens`); a text over the model's character limit is refused with 413. Requests "
-                         "are batched dynamically with other requests unless `seed` is given.")
+                         "are batched dynamically with other requests unless `seed` is given.",
+             dependencies=[Depends(inputs_counted)])
 async def predict(body: PredictRequest, state: AppStateDep, request: Request) -> Response:
     started = time.perf_counter()
     predictor = state.predictor
