@@ -132,6 +132,10 @@ def test_a_tokenizer_named_outside_the_version_folder_is_refused(tiny_text_artif
         state, reason = text["2"]
         assert state == "unavailable" and "resolve outside the version folder" in (reason or ""), reason
         assert str(tmp_path) not in httpx.get(f"{server.url}/models/text", timeout=30).text
+        refused = httpx.post(f"{server.url}/predict", json={"model": "text", "version": "2",
+                                                            "inputs": [{"text": "a"}]}, timeout=30)
+        assert refused.status_code == 503 and "resolve outside the version folder" in refused.json()["error"]
+        assert str(tmp_path) not in refused.text  # the 503 body says why, without a path of the host
 
 
 def test_an_allowlist_edit_takes_effect_at_the_next_scan(tiny_artifact: Path, tmp_path: Path) -> None:
