@@ -9,8 +9,9 @@ probes ``/health/live`` every 50 ms (the background clients run in a process of 
 - ``costly_request``: a second client sends the costliest text requests the server accepts to
   ``movie-reviews-minilm``, back to back (it first sends 256 texts of 1,000 characters at ``n_samples`` 64 and
   records the answer: the per-request cost bound refuses it);
-- ``store_healthy``: five clients send ``/feedback`` back to back and one scrapes ``/metrics`` every second, the store
-  working (what those clients cost by themselves);
+- ``store_healthy``: five clients send ``/feedback`` (``--feedback-rate`` labels a second together, default 100,
+  whatever the answers: a refusal does not make them send faster or slower; 0 sends each back to back) and one
+  scrapes ``/metrics`` every second, the store working (what those clients cost by themselves);
 - ``store_locked``: the same clients while another process holds the SQLite feedback file in an exclusive
   transaction;
 - ``store_full``: the same senders while the file system holding the store (a 64 MiB tmpfs the benchmark mounts;
@@ -21,6 +22,11 @@ probes ``/health/live`` every 50 ms (the background clients run in a process of 
   ``--concurrent-forwards 1`` (one forward at a time on the device, as before the forward gate had slots);
 - ``header_flood``: eight connections stream request headers of 1,000 bytes every 20 ms until the server refuses
   them (431 at ``DIRECTOR_MAX_HEADER_BYTES``), and reconnect.
+
+The background clients' process runs at ``--background-nice`` (default 19, the lowest CPU priority): on a
+deployment they are other machines, here they share the server's cores, and what is measured is the server's answer
+to their requests, not the CPU the load generator itself takes from it (``--background-nice 0`` shows both).
+``--scenarios`` runs a subset (``unloaded`` always runs: the ratios are to it).
 
 Prints one JSON object and writes it to ``--out``; the figures go to docs/benchmarks.md ("Faults").
 """
@@ -35,6 +41,7 @@ import os
 import socket
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -51,14 +58,17 @@ from benchmarks.stalled_clients import summary
 
 IMAGE_MODEL, TEXT_MODEL = "fashion-vit", "movie-reviews-minilm"
 COSTLY = [(256, 64), (64, 16), (32, 8), (16, 8), (8, 4)]  # (texts of 1,000 characters, n_samples), costliest first
+FEEDBACK_RATE = 100.0  # labels a second from the five senders together (0: back to back)
 STORE_SIZE = "64m"  # room for the prediction log of a whole run; filled on purpose for store_full
 
 
 class Probe:
-    """Sequential requests in a thread until stopped: latencies and status codes."""
+    """Sequential requests in a thread until stopped: latencies and status codes. Each request starts ``period_s``
+    after the one before began (at once if that one took longer), then waits ``pause_s`` more."""
 
-    def __init__(self, send: Callable[[httpx.Client], httpx.Response], url: str, pause_s: float = 0.0) -> None:
-        self.send, self.url, self.pause_s = send, url, pause_s
+    def __init__(self, send: Callable[[httpx.Client], httpx.Response], url: str, pause_s: float = 0.0,
+                 period_s: float = 0.0) -> None:
+        self.send, self.url, self.pause_s, self.period_s = send, url, pause_s, period_s
         self.latencies: list[float] = []
         self.codes: Counter[str] = Counter()
         self._stop = threading.Event()
@@ -72,9 +82,10 @@ class Probe:
                     code = str(self.send(client).status_code)
                 except httpx.HTTPError as exc:
                     code = type(exc).__name__
-                self.latencies.append(time.perf_counter() - start)
+                took = time.perf_counter() - start
+                self.latencies.append(took)
                 self.codes[code] += 1
-                self._stop.wait(self.pause_s)
+                self._stop.wait(self.pause_s + max(0.0, self.period_s - took))
 
     def __enter__(self) -> Probe:
         self._thread.start()
@@ -113,7 +124,10 @@ def costliest_accepted(url: str) -> tuple[dict, dict[str, int]]:
 
 class BackgroundLoad:
     """``probes`` run in a child process of their own (forked), so that their threads never hold the interpreter
-    lock the measuring probes need: the latencies measured are the server's, not the load generator's."""
+    lock the measuring probes need, at CPU priority ``nice``: the latencies measured are the server's, not the load
+    generator's."""
+
+    nice = 19
 
     def __init__(self, probes: list[Probe]) -> None:
         self.probes = probes
@@ -122,6 +136,7 @@ class BackgroundLoad:
         self._process = context.Process(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        os.nice(self.nice)
         with contextlib.ExitStack() as stack:
             for probe in self.probes:
                 stack.enter_context(probe)
@@ -153,10 +168,12 @@ def measure(url: str, seconds: float, seed: int, *background: Probe) -> dict[str
     return {"predict": predict.report(), "live": live.report(), "background": load.reports()}
 
 
-def store_clients(url: str, request_id: str) -> list[Probe]:
-    """Five /feedback senders and a /metrics scraper (every second, as Prometheus would)."""
+def store_clients(url: str, request_id: str, rate: float) -> list[Probe]:
+    """Five /feedback senders, together ``rate`` labels a second (0: each back to back), and a /metrics scraper
+    (every second, as Prometheus would)."""
     label = {"id": request_id, "index": 0, "label": 1}
-    senders = [Probe(lambda c: c.post("/feedback", json=label), url) for _ in range(5)]
+    period_s = 5 / rate if rate > 0 else 0.0
+    senders = [Probe(lambda c: c.post("/feedback", json=label), url, period_s=period_s) for _ in range(5)]
     return [*senders, Probe(lambda c: c.get("/metrics"), url, pause_s=1.0)]
 
 
@@ -229,38 +246,58 @@ def recovered(url: str, request_id: str, within_s: float = 30.0) -> bool:
     return False
 
 
+SCENARIOS = ("costly_request", "store_healthy", "store_locked", "store_full", "header_flood", "one_slot")
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, object]:
+    wanted = set(args.scenarios)
     results: dict[str, object] = {}
+    costly: dict | None = None
     with small_file_system(work / "store") as store:
         database = (store or work) / "feedback.sqlite3"
         with running_server(args.repository, IMAGE_MODEL, 1, ["--feedback-db", str(database)]) as url:
             request_id = httpx.post(f"{url}/predict", json=image_body(0), timeout=60).json()["id"]
             results["unloaded"] = measure(url, args.seconds, 1)
-            costly, tried = costliest_accepted(url)
-            results["costly_request"] = {**measure(url, args.seconds, 2, Probe(
-                lambda c: c.post("/predict", json=costly), url)), "tried": tried}
-            results["store_healthy"] = measure(url, args.seconds, 7, *store_clients(url, request_id))
-            with sqlite3.connect(database, timeout=1) as locker:
-                locker.execute("BEGIN EXCLUSIVE")
-                results["store_locked"] = measure(url, args.seconds, 3, *store_clients(url, request_id))
-                locker.rollback()
-            results["store_locked"]["recovered"] = recovered(url, request_id)  # type: ignore[index]
-            if store is None:
-                results["store_full"] = "not run: needs root to mount a tmpfs"
-            else:
-                filler = fill(store)
-                results["store_full"] = measure(url, args.seconds, 4, *store_clients(url, request_id))
-                filler.unlink()
-                results["store_full"]["recovered"] = recovered(url, request_id)  # type: ignore[index]
-            with header_flood(url) as outcomes:
-                results["header_flood"] = measure(url, args.seconds, 6)
-            results["header_flood"]["flood_answers"] = dict(outcomes)  # type: ignore[index]
-        # the same costly request with one forward at a time on the device: what the forward gate's second slot buys
-        with running_server(args.repository, IMAGE_MODEL, 1, ["--feedback-db", str(work / "one-slot.sqlite3"),
-                                                               "--concurrent-forwards", "1"]) as url:
-            results["unloaded_one_slot"] = measure(url, args.seconds, 8)
-            results["costly_request_one_slot"] = measure(url, args.seconds, 9, Probe(
-                lambda c: c.post("/predict", json=costly), url))
+            if wanted & {"costly_request", "one_slot"}:
+                costly, tried = costliest_accepted(url)
+            if "costly_request" in wanted:
+                results["costly_request"] = {**measure(url, args.seconds, 2, Probe(
+                    lambda c: c.post("/predict", json=costly), url)), "tried": tried}
+            results.update(store_faults(url, args.seconds, args.feedback_rate, request_id, wanted, database, store))
+            if "header_flood" in wanted:
+                with header_flood(url) as outcomes:
+                    results["header_flood"] = measure(url, args.seconds, 6)
+                results["header_flood"]["flood_answers"] = dict(outcomes)  # type: ignore[index]
+        if costly is not None and "one_slot" in wanted:
+            # the same costly request with one forward at a time on the device: what the forward gate's second slot
+            # buys
+            with running_server(args.repository, IMAGE_MODEL, 1, ["--feedback-db", str(work / "one-slot.sqlite3"),
+                                                                   "--concurrent-forwards", "1"]) as url:
+                results["unloaded_one_slot"] = measure(url, args.seconds, 8)
+                results["costly_request_one_slot"] = measure(url, args.seconds, 9, Probe(
+                    lambda c: c.post("/predict", json=costly), url))
+    return results
+
+
+def store_faults(url: str, seconds: float, rate: float, request_id: str, wanted: set[str], database: Path,
+                 store: Path | None) -> dict[str, object]:
+    """The store scenarios: the same clients with the store working, locked, and on a full file system."""
+    results: dict[str, object] = {}
+    if "store_healthy" in wanted:
+        results["store_healthy"] = measure(url, seconds, 7, *store_clients(url, request_id, rate))
+    if "store_locked" in wanted:
+        with sqlite3.connect(database, timeout=1) as locker:
+            locker.execute("BEGIN EXCLUSIVE")
+            results["store_locked"] = measure(url, seconds, 3, *store_clients(url, request_id, rate))
+            locker.rollback()
+        results["store_locked"]["recovered"] = recovered(url, request_id)  # type: ignore[index]
+    if "store_full" in wanted and store is None:
+        results["store_full"] = "not run: needs root to mount a tmpfs"
+    elif "store_full" in wanted:
+        filler = fill(store)
+        results["store_full"] = measure(url, seconds, 4, *store_clients(url, request_id, rate))
+        filler.unlink()
+        results["store_full"]["recovered"] = recovered(url, request_id)  # type: ignore[index]
     return results
 
 
@@ -269,15 +306,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-faults.json")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--background-nice", type=int, default=BackgroundLoad.nice,
+                        help="CPU priority (nice) of the background clients' process")
+    parser.add_argument("--feedback-rate", type=float, default=FEEDBACK_RATE,
+                        help="labels a second the five /feedback senders offer together (0: each back to back)")
     args = parser.parse_args(argv)
+    BackgroundLoad.nice = args.background_nice
     with tempfile.TemporaryDirectory(prefix="director-faults-") as tmp:
         results = run(args, Path(tmp))
     base = results["unloaded"]["predict"]["p99_ms"]  # type: ignore[index]
     for entry in results.values():
         if isinstance(entry, dict):
             entry["predict_p99_ratio"] = round(entry["predict"]["p99_ms"] / base, 2)
-    payload = {"command": "python -m benchmarks.faults --seconds " + f"{args.seconds:g}", "cpu_count": os.cpu_count(),
-               "torch_threads": 1, "scenarios": results}
+    command = " ".join(["python -m benchmarks.faults", *(argv if argv is not None else sys.argv[1:])])
+    payload = {"command": command, "cpu_count": os.cpu_count(), "torch_threads": 1,
+               "background_nice": args.background_nice, "feedback_rate": args.feedback_rate, "scenarios": results}
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(json.dumps(payload, indent=2))
     return 0
