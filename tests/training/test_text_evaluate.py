@@ -72,6 +72,7 @@ def test_texts_fit_the_noise_shape_on_validation_alone(evaluated: tuple[Path, di
     _, results = evaluated
     assert results["shift_noise"]["fitted_on"] == "validation"  # no held-out text shift: said, not invented
     assert "director_s4_shift_noise" in results["shift"]
+    assert set(results["shift"]["director_s4_shift_noise"]["paired_vs_temperature_scaling"]) == {"mean"}
 
 
 def test_shift_is_per_domain(evaluated: tuple[Path, dict[str, Any]]) -> None:

@@ -75,11 +75,19 @@ def shift_ece_checks(results: dict[str, Any], key: str, label: str) -> list[Chec
     if key not in shift:
         return [Check(f"{label}: ECE under shift <= temperature scaling's", "-", "-", None)]
     mine, ts = shift[key], shift["temperature_scaling"]
-    levels = ({f"severity {s}": (mine["by_severity"][s], ts["by_severity"][s]) for s in sorted(mine["by_severity"],
-                                                                                              key=int)}
-              if "by_severity" in mine else {"the domains' mean": (mine["mean"], ts["mean"])})
-    return [Check(f"{label}: ECE under shift, {level} <= temperature scaling's", pct(m["ece"]), pct(t["ece"]),
-                  at_least(t["ece"], m["ece"])) for level, (m, t) in levels.items()]
+    paired = mine.get("paired_vs_temperature_scaling", {})
+    levels = ({s: (f"severity {s}", mine["by_severity"][s], ts["by_severity"][s])
+               for s in sorted(mine["by_severity"], key=int)}
+              if "by_severity" in mine else {"mean": ("the domains' mean", mine["mean"], ts["mean"])})
+    checks = []
+    for key_, (level, m, t) in levels.items():
+        interval = ""
+        if key_ in paired:  # the pooled paired difference, in points
+            low, high = (100 * v for v in paired[key_]["ece"]["ci95"])
+            interval = f" (pooled minus TS {100 * paired[key_]['ece']['difference']:+.2f} [{low:+.2f}, {high:+.2f}])"
+        checks.append(Check(f"{label}: ECE under shift, {level} <= temperature scaling's", pct(m["ece"]) + interval,
+                            pct(t["ece"]), at_least(t["ece"], m["ece"])))
+    return checks
 
 
 def detector_sections(results_dir: Path) -> list[tuple[str, str, list[Check]]]:

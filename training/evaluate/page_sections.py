@@ -142,6 +142,31 @@ def _shift_cut(settings: dict[str, Any]) -> str:
     return f"; each domain cut to {n:,} sentences drawn under the seed" if n else ""
 
 
+def paired_shift_section(results: dict[str, Any]) -> list[str]:
+    """Each DIRECTOR method minus temperature scaling under shift, pooled per level, with paired intervals (nothing
+    when the evaluation has no temperature-scaling row)."""
+    labels = {k: r["label"] for k, r in results["test_and_ood"].items()}
+    rows = {k: r["paired_vs_temperature_scaling"] for k, r in results["shift"].items()
+            if "paired_vs_temperature_scaling" in r}
+    if not rows:
+        return []
+    levels = list(next(iter(rows.values())))
+    name = {"mean": "the domains pooled"}
+    lines = ["### Against temperature scaling under shift, paired", "",
+             "Each DIRECTOR row minus temperature scaling on the same shifted inputs, pooled over the "
+             f"{'domains' if 'mean' in levels else 'corruption types'} of each level (one ECE over all of them, so it "
+             "differs from the mean of the per-type ECEs above); 95% intervals from "
+             f"{results['settings']['bootstrap']} paired bootstrap resamples.", "",
+             "| method | " + " | ".join(f"{name.get(lv, f'sev {lv}')}: ECE (points) / NLL" for lv in levels) + " |",
+             "| --- | " + " | ".join("---" for _ in levels) + " |"]
+    for key, by_level in rows.items():
+        cells = [f"{100 * d['ece']['difference']:+.2f} [{100 * d['ece']['ci95'][0]:+.2f}, "
+                 f"{100 * d['ece']['ci95'][1]:+.2f}] / {d['nll']['difference']:+.3f} [{d['nll']['ci95'][0]:+.3f}, "
+                 f"{d['nll']['ci95'][1]:+.3f}]" for d in by_level.values()]
+        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def shift_section(results: dict[str, Any], labels_by_key: dict[str, str], out_dir: Path) -> list[str]:
     """Shifted domains (texts) or corrupted images, with each method's flags under shift."""
     task, st = results["task"], results["settings"]
@@ -153,13 +178,13 @@ def shift_section(results: dict[str, Any], labels_by_key: dict[str, str], out_di
                 "Sentences from other sources, labelled by the same rule as the training data (mean human rating "
                 f"above +0.5 positive, below -0.5 negative){_shift_cut(st)}.", "",
                 *domain_shift_table(results), "", f"![shift]({shift.name})", "",
-                "### Flags by domain", "", *flag_table(results), ""]
+                *paired_shift_section(results), "### Flags by domain", "", *flag_table(results), ""]
     lines = [f"## Shift: corrupted test images ({st['corruption_images']} per type and severity, mean over the "
              "types)", ""]
     shift = shift_plot(results["shift"], labels_by_key, out_dir / f"{task}-shift.png")
     return lines + ["Types: " + ", ".join(next(iter(results["shift"].values()))["by_type"]) + ". Per type in the "
                     "JSON.", "", *shift_table(results), "", f"![shift]({shift.name})", "",
-                    "### Flags by severity", "", *flag_table(results), ""]
+                    *paired_shift_section(results), "### Flags by severity", "", *flag_table(results), ""]
 
 
 def sweep_section(results: dict[str, Any], out_dir: Path) -> list[str]:

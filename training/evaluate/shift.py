@@ -11,7 +11,7 @@ from tqdm import tqdm
 from training.evaluate.evaluation import Evaluation, Method, summary_of
 from training.evaluate.sets import shift_sets
 from training.export.ood_selection import ScoreInputs
-from training.metrics import classification_report
+from training.metrics import classification_report, paired_bootstrap
 
 
 def flag_split(flagged: torch.Tensor, correct: torch.Tensor) -> dict[str, float | None]:
@@ -25,15 +25,41 @@ def flag_split(flagged: torch.Tensor, correct: torch.Tensor) -> dict[str, float 
             "accuracy_flagged": share(flagged)}
 
 
+REFERENCE = "temperature_scaling"  # what every DIRECTOR method is paired against under shift
+
+
+def paired_against_reference(pooled: dict[str, dict[str, list[torch.Tensor]]], labels: dict[str, list[torch.Tensor]],
+                             methods: list[Method], n_boot: int, seed: int) -> dict[str, dict[str, Any]]:
+    """Per DIRECTOR method and level (a severity, or "mean" over the text domains): its accuracy, ECE and NLL minus
+    temperature scaling's on the level's inputs pooled over the corruption types or domains, with paired bootstrap
+    intervals (``training.metrics.paired_bootstrap``; the pooled ECE is one ECE over all those inputs, not the mean
+    of the per-type ECEs the tables show)."""
+    if REFERENCE not in pooled:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for method in (m for m in methods if m.family == "director"):
+        out[method.key] = {level: paired_bootstrap(torch.cat(pooled[method.key][level]),
+                                                   torch.cat(pooled[REFERENCE][level]), torch.cat(labels[level]),
+                                                   n_boot, seed)
+                           for level in labels}
+    return out
+
+
 def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, Any]:
     """Accuracy, ECE and NLL per shifted set, and what each method's OOD flag (its own score at its 95%-TPR threshold,
     from ``test_and_ood``) does there: the share flagged and the accuracy of kept against flagged inputs. Images: per
     corruption type and severity, and per severity averaged over the types (``by_type``, ``by_severity``); texts: per
-    domain and averaged over the domains (``by_domain``)."""
+    domain and averaged over the domains (``by_domain``). Every DIRECTOR method is also paired against temperature
+    scaling per level (``paired_vs_temperature_scaling``)."""
     per_method: dict[str, Any] = {m.key: {} for m in methods}
+    pooled: dict[str, dict[str, list[torch.Tensor]]] = {m.key: {} for m in methods}  # method -> level -> [N, C]s
+    pooled_labels: dict[str, list[torch.Tensor]] = {}  # level -> [N]s
     for shifted in tqdm(shift_sets(evaluation.cfg, evaluation.inputs), desc="shift", leave=False):
+        level = "mean" if shifted.level is None else str(shifted.level)
+        pooled_labels.setdefault(level, []).append(shifted.split.labels)
         for method in methods:
             summary = summary_of(evaluation.logits(method.source, shifted.set_name, shifted.split), method)
+            pooled[method.key].setdefault(level, []).append(summary.probabilities)
             report = classification_report(summary.probabilities, shifted.split.labels)
             entry: dict[str, Any] = {k: report[k] for k in ("accuracy", "ece", "nll")}
             entry["mean_mutual_information"] = float(summary.mutual_information.mean())
@@ -55,6 +81,9 @@ def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, A
         result["by_severity"] = {str(severity): mean_entry([by_level[str(severity)]
                                                             for by_level in result["by_type"].values()])
                                  for severity in evaluation.ev.severities}
+    paired = paired_against_reference(pooled, pooled_labels, methods, evaluation.ev.bootstrap, evaluation.cfg.seed)
+    for key, by_level in paired.items():
+        per_method[key]["paired_vs_temperature_scaling"] = by_level
     return per_method
 
 

@@ -89,6 +89,10 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
     _, results = evaluated
     shift = results["shift"]["director_s4"]
     assert set(shift["by_type"]) == {"gaussian_noise", "pixelate"}
+    paired = shift["paired_vs_temperature_scaling"]  # DIRECTOR rows only, per severity, pooled over the types
+    assert set(paired) == {"1", "5"} and "paired_vs_temperature_scaling" not in results["shift"]["mc_dropout"]
+    low, high = paired["5"]["ece"]["ci95"]
+    assert low <= high and set(paired["5"]) == {"accuracy", "ece", "nll"}
     assert set(shift["by_severity"]) == {"1", "5"}
     for method, per_method in results["shift"].items():  # each method's own OOD flag on the shifted inputs
         entry = per_method["by_type"]["pixelate"]["5"]
