@@ -144,8 +144,8 @@ INPUT_SECTIONS: dict[str, type[ImageInput] | type[TextInput]] = {"image": ImageI
 
 
 class Sampling(Section):
-    steps: int | None = None  # kernel steps per sample (0: no sampling)
-    depth: int | None = None
+    depth: int | None = None  # K, the kernel steps per sample (0: no sampling, a baseline)
+    steps: int | None = None  # the depth under its earlier name, in manifests written before ``depth``; read as depth
     backbone_steps: int | None = None
     prefix_transitions: int | None = None
     default_samples: int = Field(ge=1)
@@ -157,6 +157,11 @@ class Sampling(Section):
     def _default_within_max(self) -> Sampling:
         if self.default_samples > self.max_samples:
             raise ValueError("needs 1 <= default_samples <= max_samples")
+        if self.steps is not None and self.depth is not None and self.steps != self.depth:
+            raise ValueError(f"steps ({self.steps}) and depth ({self.depth}) name the same number and differ")
+        if self.depth is None and self.steps is not None:
+            # an older manifest: readers see one name, and the document stays as written (not marked as set)
+            self.__dict__["depth"] = self.steps
         return self
 
 

@@ -144,3 +144,17 @@ def test_committed_defaults_say_that_more_samples_buy_nothing() -> None:
         assert verdict.informative is False, name
         assert manifest.provenance is not None and manifest.provenance.default_samples_nll is not None
         assert f"{manifest.provenance.default_samples_nll[1].nll:.4f}" in verdict.note and "S=32" in verdict.note
+
+
+def test_the_depth_has_one_name_for_readers(image_document: dict[str, Any]) -> None:
+    """Older manifests wrote the depth as ``sampling.steps`` (alone or beside ``depth``): it reads as ``depth`` and
+    the document stays as written; two different values are refused."""
+    older = copy.deepcopy(image_document)
+    older["sampling"].pop("depth", None)
+    older["sampling"]["steps"] = 3
+    manifest = parse_manifest(older)
+    assert manifest.sampling.depth == 3 and manifest.document() == older
+    both = copy.deepcopy(image_document)
+    both["sampling"].update(steps=2, depth=1)
+    with pytest.raises(ValueError, match="steps"):
+        parse_manifest(both)

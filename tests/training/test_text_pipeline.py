@@ -80,7 +80,7 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert (text_input["max_length"], text_input["max_characters"]) == (32, 200)
     assert text_input["truncation"]["side"] == "right" and text_input["padding"] == {
         "side": "right", "pad_id": 0, "note": text_input["padding"]["note"]}
-    assert manifest["sampling"]["default_samples"] == 4 and manifest["sampling"]["steps"] == 2
+    assert manifest["sampling"]["default_samples"] == 4 and manifest["sampling"]["depth"] == 2
     assert manifest["sampling"]["noise_scale"] in (0.5, 1.0)
     assert set(manifest["ood"]["thresholds"]) == {"1", "2", "4"}
     assert manifest["ood"]["thresholds"]["1"]["score"] != "mutual_information"

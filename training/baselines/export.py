@@ -58,7 +58,7 @@ def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = N
     manifest = Manifest(
         format_version=FORMAT_VERSION, name=name, version=str(ecfg.version), method=method, modality=cfg.modality,
         labels=list(data.labels), input=parts.input_section,
-        sampling=Sampling(steps=0, default_samples=baseline.default_samples, max_samples=baseline.max_samples),
+        sampling=Sampling(depth=0, default_samples=baseline.default_samples, max_samples=baseline.max_samples),
         temperature=temperature, ood=stats.ood, reference=stats.reference,
         artifact=artifact_info(parts, baseline.module),
         provenance=Provenance(baseline_of=ecfg.name, backbone=parts.backbone_description, dataset=cfg.data.dataset,

@@ -106,7 +106,7 @@ def _header(manifest: Manifest, command: str) -> list[str]:
         f"export (with the evaluation below) {_minutes(secs['export'])}.",
         "",
         f"Backbone: {(prov.backbone or {})['parameters']:,} parameters; DIRECTOR artifact: "
-        f"{parameters:,} parameters ({manifest.sampling.steps} steps, one DiT block).",
+        f"{parameters:,} parameters ({manifest.sampling.depth} steps, one DiT block).",
         "",
     ]
 

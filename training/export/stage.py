@@ -30,6 +30,7 @@ from artifact.contract import (
     file_digests,
     parse_manifest,
 )
+from artifact.formats import AOTI_FORMAT
 from models.uncertainty import summarize
 from training.config import ExportConfig, PipelineConfig
 from training.data.held_out_shift import rotated
@@ -198,8 +199,15 @@ def load_run(cfg: PipelineConfig) -> ExportRun:
 
 def stage_artifact(run: ExportRun, tmp_dir: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
     """The TorchScript artifact (adaLN folded into per-step buffers) and the modality's files, written into the
-    staging folder; returns the eager artifact module and the scripted one as it will be served."""
+    staging folder, and with ``export.format: aoti`` the AOTInductor package beside them, verified against the
+    TorchScript file (``training.export.torch_export``); returns the eager artifact module and the scripted one (the
+    statistics are measured on it: the package draws the same numbers)."""
     artifact_module, served = run.parts.build_artifact(run.director, tmp_dir / ARTIFACT)
+    if run.cfg.export.format == AOTI_FORMAT:
+        from training.export.torch_export import write_compiled
+
+        probe = run.parts.data.val.first_args(8)
+        run.parts.artifact_details.update(write_compiled(artifact_module, served, probe, tmp_dir))
     for name, source in run.parts.files.items():
         shutil.copyfile(source, tmp_dir / name)
     return artifact_module, served
@@ -237,14 +245,14 @@ def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[s
 
 def director_manifest(run: ExportRun, sampling: SamplingChoice, temperature: float, served_stats: ServedStatistics,
                       artifact_module: torch.nn.Module, provenance: Provenance, tmp_dir: Path) -> Manifest:
-    """The version's manifest; the depth goes under both ``sampling.steps`` (the kernel steps per sample) and
-    ``sampling.depth``, the keys served artifacts already carry."""
+    """The version's manifest (the depth under ``sampling.depth`` alone; older manifests also carry it as
+    ``sampling.steps``, which the contract reads as the depth)."""
     cfg, payload = run.cfg, run.payload
     depth = run.director.rollout.num_steps
     return Manifest(
         format_version=FORMAT_VERSION, name=cfg.export.name, version=str(cfg.export.version), method="director",
         modality=cfg.modality, labels=list(run.parts.data.labels), input=run.parts.input_section,
-        sampling=Sampling(steps=depth, depth=depth, backbone_steps=payload["backbone_steps"],
+        sampling=Sampling(depth=depth, backbone_steps=payload["backbone_steps"],
                           prefix_transitions=payload["backbone_steps"] - depth,
                           default_samples=sampling.default_samples, max_samples=cfg.export.max_samples,
                           noise_scale=sampling.noise_scale,
