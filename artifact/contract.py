@@ -27,9 +27,8 @@ from pydantic import (
     model_validator,
 )
 
-# a reader refuses another major version; a newer minor version only adds keys (1.1: ood.combination, scored_rows;
-# 1.2: artifact.input_scores, the feature-space scores)
-FORMAT_VERSION = "1.2"
+# a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone)
+FORMAT_VERSION = "1.3"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -70,9 +69,8 @@ def _known_major(format_version: str) -> str:
         major = major_version(format_version)
     except ValueError:
         raise ValueError(f"unreadable format_version {format_version!r}") from None
-    if major != major_version(FORMAT_VERSION):
-        raise ValueError(f"unsupported format_version {format_version} "
-                         f"(this build reads {major_version(FORMAT_VERSION)}.x)")
+    if major != (ours := major_version(FORMAT_VERSION)):
+        raise ValueError(f"unsupported format_version {format_version} (this build reads {ours}.x)")
     return format_version
 
 
@@ -157,11 +155,9 @@ class Sampling(Section):
     def _default_within_max(self) -> Sampling:
         if self.default_samples > self.max_samples:
             raise ValueError("needs 1 <= default_samples <= max_samples")
-        if self.steps is not None and self.depth is not None and self.steps != self.depth:
+        if self.steps is not None and self.depth not in (None, self.steps):
             raise ValueError(f"steps ({self.steps}) and depth ({self.depth}) name the same number and differ")
-        if self.depth is None and self.steps is not None:
-            # an older manifest: readers see one name, and the document stays as written (not marked as set)
-            self.__dict__["depth"] = self.steps
+        self.__dict__["depth"] = self.steps if self.depth is None else self.depth  # not marked set: written as read
         return self
 
 
