@@ -31,6 +31,16 @@ def per_input_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     return (values * real).sum(dim=(1, 2)) / (real.sum(dim=(1, 2)) * values.shape[-1])
 
 
+def row_count(repeats: torch.Tensor) -> int:
+    """sum(repeats), the one read of ``repeats`` on the host. Under ``torch.export`` the count is data-dependent: it
+    is read as an unbacked size checked non-negative, so the exported program keeps any row count."""
+    if torch.jit.is_scripting():
+        return int(repeats.sum())
+    rows = repeats.sum().item()  # an int eagerly, an unbacked SymInt while exporting (int() would specialise it)
+    torch._check(rows >= 0)
+    return rows  # type: ignore[return-value]
+
+
 class StochasticRollout(nn.Module):
     """Samples X_T from X_0 with the kernel; ``noise_scale`` multiplies every step's std (a buffer,
     fitted post hoc on validation: the sampling analogue of temperature scaling).
@@ -137,8 +147,7 @@ class StochasticRollout(nn.Module):
     ) -> torch.Tensor:
         """The first step's mean and std [B, N, D] -> X_T [sum(repeats), N, D]: each input's rows drawn from them,
         then the later steps on all rows at once."""
-        # the one read of ``repeats`` on the host: with ``output_size`` given, no repeat_interleave syncs again
-        rows = int(repeats.sum())
+        rows = row_count(repeats)  # with ``output_size`` given, no repeat_interleave syncs again
         mean = torch.repeat_interleave(mean, repeats, dim=0, output_size=rows)  # [R, N, D]
         std = torch.repeat_interleave(std, repeats, dim=0, output_size=rows)  # [R, N, D]
         row_mask: torch.Tensor | None = None

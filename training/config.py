@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -147,6 +147,9 @@ class ExportConfig:
     # features and carried in the artifact; knn_bank: the training features kept for KNN (its rows in the artifact)
     feature_scores: bool = True
     knn_bank: int = 10_000
+    # "aoti": also compile the module with torch.export + AOTInductor into director.pt2 (artifact.formats), verified
+    # against director.ts, and name it the served format; needs a C++ compiler at export, for the exporting device
+    format: Literal["torchscript", "aoti"] = "torchscript"
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""One artifact folder (``<model>/<version>/``): manifest validation, sha256 check, TorchScript load, its input codec
-(``service.engine.codecs``: for text models the tokenizer), warm-up (every shape bucket where the device pads to
-them), and the manifest lookups the server needs (the OOD threshold for a sample count)."""
+"""One artifact folder (``<model>/<version>/``): manifest validation, sha256 check, TorchScript (or AOTInductor
+package) load, its input codec (``service.engine.codecs``: for text models the tokenizer), warm-up (every shape bucket
+where the device pads to them), and the manifest lookups the server needs (the OOD threshold for a sample count)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,12 @@ from artifact.contract import (
     read_document,
     verify_files,
 )
+from artifact.formats import AOTI_FORMAT, FORMATS, TORCHSCRIPT_FORMAT, artifact_format, compiled_of
 from models.uncertainty import INPUT_SCORES, KERNEL_ERROR, OOD_SCORES, SERVED_SCORES, ScoreTerm, needs_input_scores
 from service.engine.codecs import codec_for
 from service.engine.codecs.base import Codec
 from service.engine.device import Device
+from service.engine.exported_artifact import CannotRun, CompiledDirector, load_compiled
 from service.engine.shapes import WARM_CALLS, warm_counts
 
 
@@ -116,7 +118,7 @@ class Artifact:
 
     folder: Path
     manifest: Manifest
-    module: torch.jit.ScriptModule
+    module: torch.jit.ScriptModule | CompiledDirector  # the manifest's artifact.format
     codec: Codec  # the model's inputs: decoding, batch cost, forwards, protocol tensors
 
     @cached_property
@@ -178,15 +180,7 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
     bad = verify_files(folder, manifest)
     if bad:
         raise ArtifactError(f"sha256 mismatch or missing file: {', '.join(bad)}")
-    try:
-        with warnings.catch_warnings():
-            # TorchScript is the promised artifact format; its deprecation warning is expected here
-            warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            module = torch.jit.load(str(folder / ARTIFACT), map_location=device.torch_device)
-        module.eval()
-    except Exception as exc:  # a corrupt file raises many different errors
-        raise ArtifactError(f"torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
+    module = load_module(folder, manifest, device)
     try:
         codec = codec_for(manifest, folder)
     except ValueError as exc:
@@ -196,6 +190,32 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
         raise ArtifactError("the manifest's OOD score needs per-input scores but the artifact has no scored_rows")
     warm_up(artifact, device)
     return artifact
+
+
+def load_module(folder: Path, manifest: Manifest, device: Device) -> torch.jit.ScriptModule | CompiledDirector:
+    """The module in the format the manifest names (``artifact.formats``): director.ts by default, or the AOTInductor
+    package, refused with the reason when this server cannot run it."""
+    kind = artifact_format(manifest.artifact)
+    if kind == AOTI_FORMAT and manifest.artifact is not None:
+        if manifest.artifact.file not in manifest.files:
+            raise ArtifactError(f"files do not list the package {shown_name(manifest.artifact.file)} (it must be "
+                                "sha256-checked)")
+        try:
+            return load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact), device.torch_device)
+        except (CannotRun, ManifestError) as exc:
+            raise ArtifactError(str(exc)) from exc
+    if kind != TORCHSCRIPT_FORMAT:
+        raise ArtifactError(f"artifact.format {kind[:40]!r} is not a format this server runs ({', '.join(FORMATS)})")
+    try:
+        with warnings.catch_warnings():
+            # TorchScript is the promised artifact format; its deprecation warning is expected here
+            warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            module = torch.jit.load(str(folder / ARTIFACT), map_location=device.torch_device)
+        module.eval()
+    except Exception as exc:  # a corrupt file raises many different errors
+        raise ArtifactError(f"torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
+    return module
 
 
 def error_line(exc: Exception) -> str:

@@ -4,8 +4,9 @@ trusted by design and mounted read-only; two checks narrow what it can bring in:
 - a model or version folder that resolves outside the repository (a symlink at either level) is refused: whoever
   may write a link into the repository must not be able to make the server load a folder from anywhere;
 - with ``DIRECTOR_TRUSTED_DIGESTS`` (a file kept outside the repository, one sha256 per line as ``sha256sum``
-  writes them), a TorchScript file whose digest is not listed is refused before it is loaded. The manifest's own
-  sha256 list sits beside the files it covers, so it catches corruption, not tampering; this list does not.
+  writes them), a TorchScript file (or AOTInductor package, ``artifact.formats``) whose digest is not listed is
+  refused before it is loaded. The manifest's own sha256 list sits beside the files it covers, so it catches
+  corruption, not tampering; this list does not.
 
 A refusal is an ``Untrusted`` error: the version is reported unavailable with the reason, which names no absolute
 path (the repository's layout is not the caller's business)."""
@@ -16,6 +17,7 @@ import re
 from pathlib import Path
 
 from artifact.contract import ARTIFACT, sha256_file
+from artifact.formats import EXPORTED_ARTIFACT
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -51,9 +53,12 @@ def check(root: Path, folder: Path, trusted_digests: Path | None) -> None:
     if trusted_digests is None:
         return
     digests = read_digests(trusted_digests)
-    try:
-        digest = sha256_file(real_folder / ARTIFACT)
-    except OSError as exc:
-        raise Untrusted(f"cannot read {ARTIFACT}: {exc.strerror or exc}") from exc
-    if digest not in digests:
-        raise Untrusted(f"{ARTIFACT} sha256 {digest} is not in the trusted digests file")
+    # the TorchScript file always; the compiled package (code as well) wherever a version ships one
+    names = [ARTIFACT, *([EXPORTED_ARTIFACT] if (real_folder / EXPORTED_ARTIFACT).exists() else [])]
+    for name in names:
+        try:
+            digest = sha256_file(real_folder / name)
+        except OSError as exc:
+            raise Untrusted(f"cannot read {name}: {exc.strerror or exc}") from exc
+        if digest not in digests:
+            raise Untrusted(f"{name} sha256 {digest} is not in the trusted digests file")

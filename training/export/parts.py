@@ -27,6 +27,7 @@ from artifact.contract import (
     TextInput,
     Truncation,
 )
+from artifact.formats import TORCHSCRIPT_FORMAT
 from models.text_director import TextDirector
 from training.config import USER_IMAGE_DATASET, PipelineConfig
 from training.data.images import Dataset, Split, digits_images, uniform_noise_images
@@ -186,6 +187,7 @@ def artifact_info(parts: ExportParts, module: torch.nn.Module) -> ArtifactInfo:
     """The manifest's ``artifact`` section: the file, its format and signatures, and the module's size."""
     scored = computes_kernel_error(module)
     signatures = {k: v for k, v in parts.signatures.items() if k != "scored_rows" or scored}
-    return ArtifactInfo(file=ARTIFACT, format="torchscript", torch=torch.__version__, **signatures,
-                        input_scores=list(score_names(module)) if scored else None,
-                        parameters=sum(p.numel() for p in module.parameters()), **parts.artifact_details)
+    fields = {"file": ARTIFACT, "format": TORCHSCRIPT_FORMAT, "torch": torch.__version__, **signatures,
+              "input_scores": list(score_names(module)) if scored else None,
+              "parameters": sum(p.numel() for p in module.parameters())}
+    return ArtifactInfo(**{**fields, **parts.artifact_details})  # a compiled package names its own file and format

@@ -1,0 +1,72 @@
+"""The torch.export artifact for a version exported without one: rebuild the eager artifact module from the run (as
+the export built it, with the version's noise temperature and token correlation), compile it
+(``training.export.torch_export``), verify the package against the version's own director.ts under one seed, and
+write a copy of the version that serves it (``artifact.format: aoti``, the package in ``files``). The version
+itself is not touched: the copy is what ``benchmarks/export_ab.py`` measures against it.
+
+    python -m training.export.torch_export_version --config configs/fashion_vit.yaml \\
+        --version model_repository/fashion-vit/4 --out /tmp/fashion-vit-aoti/4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from artifact.contract import ARTIFACT, MANIFEST, file_digests, parse_manifest, read_document
+from training.config import load_config
+from training.export.parts import export_parts
+from training.export.torch_export import write_compiled
+from training.export.writing import json_safe, load_scripted
+from training.loading import load_backbone, load_director, run_family
+from training.runtime import set_threads
+
+
+def compile_beside(config: Path, version: Path, out: Path, device: str = "cpu") -> dict[str, object]:
+    """Write ``out``: ``version``'s files, its package for ``device`` ("cpu", or "cuda": written for a GPU host, not
+    run on one yet) and its manifest naming the package; returns the manifest's ``artifact`` entries that name it."""
+    cfg = load_config(config)
+    manifest = parse_manifest(read_document(version))
+    director, _ = load_director(cfg.run_dir)
+    family, _ = run_family(cfg.run_dir)
+    parts = export_parts(cfg, family, load_backbone(cfg.run_dir))
+    director.rollout.noise_scale.fill_(manifest.sampling.noise_scale or 1.0)
+    director.rollout.set_token_correlation(manifest.sampling.token_correlation or 0.0)
+    with tempfile.TemporaryDirectory() as scratch:
+        module, _ = parts.build_artifact(director, Path(scratch) / ARTIFACT)  # the eager module the export scripted
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(version, out)
+    # verified against the version's own file: the package serves what director.ts serves
+    served = load_scripted(version / ARTIFACT).to(device)
+    probe = tuple(tensor.to(device) for tensor in parts.data.val.first_args(8))
+    info = write_compiled(module.to(device), served, probe, out)
+    document = manifest.document()
+    document["artifact"] = {**document.get("artifact", {}), **info}
+    document["files"] = {name: entry.document() for name, entry in file_digests(out).items()}
+    (out / MANIFEST).write_text(json.dumps(json_safe(document), indent=2) + "\n")
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True, help="the training config of the version's run")
+    parser.add_argument("--version", type=Path, required=True, help="the version folder (director.ts, manifest)")
+    parser.add_argument("--out", type=Path, required=True, help="where the copy serving the package is written")
+    parser.add_argument("--device", default="cpu", help="the device the package is compiled for (cpu, cuda)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    torch.manual_seed(0)
+    info = compile_beside(args.config, args.version, args.out, args.device)
+    print(f"wrote {args.out}: {json.dumps(info)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
