@@ -13,11 +13,9 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from service import __doc__ as package_doc
 from service import __version__
-from service.api.admission import Admission
-from service.api.auth import OPEN_PATHS, ApiKeyGuard, docs_paths
+from service.api.auth import OPEN_PATHS, docs_paths
+from service.api.gateway import Gateway
 from service.api.grpc_service import start_grpc
-from service.api.middleware import BodyLimit, CloseWhileDraining, HttpMetrics
-from service.api.request_context import RequestContext
 from service.api.routes import feedback, health, metrics, models, oip, predict, repository
 from service.config import Settings
 from service.engine.artifact import Artifact
@@ -45,6 +43,7 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tra
     device = resolve_device(settings.device, settings.bf16, settings.torch_threads, settings.max_batch_samples,
                             settings.max_batch_tokens, settings.shape_buckets, settings.concurrent_forwards)
     device.on_out_of_memory = metrics_.gpu_out_of_memory.inc
+    cuda = device.is_cuda  # device memory is CUDA's only: off it a batch has none to observe
     holder: dict[str, AppState] = {}
 
     def make_worker(name: str, version: str, artifact: Artifact, serving: ServingSettings) -> BatchWorker:
@@ -58,7 +57,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tra
             metrics_.inference.labels(*labels).observe(stats.inference_s)
             for wait in stats.queue_waits:
                 metrics_.queue_wait.labels(*labels).observe(wait)
-            metrics_.observe_device_memory(device.memory_stats())
+            if cuda:
+                metrics_.observe_device_memory(device.memory_stats())
             holder["state"].statistics.of(*labels).forward(stats.inputs, stats.requests, stats.inference_s,
                                                            stats.queue_waits)
 
@@ -121,19 +121,12 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     for router in (predict.router, feedback.router, models.router, health.router, metrics.router, oip.router,
                    repository.router):
         app.include_router(router)
-    # innermost first: admission refuses an overloaded model's requests before their body is read
-    app.add_middleware(Admission, get_state=lambda: getattr(app.state, "director", None))
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     docs = docs_paths(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
-    # before the body limit: a client without the key gets 401 whatever it announces, and nothing of its body is read
     opened = (OPEN_PATHS - ({"/metrics"} if settings.metrics_require_key else set())
               | (docs if settings.public_docs else frozenset()))
-    app.add_middleware(ApiKeyGuard, get_key=lambda: settings.api_key, open_paths=opened,
-                       templates=lambda: [*app.openapi()["paths"], *docs])
-    # counts (and logs, with DIRECTOR_ACCESS_LOG) the refusals of the guard and BodyLimit too
-    app.add_middleware(HttpMetrics, metrics=metrics_, access=settings.access_log)
-    app.add_middleware(CloseWhileDraining, is_draining=lambda: lifecycle.draining)  # every response
-    app.add_middleware(RequestContext, tracing=tracing)  # ids on every response, refusals included
+    # ids, the key, the body's bounds, admission, drain and HTTP metrics: one layer in front of the routes
+    app.add_middleware(Gateway, settings=settings, metrics=metrics_, lifecycle=lifecycle, tracing=tracing,
+                       app_state=app.state, open_paths=opened, templates=lambda: [*app.openapi()["paths"], *docs])
     if settings.cors_origins:  # outermost: a browser's preflight carries no key and is answered here
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "Inference-Header-Content-Length"],

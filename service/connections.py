@@ -10,7 +10,7 @@
 - A shutdown that answers what already reached the server. On shutdown uvicorn closes every connection that has
   no response under way, even one whose next request is half parsed or waiting unread in the socket buffer: that
   client is reset with no answer. Here such a connection stays open until its request is answered (with
-  ``Connection: close``, see ``service.api.middleware.CloseWhileDraining``); only connections with nothing received
+  ``Connection: close``, see ``service.api.gateway``); only connections with nothing received
   are closed at once. A request still on the network when its connection closes cannot be helped by the server:
   it never reached it, and the client sees a connection closed before any byte of a response (safe to retry).
 """

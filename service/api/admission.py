@@ -22,23 +22,23 @@ Which queue a request targets:
   (and reserves its slot on) the default model's default version (the target of every request that names no
   model). When that queue is full it is refused only if every ready version's queue is full too, since it might
   name another model; otherwise it goes on without a ticket and its own target's queue decides once the body
-  is parsed (``serving.queue_slot``: the same 503, after the body but before any decoding). A ticket on a model
-  the body does not name is released as soon as the request is queued elsewhere. So a one-model server (the
-  usual deployment) refuses every excess prediction early; a client of a several-model server that wants that
-  for a non-default model uses the OIP route, which carries the model in its path.
+  is parsed (``service.engine.predictor.Predictor.queue_slot``: the same 503, after the body but before any
+  decoding). A ticket on a model the body does not name is released as soon as the request is queued elsewhere.
+  So a one-model server (the usual deployment) refuses every excess prediction early; a client of a several-model
+  server that wants that for a non-default model uses the OIP route, which carries the model in its path.
 
 Everything else passes through untouched: unknown models, versions that are loading or unavailable, a
-draining server (the routes answer those). A request without the API key never gets here: ``service.api.auth`` in
-front of this middleware answers it 401 (never a 503 that would tell an unauthenticated client about the load)."""
+draining server (the routes answer those). The gateway (``service.api.gateway``) asks here (``match``, ``decide``)
+once a request's key and announced size have passed, so a request without the API key is answered 401, never a
+503 that would tell an unauthenticated client about the load."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Scope
 
-from service.api.middleware import ENDPOINT_KEY
 from service.engine.batching import BatchWorker, Ticket
 from service.engine.repository import ModelVersion, VersionState
 from service.errors import error_response
@@ -72,7 +72,7 @@ def match(method: str, path: str) -> Target | None:
 
 
 def ticket_of(scope: Scope) -> Ticket | None:
-    """The slot reserved for this request by ``Admission``, if any."""
+    """The slot reserved for this request at admission (by the gateway, once its body was in), if any."""
     return scope.get(TICKET_KEY)
 
 
@@ -92,63 +92,34 @@ def decide(state: AppState, target: Target) -> BatchWorker | Refusal | None:
     """The worker whose queue admitted the request (a slot is reserved there once the body is in), a refusal, or
     None (no early decision: the route decides)."""
     repo = state.repository
-    if target.model is not None:  # OIP: the path names the version
-        entry = repo.get(target.model, target.version) if repo.is_known(target.model) else None
-        worker = _worker(entry)
-        if entry is None or worker is None:
-            return None
-        return worker if worker.pending < worker.max_queue else Refusal(entry, worker.max_queue)
-    default = repo.default_version(state.settings.default_model) if repo.is_known(state.settings.default_model) \
-        else None
-    worker = _worker(default)
-    if worker is not None and worker.pending < worker.max_queue:
+    named = target.model is not None  # OIP: the path names the version
+    name = target.model if target.model is not None else state.settings.default_model
+    entry = None
+    if repo.is_known(name):
+        entry = repo.get(name, target.version) if named else repo.default_version(name)
+    worker = entry.worker if entry is not None and entry.state is VersionState.READY else None
+    if entry is None or worker is None or worker.closed:
+        return None if named else _when_every_version_is_full(state, entry)
+    capacity = worker.max_queue
+    if worker.pending < capacity:
         return worker
-    ready = [(entry, w) for entry in repo.all_versions() if (w := _worker(entry)) is not None]
+    return Refusal(entry, capacity) if named else _when_every_version_is_full(state, entry)
+
+
+def _when_every_version_is_full(state: AppState, default: ModelVersion | None) -> Refusal | None:
+    """A request naming its model in the body is refused early only when every ready version's queue is full (the
+    default version's refusal, if it is one of them); otherwise it may name a model with room (or nothing is ready,
+    and the route explains)."""
+    ready = [(entry, w) for entry in state.repository.all_versions() if (w := _worker(entry)) is not None]
     if not ready or any(w.pending < w.max_queue for _, w in ready):
-        return None  # the body may name a model with room (or nothing is ready: the route explains)
+        return None
     entry, w = next(((e, w) for e, w in ready if e is default), ready[0])
     return Refusal(entry, w.max_queue)
 
 
-class Admission:
-    """Pure ASGI middleware in front of the router; ``get_state`` returns None until the lifespan built it."""
-
-    def __init__(self, app: ASGIApp, get_state: Callable[[], AppState | None]) -> None:
-        self.app = app
-        self.get_state = get_state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        target = match(scope["method"], scope["path"]) if scope["type"] == "http" else None
-        state = self.get_state() if target is not None else None
-        if target is None or state is None:
-            await self.app(scope, receive, send)
-            return
-        decision = decide(state, target)
-        if isinstance(decision, Refusal):
-            entry = decision.entry
-            state.metrics.rejected.labels(entry.name, entry.version, QUEUE_FULL).inc()
-            scope[ENDPOINT_KEY] = target.endpoint
-            response = error_response(
-                503, f"model {entry.name!r} is overloaded: queue full ({decision.max_queue} requests queued or "
-                     "being prepared)", headers={"Retry-After": str(RETRY_AFTER_S)})
-            await response(scope, receive, send)  # the body is never read; uvicorn discards it
-            return
-        if decision is None:
-            await self.app(scope, receive, send)
-            return
-        worker = decision
-
-        async def reserving_receive() -> Message:
-            msg = await receive()
-            if msg["type"] == "http.request" and not msg.get("more_body", False) and TICKET_KEY not in scope:
-                ticket = worker.reserve()  # None when the queue filled meanwhile: the route refuses at enqueue
-                if ticket is not None:
-                    scope[TICKET_KEY] = ticket
-            return msg
-
-        try:
-            await self.app(scope, reserving_receive, send)
-        finally:
-            ticket = ticket_of(scope)
-            if ticket is not None:
-                ticket.release()  # no-op once the request was queued
+def refusal_response(state: AppState, refusal: Refusal) -> Response:
+    """The 503 (``Retry-After``) of a refused request, counted as a queue-full rejection of the version."""
+    entry = refusal.entry
+    state.metrics.rejected.labels(entry.name, entry.version, QUEUE_FULL).inc()
+    return error_response(503, f"model {entry.name!r} is overloaded: queue full ({refusal.max_queue} requests queued "
+                               "or being prepared)", headers={"Retry-After": str(RETRY_AFTER_S)})

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.api.auth import CHALLENGE, MESSAGE, authorized
+from service.api.auth import CHALLENGE, KEY_CHECKED, MESSAGE, authorized
 from service.errors import ApiError
 from service.state import AppState
 
@@ -25,7 +25,8 @@ AppStateDep = Annotated[AppState, Depends(get_state)]
 
 async def require_api_key(request: Request, state: AppStateDep,
                           _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """The same check as ``service.api.auth.ApiKeyGuard``, which already answered before the body was read; kept so the
-    OpenAPI schema declares the bearer scheme on every guarded route, and as a second line behind the middleware."""
-    if not authorized(state.settings.api_key, request.scope):
+    """The key check of ``service.api.auth``, which the gateway (``service.api.gateway``) already made before the body
+    was read (and marked in the scope, so the key is compared once); kept so the OpenAPI schema declares the bearer
+    scheme on every guarded route, and as a second line for a request the gateway did not check."""
+    if not request.scope.get(KEY_CHECKED) and not authorized(state.settings.api_key, request.scope):
         raise ApiError(401, MESSAGE, headers=CHALLENGE)

@@ -6,23 +6,24 @@
   absent or malformed one starts a new trace, as the W3C rule asks. The response carries the request's own
   ``traceparent``, so the caller can find this hop.
 
-Both ids go into the scope (``service.api.middleware.REQUEST_KEY``) for the access log that ``HttpMetrics`` writes.
-With tracing on (``service.observability.tracing``) the request's span is an OpenTelemetry server span, current
-while the app answers, so the prediction's own spans nest under it; its ids are the ones the response carries."""
+The gateway (``service.api.gateway``) takes them from the headers here, echoes them and writes them in the access log;
+the routes read the request id from the scope (``request_id_of``) to log it with the prediction. With tracing on
+(``service.observability.tracing``) the request's span is an OpenTelemetry server span, current while the app
+answers, so the prediction's own spans nest under it; its ids are the ones the response carries."""
 
 from __future__ import annotations
 
 import re
 import secrets
+from dataclasses import dataclass
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from service.api.middleware import REQUEST_KEY
-from service.errors import error_response
 from service.observability.tracing import Tracing
 
+REQUEST_KEY = "director.request"  # {"request_id", "trace_id", "span_id"} in the scope
+BAD_REQUEST_ID = "X-Request-ID must be 1-128 characters of letters, digits and ._:~@/+=-"
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:~@/+=-]{1,128}")
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 ZERO_TRACE, ZERO_SPAN = "0" * 32, "0" * 16
@@ -56,55 +57,39 @@ def server_span(tracing: Tracing, scope: Scope, caller: tuple[str, str, str] | N
                                                  "url.path": str(scope.get("path", ""))})
 
 
-class RequestContext:
-    def __init__(self, app: ASGIApp, tracing: Tracing | None = None) -> None:
-        self.app = app
-        self.tracing = tracing if tracing is not None else Tracing(None)
+@dataclass(frozen=True)
+class RequestIds:
+    """A request's ids, and the response headers that carry them back."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers", []))
-        given = headers.get(b"x-request-id")
-        if given is not None and not REQUEST_ID.fullmatch(given.decode("latin-1")):
-            await error_response(400, "X-Request-ID must be 1-128 characters of letters, digits and ._:~@/+=-")(
-                scope, receive, send)
-            return
-        request_id = given.decode("latin-1") if given is not None else secrets.token_hex(16)
-        span: trace.Span | None = None
-        if self.tracing.enabled:
-            span = server_span(self.tracing, scope, caller_of(headers.get(b"traceparent")))
-            ids = span.get_span_context()
-            trace_id, span_id, flags = f"{ids.trace_id:032x}", f"{ids.span_id:016x}", f"{int(ids.trace_flags):02x}"
-        else:
-            trace_id, flags = trace_of(headers.get(b"traceparent"))
-            span_id = secrets.token_hex(8)
-        scope[REQUEST_KEY] = {"request_id": request_id, "trace_id": trace_id, "span_id": span_id}
-        echoed = [(b"x-request-id", request_id.encode("latin-1")),
-                  (b"traceparent", f"00-{trace_id}-{span_id}-{flags}".encode())]
+    request_id: str
+    trace_id: str
+    span_id: str
+    headers: list[tuple[bytes, bytes]]  # X-Request-ID and traceparent, for the response
+    span: trace.Span | None  # the server span, with tracing on
+    valid: bool  # False: the client's X-Request-ID breaks the rule (refused with 400, under a generated id)
 
-        async def tagging_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in (b"x-request-id",
-                                                                                          b"traceparent")]
-                message = {**message, "headers": [*kept, *echoed]}
-                if span is not None:
-                    span.set_attribute("http.response.status_code", int(message["status"]))
-            await send(message)
 
-        if span is None:
-            await self.app(scope, receive, tagging_send)
-            return
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            await self.app(scope, receive, tagging_send)
-        finally:
-            otel_context.detach(token)
-            span.end()
+def request_ids(scope: Scope, headers: dict[bytes, bytes], tracing: Tracing) -> RequestIds:
+    """The request's ids from its headers (``headers``: the scope's, as a dict), also left in the scope for the
+    routes (``request_id_of``). With tracing on, the request's server span is started here (the caller ends it)."""
+    given = headers.get(b"x-request-id")
+    valid = given is None or REQUEST_ID.fullmatch(given.decode("latin-1")) is not None
+    request_id = given.decode("latin-1") if given is not None and valid else secrets.token_hex(16)
+    span: trace.Span | None = None
+    if tracing.enabled:
+        span = server_span(tracing, scope, caller_of(headers.get(b"traceparent")))
+        ids = span.get_span_context()
+        trace_id, span_id, flags = f"{ids.trace_id:032x}", f"{ids.span_id:016x}", f"{int(ids.trace_flags):02x}"
+    else:
+        trace_id, flags = trace_of(headers.get(b"traceparent"))
+        span_id = secrets.token_hex(8)
+    scope[REQUEST_KEY] = {"request_id": request_id, "trace_id": trace_id, "span_id": span_id}
+    echoed = [(b"x-request-id", request_id.encode("latin-1")),
+              (b"traceparent", f"00-{trace_id}-{span_id}-{flags}".encode())]
+    return RequestIds(request_id, trace_id, span_id, echoed, span, valid)
 
 
 def request_id_of(scope: Scope) -> str | None:
-    """The request id this middleware took or gave the request (None outside a request it saw)."""
+    """The request id the gateway took or gave the request (None outside a request it saw)."""
     context = scope.get(REQUEST_KEY)
     return context.get("request_id") if isinstance(context, dict) else None
