@@ -6,7 +6,7 @@ longest text's tokens rounded up as the batch is padded for texts (the budget is
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def unit_width(longest: int) -> int:
@@ -20,6 +20,11 @@ class BatchCost:
     setting: str  # the setting the budget comes from (``DIRECTOR_`` + its upper case)
     unit: str  # what the cost counts, for error messages
     width: Callable[[int], int] = unit_width  # the widest input's width (``InputBatch.longest``) -> cost per row
+    # the most rows one forward can hold (each at the narrowest width): the largest shape bucket
+    max_rows: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_rows", max(1, self.budget // self.width(0)))
 
     def cost(self, rows: int, longest: int) -> int:
         """What ``rows`` sampled rows whose widest input has ``longest`` count against the budget."""
@@ -30,8 +35,3 @@ class BatchCost:
 
     def full(self, rows: int, longest: int) -> bool:
         return self.cost(rows, longest) >= self.budget
-
-    @property
-    def max_rows(self) -> int:
-        """The most rows one forward can hold (each at the narrowest width): the largest shape bucket."""
-        return max(1, self.budget // self.width(0))

@@ -26,13 +26,16 @@ class DecodePool:
         self.threads = threads
         self.pending = 0  # calls submitted and not finished (read and written on the event loop only)
 
-    async def run(self, work: Callable[..., T], *args: object) -> T:
-        """``work(*args)`` on a pool thread; its exception (an ``ApiError`` for bad input) is raised here."""
+    def run(self, work: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """``work(*args)`` on a pool thread: awaiting the future gives its result or raises its exception (an
+        ``ApiError`` for bad input). Counted in ``pending`` until it is done (or cancelled)."""
+        future = asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
         self.pending += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
-        finally:
-            self.pending -= 1
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _: asyncio.Future[object]) -> None:
+        self.pending -= 1
 
     def submit(self, work: Callable[[], object]) -> None:
         """Queue ``work`` without waiting for its result."""

@@ -49,13 +49,14 @@ def run_forwards(model: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
     outputs, scores = [], []
     with seeded_or_shared(device, seed) as turn, torch.inference_mode(), device.autocast(), device.guard_memory():
         for chunk in chunks:
-            inputs = tuple(device.to_device(tensor) for tensor in chunk.inputs)
+            inputs = tuple(map(device.to_device, chunk.inputs))
             with turn():
                 rows, score = model(*inputs)  # [rows, C], [inputs, F] or None
             outputs.append(rows[:chunk.padding.real_rows])  # [real rows, C]
             if score is not None:
                 scores.append(score[:chunk.padding.real_inputs])  # [real inputs, F]
-        return device.to_host(torch.cat(outputs).float()), host_scores(device, scores)
+        host_rows = device.to_host(torch.cat(outputs).float())  # [sum(repeats), C]
+        return host_rows, device.to_host(torch.cat(scores).float()) if scores else None  # [n, F] or None
 
 
 @contextlib.contextmanager
@@ -70,11 +71,6 @@ def seeded_or_shared(device: Device, seed: int | None) -> Iterator[Callable[[], 
     with device.lock:
         torch.manual_seed(seed)
         yield contextlib.nullcontext
-
-
-def host_scores(device: Device, scores: list[torch.Tensor]) -> torch.Tensor | None:
-    """The forwards' per-input scores as one fp32 host matrix [n, F], or None when the artifact computed none."""
-    return device.to_host(torch.cat(scores).float()) if scores else None
 
 
 def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ class Outcome:
     ood: list[float]
     is_ood: list[bool]
     batch: BatchResult
-    extras: dict[str, list[Any]] = field(default_factory=dict)  # per-input facts from the codec (texts: tokens)
+    extras: Mapping[str, list[Any]] = field(default_factory=dict)  # per-input facts from the codec (texts: tokens)
     client_request_id: str | None = None  # the request's X-Request-ID, logged with it for /feedback
 
 
@@ -99,8 +99,12 @@ class Predictor:
         """Decode ``inputs`` with the model's codec on a queue slot of the version (the one admission reserved, if
         it is this version's) and run them; ``request_id`` (the client's) is logged with the predictions."""
         with self.queue_slot(entry, ticket) as slot:
+            try:  # a sample count the manifest has no usable threshold for is refused before anything is decoded
+                rule = ood_rule(entry.artifact.manifest.ood, n_samples)
+            except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
+                raise invalid(str(exc), ["body", "n_samples"]) from exc
             batch = await self.decoder.run(self.decode, entry, inputs)
-            return await self.run(entry, batch, n_samples, seed, slot, request_id)
+            return await self.run(entry, batch, n_samples, seed, rule, slot, request_id)
 
     def decode(self, entry: ReadyVersion, inputs: RawInputs) -> InputBatch:
         """The server's size limits (inputs per request, characters per text, whatever the model), then the codec.
@@ -154,14 +158,11 @@ class Predictor:
                             f"per request ({batches} batches of {cost.budget:,}, DIRECTOR_MAX_REQUEST_BATCHES): send "
                             "fewer inputs or a smaller n_samples")
 
-    async def run(self, entry: ReadyVersion, inputs: InputBatch, n_samples: int, seed: int | None,
+    async def run(self, entry: ReadyVersion, inputs: InputBatch, n_samples: int, seed: int | None, rule: OodRule,
                   ticket: Ticket | None = None, request_id: str | None = None) -> Outcome:
         """Queue decoded ``inputs`` on the version's worker; map overload, drain and timeout to 503/503/504. Counted
-        end to end, by outcome, in the version's statistics and ``director_model_request_duration_seconds``."""
-        try:
-            rule = ood_rule(entry.artifact.manifest.ood, n_samples)
-        except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
-            raise invalid(str(exc), ["body", "n_samples"]) from exc
+        end to end, by outcome, in the version's statistics and ``director_model_request_duration_seconds``.
+        ``rule`` is the manifest's OOD rule at ``n_samples``."""
         self.check_cost(entry, inputs, n_samples)
         labels = (entry.name, entry.version)
         started, queued_ns = time.perf_counter(), time.time_ns()
@@ -171,12 +172,13 @@ class Predictor:
             self._count(labels, "fail", time.perf_counter() - started)
             raise
         self._count(labels, "success", time.perf_counter() - started)
-        self._trace(entry, n_samples, batch, queued_ns)
+        if self.tracing.enabled:
+            self._trace(entry, n_samples, batch, queued_ns)
         named = entry.artifact.named_scores(batch.input_scores)
         scores = ood_score(batch.summary, rule.score, named, rule.terms).tolist()
         flags = [score > rule.threshold for score in scores]
         outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch,
-                          inputs.extras(), request_id)
+                          inputs.extras, request_id)
         self.record(outcome)
         # One batch wakes all its requests at once; without a yield here the loop would build and send every one of
         # their responses before it next reads a socket, leaving new requests unread meanwhile.
@@ -184,9 +186,8 @@ class Predictor:
         return outcome
 
     def _trace(self, entry: ReadyVersion, n_samples: int, batch: BatchResult, queued_ns: int) -> None:
-        """The request's queue wait and its batch's forwards as spans under the current one (the HTTP request's)."""
-        if not self.tracing.enabled:
-            return
+        """The request's queue wait and its batch's forwards as spans under the current one (the HTTP request's);
+        called only with tracing on."""
         forward_ns = queued_ns + int(batch.queue_s * 1e9)
         attributes = {"model": entry.name, "model.version": entry.version, "n_samples": n_samples}
         self.tracing.span("queue", queued_ns, forward_ns, attributes)
@@ -225,18 +226,18 @@ class Predictor:
     def record(self, outcome: Outcome) -> None:
         """Metrics, drift at the default sample count, and the prediction log ``/feedback`` joins to."""
         entry, summary = outcome.entry, outcome.summary
+        manifest = entry.artifact.manifest
+        labels = manifest.labels
+        rows = [(int(c), labels[int(c)], float(p)) for c, p in zip(summary.prediction, summary.confidence,
+                                                                   strict=True)]  # what the log keeps
         self.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood)
-        artifact = entry.artifact
-        if outcome.n_samples == artifact.default_samples:
+        if outcome.n_samples == manifest.sampling.default_samples:  # the reference's sample count
             monitor = self.drift_monitor(entry)
             if monitor is not None:
                 drift = monitor.observe(summary.confidence.tolist())
                 if drift is not None:
                     self.metrics.drift_ks.labels(entry.name, entry.version).set(drift.ks)
                     self.metrics.drift_psi.labels(entry.name, entry.version).set(drift.psi)
-        labels = artifact.labels
-        rows = [(int(c), labels[int(c)], float(p)) for c, p in zip(summary.prediction, summary.confidence,
-                                                                   strict=True)]
         try:
             self.feedback.log(outcome.id, entry.name, entry.version, outcome.n_samples, rows,  # buffered: no I/O
                               outcome.client_request_id)

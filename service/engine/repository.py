@@ -68,7 +68,10 @@ class ModelVersion:
         """This version as one that can serve, or None while it is loading or unavailable."""
         if self.state is not VersionState.READY or None in (self.artifact, self.worker, self.serving):
             return None
-        return ReadyVersion(self.name, self.version, self.artifact, self.worker, self.serving)
+        serving, artifact = self.serving, self.artifact
+        return ReadyVersion(self.name, self.version, artifact, self.worker, serving,
+                            serving.default_samples or artifact.default_samples,
+                            serving.max_samples or artifact.max_samples)
 
 
 @dataclass(frozen=True)
@@ -80,14 +83,8 @@ class ReadyVersion:
     artifact: Artifact
     worker: BatchWorker
     serving: ServingSettings  # what this model is served with (its config.yaml over the server's settings)
-
-    @property
-    def default_samples(self) -> int:
-        return self.serving.default_samples or self.artifact.default_samples
-
-    @property
-    def max_samples(self) -> int:
-        return self.serving.max_samples or self.artifact.max_samples
+    default_samples: int  # the config.yaml's, else the manifest's
+    max_samples: int  # the config.yaml's, else the manifest's
 
 
 def version_key(version: str) -> tuple[int, int, str]:

@@ -82,6 +82,7 @@ class BatchWorker:
                  max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
                  reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048, instances: int = 1) -> None:
         self.artifact = artifact
+        self.temperature = artifact.temperature  # of every sampled logit row (the manifest's; fixed per artifact)
         self.device = device
         self.batch_cost = artifact.codec.batch_cost(max_batch_samples, max_batch_tokens)
         self.max_delay_s = max_batch_delay_ms / 1000.0
@@ -210,11 +211,10 @@ class BatchWorker:
         samples = [item.n_samples for item in batch]
         repeats = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]
         seed = batch[0].seed if len(batch) == 1 else None
-        forward, summaries = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
+        forward, summaries, scores_of = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
         inference_s = time.perf_counter() - started
         waits = [started - item.enqueued for item in batch]
-        for item, summary, scores, wait in zip(batch, summaries, split_scores(forward.scores, sizes), waits,
-                                               strict=True):
+        for item, summary, scores, wait in zip(batch, summaries, scores_of, waits, strict=True):
             if not item.future.done():
                 item.future.set_result(BatchResult(summary, scores, wait, inference_s, len(batch), sum(sizes),
                                                    sum(repeats), forward.padded_length))
@@ -222,8 +222,10 @@ class BatchWorker:
             self.on_batch(BatchStats(len(batch), sum(sizes), sum(repeats), inference_s, waits, forward.tokens))
 
     def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
-               seed: int | None) -> tuple[Forward, list[UncertaintySummary]]:
+               seed: int | None) -> tuple[Forward, list[UncertaintySummary], list[torch.Tensor | None]]:
+        """The batch's forwards, then each request's summary and per-input scores (in the forward's thread)."""
         codec = self.artifact.codec
         inputs = codec.join([item.inputs for item in batch])
         forward = codec.forward(self.artifact.rows, self.device, inputs, repeats, self.batch_cost, seed)
-        return forward, summarize_requests(forward.rows, sizes, samples, self.artifact.temperature)
+        return (forward, summarize_requests(forward.rows, sizes, samples, self.temperature),
+                split_scores(forward.scores, sizes))

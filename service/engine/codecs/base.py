@@ -8,9 +8,10 @@ Nothing outside the codec modules asks which modality a model has."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -94,23 +95,19 @@ class TensorSpec:
 RowsFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-class InputBatch(ABC):
-    """Decoded inputs of one request, or of several joined into one batch."""
+class InputBatch:
+    """Decoded inputs of one request, or of several joined into one batch. What the batching worker and the predictor
+    read of it are facts fixed when the batch is built (attributes, not computed on each read):
 
-    @property
-    @abstractmethod
-    def size(self) -> int:
-        """Inputs."""
+    - ``size``: inputs;
+    - ``longest``: what the batch cost's width counts of the widest input (tokens of the longest text; 0 when inputs
+      have no width);
+    - ``extras``: per-input facts the responses report beside the prediction, by output name
+      (``Codec.extra_outputs``)."""
 
-    @property
-    def longest(self) -> int:
-        """What the batch cost's width counts of the widest input (tokens of the longest text; 0 when inputs have
-        no width)."""
-        return 0
-
-    def extras(self) -> dict[str, list[Any]]:
-        """Per-input facts the responses report beside the prediction, by output name (``Codec.extra_outputs``)."""
-        return {}
+    size: int
+    longest: int = 0
+    extras: Mapping[str, list[Any]] = MappingProxyType({})
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ float32 tensor [n, C, H, W] in [0, 1], costed in sampled rows."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,10 +34,10 @@ from service.errors import invalid
 @dataclass(frozen=True)
 class ImageBatch(InputBatch):
     pixels: torch.Tensor  # [n, C, H, W] float32 in [0, 1]
+    size: int = field(init=False)
 
-    @property
-    def size(self) -> int:
-        return int(self.pixels.shape[0])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", int(self.pixels.shape[0]))
 
 
 def pad_pixels(pixels: torch.Tensor, padding: Padding) -> torch.Tensor:
@@ -99,11 +99,11 @@ class ImageCodec(Codec):
         assert isinstance(batch, ImageBatch)
 
         def chunks() -> list[Chunk]:
-            out = []
+            out, max_rows = [], cost.max_rows
             for part in chunks_by_cost(repeats, [0] * len(repeats), cost):
-                padding = device.shapes.padding(repeats[part], cost.max_rows)
-                out.append(Chunk((pad_pixels(batch.pixels[part], padding), padding.repeats(repeats[part])),
-                                 padding))
+                padding = device.shapes.padding(repeats[part], max_rows)
+                counts = padding.repeats(repeats[part])  # [inputs]
+                out.append(Chunk((pad_pixels(batch.pixels[part], padding), counts), padding))
             return out
 
         rows, scores = run_forwards(model, device, chunks(), seed)

@@ -5,8 +5,8 @@ samples and right-padded per forward to its longest text."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +35,17 @@ from service.errors import invalid
 @dataclass(frozen=True)
 class TokenBatch(InputBatch):
     texts: list[EncodedText]
+    size: int = field(init=False)
+    longest: int = field(init=False)  # tokens of the longest text
+    extras: Mapping[str, list[Any]] = field(init=False)  # tokens, truncated, dropped_tokens per text
 
-    @property
-    def size(self) -> int:
-        return len(self.texts)
-
-    @property
-    def longest(self) -> int:
-        """Tokens of the longest text."""
-        return max((text.tokens for text in self.texts), default=0)
-
-    def extras(self) -> dict[str, list[Any]]:
-        return {"tokens": [t.tokens for t in self.texts], "truncated": [t.truncated for t in self.texts],
-                "dropped_tokens": [t.dropped_tokens for t in self.texts]}
+    def __post_init__(self) -> None:
+        texts = self.texts
+        object.__setattr__(self, "size", len(texts))
+        object.__setattr__(self, "longest", max((text.tokens for text in texts), default=0))
+        object.__setattr__(self, "extras", {"tokens": [t.tokens for t in texts],
+                                            "truncated": [t.truncated for t in texts],
+                                            "dropped_tokens": [t.dropped_tokens for t in texts]})
 
 
 def pad_tokens(input_ids: torch.Tensor, mask: torch.Tensor, padding: Padding, pad_id: int
@@ -139,13 +137,14 @@ class TextCodec(Codec):
 
         def chunks() -> list[Chunk]:
             nonlocal tokens
-            out = []
+            out, max_rows = [], cost.max_rows
             for part in chunks_by_cost(repeats, [len(row) for row in ids], cost):
-                padding = device.shapes.padding(repeats[part], cost.max_rows)
+                padding = device.shapes.padding(repeats[part], max_rows)
+                counts = padding.repeats(repeats[part])  # [inputs]
                 input_ids, mask = pad_tokens(*pad_batch(ids[part], self.spec.pad_id, self.spec.max_length), padding,
                                              self.spec.pad_id)  # [inputs, L] each
                 tokens += int(input_ids.shape[1]) * padding.rows
-                out.append(Chunk((input_ids, mask, padding.repeats(repeats[part])), padding))
+                out.append(Chunk((input_ids, mask, counts), padding))
             return out
 
         rows, scores = run_forwards(model, device, chunks(), seed)
