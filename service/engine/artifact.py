@@ -144,23 +144,24 @@ class Artifact:
             return None
         return {name: scores[:, i] for i, name in enumerate(self.input_score_names)}
 
-    @property
+    # the manifest's, read once: an artifact's manifest never changes (a new one is a new artifact)
+    @cached_property
     def modality(self) -> str:
         return self.manifest.modality
 
-    @property
+    @cached_property
     def labels(self) -> list[str]:
         return self.manifest.labels
 
-    @property
+    @cached_property
     def default_samples(self) -> int:
         return self.manifest.sampling.default_samples
 
-    @property
+    @cached_property
     def max_samples(self) -> int:
         return self.manifest.sampling.max_samples
 
-    @property
+    @cached_property
     def temperature(self) -> float:
         return self.manifest.temperature
 
