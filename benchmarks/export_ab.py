@@ -1,0 +1,129 @@
+"""The torch.export artifact A/B'd against TorchScript on the same version: latency and throughput of the raw
+forwards the server calls (``scored_rows`` where the OOD score reads per-input scores, and ``sample_rows``), both
+formats loaded in one process, interleaved point by point and repeat by repeat (the order alternating), with the
+server's thread pinning. Each ratio is AOTInductor's time over TorchScript's in the same repeat; the page reports
+the median and range of those paired ratios.
+
+The version folder must hold both files: ``python -m training.export.torch_export_version`` writes such a copy.
+
+    .venv/bin/python benchmarks/export_ab.py --version /tmp/fashion-vit-aoti/4 --threads 1 \\
+        --out docs/benchmarks-export.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from timing import seconds_per_call
+
+from artifact.contract import ARTIFACT, parse_manifest, read_document
+from artifact.formats import compiled_of
+from service.engine.artifact import uses_input_scores
+from service.engine.exported_artifact import load_compiled
+
+# (inputs, samples per input): single-input latency, then batched throughput at the server's CPU batch sizes
+POINTS = [(1, 1), (1, 16), (32, 1), (128, 1), (8, 16), (32, 4)]
+
+
+def load_both(folder: Path, device: torch.device) -> tuple[dict[str, Any], tuple[str, ...], tuple[int, ...]]:
+    """The two formats' modules on ``device``, the methods to time and the image shape."""
+    manifest = parse_manifest(read_document(folder))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        scripted = torch.jit.load(str(folder / ARTIFACT), map_location=device).eval()
+    assert manifest.artifact is not None
+    compiled = load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact), device)
+    methods = ("scored_rows", "sample_rows") if uses_input_scores(manifest) else ("sample_rows",)
+    shape = (manifest.input.channels, manifest.input.height, manifest.input.width)  # type: ignore[union-attr]
+    return {"torchscript": scripted, "aoti": compiled}, methods, shape
+
+
+def agreement(modules: dict[str, Any], method: str, shape: tuple[int, ...], device: torch.device) -> float:
+    """The largest logit difference of the two formats under one seed (the same draws: the package's numbers are
+    ATen's)."""
+    pixels, repeats = torch.rand(16, *shape, device=device), torch.full((16,), 4, dtype=torch.long, device=device)
+    outputs = []
+    with torch.inference_mode():
+        for module in modules.values():
+            torch.manual_seed(0)
+            out = getattr(module, method)(pixels, repeats)
+            outputs.append(out[0] if isinstance(out, tuple) else out)
+    return float((outputs[0] - outputs[1]).abs().max())
+
+
+def measure(modules: dict[str, Any], methods: tuple[str, ...], shape: tuple[int, ...], repeats: int,
+            min_seconds: float, device: torch.device) -> list[dict[str, Any]]:
+    """Seconds per forward of each format at every point, interleaved; the paired ratios aoti / torchscript."""
+    rows = []
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    plan = [(method, inputs, samples) for method in methods for inputs, samples in POINTS]
+    times: dict[tuple[str, int, int], dict[str, list[float]]] = {p: {k: [] for k in modules} for p in plan}
+    with torch.inference_mode():
+        for r in range(repeats):
+            for method, inputs, samples in plan:
+                pixels = torch.rand(inputs, *shape, device=device)  # [B, C, H, W]
+                counts = torch.full((inputs,), samples, dtype=torch.long, device=device)  # [B]
+                order = list(modules) if r % 2 == 0 else list(reversed(modules))
+                for name in order:
+                    call = getattr(modules[name], method)
+                    times[(method, inputs, samples)][name].append(
+                        seconds_per_call(lambda c=call, x=pixels, n=counts: c(x, n), 3, min_seconds, sync))
+    for (method, inputs, samples), by_format in times.items():
+        ratios = [a / t for a, t in zip(by_format["aoti"], by_format["torchscript"], strict=True)]
+        row: dict[str, Any] = {"method": method, "inputs": inputs, "n_samples": samples}
+        for name, seconds in by_format.items():
+            median = statistics.median(seconds)
+            row[name] = {"ms_median": round(median * 1e3, 3), "ms_min": round(min(seconds) * 1e3, 3),
+                         "ms_max": round(max(seconds) * 1e3, 3), "inputs_per_s": round(inputs / median, 1)}
+        row["ratio_median"] = round(statistics.median(ratios), 3)
+        row["ratio_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+        rows.append(row)
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["| method | inputs x S | TorchScript ms (min-max) | AOTI ms (min-max) | TorchScript inputs/s | "
+             "AOTI inputs/s | AOTI / TorchScript time (range) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in results["rows"]:
+        ts, ao = row["torchscript"], row["aoti"]
+        lines.append(f"| {row['method']} | {row['inputs']} x {row['n_samples']} | {ts['ms_median']} "
+                     f"({ts['ms_min']}-{ts['ms_max']}) | {ao['ms_median']} ({ao['ms_min']}-{ao['ms_max']}) | "
+                     f"{ts['inputs_per_s']} | {ao['inputs_per_s']} | {row['ratio_median']} "
+                     f"({row['ratio_range'][0]}-{row['ratio_range'][1]}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", type=Path, required=True, help="a version folder serving the AOTI package")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the server's pinning)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--min-seconds", type=float, default=0.4, help="per format, point and repeat")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for a package compiled on a GPU host")
+    parser.add_argument("--out", type=Path, default=None, help="results JSON")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    modules, methods, shape = load_both(args.version, device)
+    results = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
+               "device": str(device), "threads": args.threads, "cpu": platform.processor() or platform.machine(),
+               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "repeats": args.repeats,
+               "same_seed_max_logit_difference": {m: agreement(modules, m, shape, device) for m in methods},
+               "rows": measure(modules, methods, shape, args.repeats, args.min_seconds, device)}
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(markdown(results))
+    print(f"same seed, largest logit difference: {results['same_seed_max_logit_difference']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
