@@ -192,6 +192,31 @@ class EvaluateConfig:
 
 
 @dataclass
+class KepSvgpConfig:
+    """The KEP-SVGP baseline (``training.baselines.kep_svgp``): the backbone's last ``layers`` attention layers replaced
+    by KEP-SVGP attention with ``rank`` eigen-pairs per head, fine-tuned from the fitted backbone with
+    ``CE + kl_weight * KL + ksvd_weight * KSVD`` (the authors' weights: 1 and 1 for the summed SVGP pair). Cached
+    under ``<run_dir>/baselines/kep_svgp``."""
+    __pydantic_config__ = FORBID
+
+    layers: int = 1
+    rank: int = 10
+    rank_multi: int = 10  # W_e, W_r combine min(N, rank * rank_multi) tokens
+    epochs: int = 3
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 5e-5
+    warmup_steps: int = 100
+    kl_weight: float = 1.0
+    ksvd_weight: float = 1.0
+    train_prefix: bool = False  # False: the embedding and the first T - L layers stay frozen
+    augment: bool = True
+    max_steps: int | None = None
+    val_images: int = 2000
+    val_samples: int = 8
+
+
+@dataclass
 class TinyBertConfig:
     """A randomly initialised small BERT (``text.backbone: tiny``; tests and smoke runs)."""
     __pydantic_config__ = FORBID
@@ -246,6 +271,7 @@ class PipelineConfig:
     distil: DistilConfig = field(default_factory=DistilConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    kep_svgp: KepSvgpConfig = field(default_factory=KepSvgpConfig)
     text: TextConfig = field(default_factory=TextConfig)
     source: str = ""
 
