@@ -214,6 +214,8 @@ class KepSvgpConfig:
     max_steps: int | None = None
     val_images: int = 2000
     val_samples: int = 8
+    # the evaluation's ``kep_svgp`` row (image tasks; fine-tuned first when the run has none yet)
+    in_evaluation: bool = False
 
 
 @dataclass

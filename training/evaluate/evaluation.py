@@ -15,6 +15,7 @@ import torch
 
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.uncertainty import UncertaintySummary, summarize
+from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir, load_kep_svgp, train_kep_svgp
 from training.baselines.models import ensemble_members, member_config
 from training.config import PipelineConfig
 from training.data.held_out_shift import rotated
@@ -48,7 +49,7 @@ class Method:
     source: str  # which model's cached logits it reads
     n_samples: int
     temperature: float = 1.0
-    family: str = "director"  # deterministic | mc_dropout | ensemble | director
+    family: str = "director"  # deterministic | mc_dropout | ensemble | kep_svgp | director
 
 
 @dataclass
@@ -128,6 +129,8 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
                     for s in range(cfg.seed, cfg.seed + ev.ensemble_members)]
     evaluation.add_source("ensemble", contract(EnsembleModel(members)), f"ens-{fingerprint(*member_files)}",
                           len(members))
+    if cfg.kep_svgp.in_evaluation:
+        add_kep_svgp_source(evaluation)
     director, _ = load_director(run)
     director = with_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
     if cfg.export.feature_scores:  # as exported: the feature-space statistics of the training split beside it
@@ -181,6 +184,19 @@ def add_shift_noise_source(evaluation: Evaluation, director: torch.nn.Module, di
     return fit
 
 
+def add_kep_svgp_source(evaluation: Evaluation) -> None:
+    """The KEP-SVGP baseline (``training.baselines.kep_svgp``), fine-tuned first when the run has none; sampled with
+    DIRECTOR's S."""
+    cfg = evaluation.cfg
+    if cfg.modality != "image":
+        raise ValueError("kep_svgp.in_evaluation: KEP-SVGP is built for the vision backbone only so far")
+    path = kep_svgp_dir(cfg) / KEP_SVGP_FILE
+    if not path.exists():
+        train_kep_svgp(cfg)
+    model_id = f"kep-{fingerprint(evaluation.run_dir / BACKBONE_FILE, path)}"
+    evaluation.add_source("kep_svgp", load_kep_svgp(cfg), model_id, evaluation.ev.samples)
+
+
 def build_methods(evaluation: Evaluation) -> list[Method]:
     """The compared methods; temperatures are fitted on validation NLL of the method's own sampled logits."""
     ev, val = evaluation.ev, evaluation.inputs.val
@@ -193,6 +209,8 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
                family="deterministic"),
         Method("mc_dropout", f"MC dropout (S={s})", "mc_dropout", s, family="mc_dropout"),
         Method("ensemble", f"Deep ensemble (M={m})", "ensemble", m, family="ensemble"),
+        *([Method("kep_svgp", f"KEP-SVGP (S={s}, last {evaluation.cfg.kep_svgp.layers} layer(s))", "kep_svgp", s,
+                  family="kep_svgp")] if "kep_svgp" in evaluation.sources else []),
         Method("director_s1", "DIRECTOR (S=1)", "director", 1),
         Method(f"director_s{s}", f"DIRECTOR (S={s})", "director", s),
         Method(f"director_s{s}_ts", f"DIRECTOR (S={s}) + TS (T={dir_t:.2f})", "director", s, dir_t),
