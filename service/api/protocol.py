@@ -111,10 +111,12 @@ class OodInfo(BaseModel):
 
 class Timings(BaseModel):
     queue_ms: float = Field(..., description="wait in the model's queue")
-    inference_ms: float = Field(..., description="forward + summaries of the batch this request ran in")
+    inference_ms: float = Field(..., description="forward + summaries of the batch this request ran in (a request "
+                                                 "over one batch runs in parts: the sum of its parts' batches)")
     total_ms: float = Field(..., description="server time from request to response")
-    batch_requests: int = Field(..., description="requests that shared the forward")
-    batch_rows: int = Field(..., description="sampled rows in the forward (inputs x n_samples, summed)")
+    batch_requests: int = Field(..., description="requests that shared the forward (run in parts: the largest part's)")
+    batch_rows: int = Field(..., description="sampled rows in the forward (inputs x n_samples, summed; run in parts: "
+                                             "the largest part's)")
     batch_padded_length: int | None = Field(None, description="text models: the width the batch's token ids were "
                                                               "right-padded to (its longest text rounded up to a "
                                                               "multiple of 8)")

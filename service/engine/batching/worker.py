@@ -3,8 +3,10 @@
 The worker takes the first waiting request, then keeps packing requests until the batch's cost reaches its budget
 (``service.engine.batch_cost``, as the model's input codec measures it) or ``max_batch_delay_ms`` has passed since
 it started waiting; the forward runs in a thread so the event loop keeps serving, and its rows are split back per
-request. A request with a ``seed`` runs in a batch of its own under that seed. A full queue refuses at once
-(``QueueFull``, ``service.engine.batching.slots``)."""
+request. A request with a ``seed`` runs in a batch of its own under that seed. A request that costs more than one
+batch runs one batch-sized part at a time, the rest going back to the end of the queue between parts, so requests
+queued behind it interleave (``service.engine.batching.divided``). A full queue refuses at once (``QueueFull``,
+``service.engine.batching.slots``)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from models.uncertainty import UncertaintySummary
 from service.engine.artifact import Artifact
-from service.engine.batching.slots import QueueFull, Slots, Ticket
+from service.engine.batching.divided import Divided, joined
+from service.engine.batching.items import BatchResult, BatchStats, WorkItem
+from service.engine.batching.slots import Slots, Ticket
 from service.engine.codecs.base import Forward, InputBatch
 from service.engine.device import Device
 from service.engine.inference import split_scores, summarize_requests
@@ -31,52 +34,6 @@ class Draining(Exception):
     """The worker no longer accepts requests (shutdown or version retired)."""
 
 
-@dataclass
-class WorkItem:
-    inputs: InputBatch
-    n_samples: int
-    seed: int | None
-    future: asyncio.Future[BatchResult]
-    enqueued: float = field(default_factory=time.perf_counter)
-
-    @property
-    def size(self) -> int:
-        return self.inputs.size
-
-    @property
-    def rows(self) -> int:
-        return self.size * self.n_samples
-
-    @property
-    def longest(self) -> int:
-        """The widest input's width, as the codec measures it (``InputBatch.longest``)."""
-        return self.inputs.longest
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    summary: UncertaintySummary  # fields of shape [n]
-    input_scores: torch.Tensor | None  # [n, F]: scored_rows' per-input scores, when the artifact's OOD score needs them
-    queue_s: float
-    inference_s: float
-    batch_requests: int
-    batch_inputs: int
-    batch_rows: int
-    padded_length: int | None = None  # inputs with a width (texts): the width the batch was padded to
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    """What the metrics observe per batch."""
-
-    requests: int
-    inputs: int
-    rows: int
-    inference_s: float
-    queue_waits: list[float]
-    tokens: int | None = None  # text models: padded tokens x samples run
-
-
 class BatchWorker:
     def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
                  max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
@@ -86,10 +43,13 @@ class BatchWorker:
         self.device = device
         self.batch_cost = artifact.codec.batch_cost(max_batch_samples, max_batch_tokens)
         self.max_delay_s = max_batch_delay_ms / 1000.0
-        self.queue: asyncio.Queue[WorkItem] = asyncio.Queue(maxsize=max_queue)
+        # unbounded: the slots are the bound (a divided request's rest goes back in while its part runs)
+        self.queue: asyncio.Queue[WorkItem | Divided] = asyncio.Queue()
+        self._max_queue = max_queue
         self.slots = Slots(max_queue, reservation_timeout_s)
         self.on_batch = on_batch
-        self._held: WorkItem | None = None  # taken from the queue but left for the next batch
+        self._held: WorkItem | Divided | None = None  # taken from the queue but left for the next batch
+        self._running_parts = 0  # divided requests whose part is in a forward (they keep their queue slot)
         self.instances = instances  # tasks draining the queue, each running its own batches' forwards
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -97,12 +57,12 @@ class BatchWorker:
 
     @property
     def max_queue(self) -> int:
-        return self.queue.maxsize
+        return self._max_queue
 
     @property
     def depth(self) -> int:
-        """Requests waiting for a batch."""
-        return self.queue.qsize() + (1 if self._held is not None else 0)
+        """Requests waiting for a batch (a divided request counts until its last part has run)."""
+        return self.queue.qsize() + (1 if self._held is not None else 0) + self._running_parts
 
     @property
     def pending(self) -> int:
@@ -135,10 +95,7 @@ class BatchWorker:
         if not isinstance(inputs, InputBatch):
             raise TypeError("inputs must be decoded by the model's codec (an InputBatch)")
         item = WorkItem(inputs, n_samples, seed, asyncio.get_running_loop().create_future())
-        try:
-            self.queue.put_nowait(item)  # does not overflow: queued + held + reserved <= max_queue
-        except asyncio.QueueFull as exc:  # defensive: the slot accounting is the real bound
-            raise QueueFull(f"queue full ({self.max_queue} requests queued)") from exc
+        self.queue.put_nowait(item)  # queued + held + reserved <= max_queue: the slots counted it
         return item.future
 
     async def close(self, timeout_s: float) -> None:
@@ -151,28 +108,39 @@ class BatchWorker:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for item in self._drain_left():
+        for left in self._drain_left():
+            item = left.item if isinstance(left, Divided) else left
             if not item.future.done():
                 item.future.set_exception(Draining("model version shut down before the request ran"))
 
-    def _drain_left(self) -> list[WorkItem]:
+    def _drain_left(self) -> list[WorkItem | Divided]:
         left = [self._held] if self._held is not None else []
         self._held = None
         while not self.queue.empty():
             left.append(self.queue.get_nowait())
         return left
 
-    async def _next(self) -> WorkItem:
+    async def _next(self) -> WorkItem | Divided:
         if self._held is not None:
             item, self._held = self._held, None
             return item
         return await self.queue.get()
 
-    async def _collect(self) -> list[WorkItem]:
+    def _divides(self, item: WorkItem | Divided) -> bool:
+        """Whether ``item`` runs in parts: a divided request's rest, or a request without a seed over one batch."""
+        return isinstance(item, Divided) or (item.seed is None and not self.batch_cost.fits(item.rows, item.longest))
+
+    async def _collect(self) -> tuple[list[WorkItem], Divided | None]:
+        """The next batch, and the divided request it is a part of (None for a batch of whole requests)."""
         first = await self._next()
         self._busy += 1
+        if self._divides(first):
+            divided = first if isinstance(first, Divided) else Divided(first, queued_at=first.enqueued)
+            self._running_parts += 1
+            return [divided.next_part(self.artifact.codec, self.batch_cost)], divided
+        assert isinstance(first, WorkItem)
         if first.seed is not None:
-            return [first]
+            return [first], None
         batch, rows, longest = [first], first.rows, first.longest
         deadline = time.perf_counter() + self.max_delay_s
         while not self.batch_cost.full(rows, longest):
@@ -182,19 +150,20 @@ class BatchWorker:
                                                                                              remaining)
             except (TimeoutError, asyncio.QueueEmpty):
                 break
-            if item.seed is not None or not self.batch_cost.fits(rows + item.rows, max(longest, item.longest)):
+            if (isinstance(item, Divided) or item.seed is not None
+                    or not self.batch_cost.fits(rows + item.rows, max(longest, item.longest))):
                 self._held = item  # starts the next batch
                 break
             batch.append(item)
             rows, longest = rows + item.rows, max(longest, item.longest)
-        return batch
+        return batch, None
 
     async def _run(self) -> None:
         while True:
-            batch = await self._collect()
+            batch, divided = await self._collect()
             try:
                 live = [item for item in batch if not item.future.done()]  # timed-out requests are skipped
-                if live:
+                if live and not (divided is not None and divided.abandoned):
                     await self._process(live)
             except Exception as exc:  # report to the waiting requests; keep the worker alive
                 log.exception("batch of %d requests failed", len(batch))
@@ -203,6 +172,24 @@ class BatchWorker:
                         item.future.set_exception(exc)
             finally:
                 self._busy -= 1
+                if divided is not None:
+                    self._running_parts -= 1
+                    self._after_part(divided, batch[0])
+
+    def _after_part(self, divided: Divided, part: WorkItem) -> None:
+        """A divided request's part has run: its failure is the request's, its last part completes the request, and
+        otherwise the rest goes back to the end of the queue."""
+        request = divided.item.future
+        if request.done():  # timed out, cancelled or the client gone: the rest never runs
+            return
+        if not part.future.done() or part.future.cancelled():
+            request.set_exception(Draining("the request's part did not run"))
+        elif part.future.exception() is not None:
+            request.set_exception(part.future.exception())  # type: ignore[arg-type]
+        elif divided.add(part):
+            request.set_result(joined(divided.parts))
+        else:
+            self.queue.put_nowait(divided)
 
     async def _process(self, batch: list[WorkItem]) -> None:
         """One forward for the batch, its rows split back into each request's future."""

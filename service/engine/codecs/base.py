@@ -163,6 +163,10 @@ class Codec(ABC):
         """Several requests' inputs as one batch, in order."""
 
     @abstractmethod
+    def part(self, batch: InputBatch, start: int, stop: int) -> InputBatch:
+        """Inputs ``start:stop`` of ``batch``, in order (a request run one batch-sized part at a time)."""
+
+    @abstractmethod
     def batch_cost(self, max_batch_samples: int, max_batch_tokens: int) -> BatchCost:
         """What a batch of this model costs against its budget (which of the two budgets it uses)."""
 

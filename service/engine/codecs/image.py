@@ -91,6 +91,10 @@ class ImageCodec(Codec):
     def join(self, batches: Sequence[InputBatch]) -> ImageBatch:
         return ImageBatch(torch.cat([batch.pixels for batch in batches if isinstance(batch, ImageBatch)]))
 
+    def part(self, batch: InputBatch, start: int, stop: int) -> ImageBatch:
+        assert isinstance(batch, ImageBatch)
+        return ImageBatch(batch.pixels[start:stop])
+
     def batch_cost(self, max_batch_samples: int, max_batch_tokens: int) -> BatchCost:
         return BatchCost(max_batch_samples, "max_batch_samples", "sampled rows (inputs x n_samples)")
 

@@ -124,6 +124,10 @@ class TextCodec(Codec):
     def join(self, batches: Sequence[InputBatch]) -> TokenBatch:
         return TokenBatch([text for batch in batches if isinstance(batch, TokenBatch) for text in batch.texts])
 
+    def part(self, batch: InputBatch, start: int, stop: int) -> TokenBatch:
+        assert isinstance(batch, TokenBatch)
+        return TokenBatch(batch.texts[start:stop])
+
     def batch_cost(self, max_batch_samples: int, max_batch_tokens: int) -> BatchCost:
         unit = "padded tokens x samples (inputs x n_samples x the longest text's tokens, rounded up to 8)"
         width = functools.partial(padded_length, max_length=self.spec.max_length)

@@ -1,0 +1,59 @@
+"""What the batch worker queues (``WorkItem``), what a request gets back (``BatchResult``) and what the metrics
+observe per batch (``BatchStats``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from models.uncertainty import UncertaintySummary
+from service.engine.codecs.base import InputBatch
+
+
+@dataclass
+class WorkItem:
+    inputs: InputBatch
+    n_samples: int
+    seed: int | None
+    future: asyncio.Future[BatchResult]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def size(self) -> int:
+        return self.inputs.size
+
+    @property
+    def rows(self) -> int:
+        return self.size * self.n_samples
+
+    @property
+    def longest(self) -> int:
+        """The widest input's width, as the codec measures it (``InputBatch.longest``)."""
+        return self.inputs.longest
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    summary: UncertaintySummary  # fields of shape [n]
+    input_scores: torch.Tensor | None  # [n, F]: scored_rows' per-input scores, when the artifact's OOD score needs them
+    queue_s: float
+    inference_s: float
+    batch_requests: int
+    batch_inputs: int
+    batch_rows: int
+    padded_length: int | None = None  # inputs with a width (texts): the width the batch was padded to
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What the metrics observe per batch."""
+
+    requests: int
+    inputs: int
+    rows: int
+    inference_s: float
+    queue_waits: list[float]
+    tokens: int | None = None  # text models: padded tokens x samples run
