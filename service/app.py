@@ -79,7 +79,7 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tra
     decoder = DecodePool(settings.decode_threads)
     statistics = Statistics()
     predictor = Predictor(settings, repository, decoder, metrics_, statistics, store, tracing)
-    calls = StoreCalls(settings.feedback_threads, settings.feedback_timeout_s)
+    calls = StoreCalls(settings.feedback_threads, settings.feedback_timeout_s, settings.feedback_retry_s)
     state = AppState(settings, device, metrics_, repository, store, lifecycle, decoder, calls, statistics, predictor,
                      LogFlusher(store, calls))
     holder["state"] = state

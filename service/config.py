@@ -104,6 +104,8 @@ class Settings(BaseSettings):
                                       "most this long for live accuracy and then shows the last values")
     feedback_threads: int = Field(2, ge=1, description="threads of the feedback store's own pool (never shared "
                                   "with inference or decoding)")
+    feedback_retry_s: float = Field(1.0, gt=0, description="after a feedback store call fails, how long its calls "
+                                    "are refused at once (503) before one tries the store again")
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="comma-separated browser origins allowed to call the API across origins "
         "(CORS; e.g. https://app.example.com, or * for any); empty = CORS off")

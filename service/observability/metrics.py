@@ -142,6 +142,9 @@ class Metrics:
         self.prediction_log_dropped = Counter("director_prediction_log_dropped_total", "logged predictions dropped "
                                               "unwritten: the store was away while more than feedback_max_rows "
                                               "gathered, or at shutdown", registry=r)
+        self.feedback_store_up = Gauge("director_feedback_store_up", "1 while the feedback store answers, 0 while its "
+                                       "calls fail and are refused at once (tried again every feedback_retry_s)",
+                                       registry=r, multiprocess_mode="livemin")
         self.prediction_log_pending = Gauge("director_prediction_log_pending", "logged predictions waiting to be "
                                             "written to the feedback store", registry=r, multiprocess_mode="livesum")
         self.live_accuracy = Gauge("director_live_accuracy_ratio", "accuracy over the latest labelled predictions",

@@ -71,7 +71,7 @@ def test_a_store_fault_stops_feedback_not_predictions_and_the_log_recovers(kind:
                 predicted = [client.post("/predict", json=body).status_code for _ in range(DURING)]
                 wait_for(lambda: state.store_calls.failing, "the prediction log's flush to fail", timeout_s=30)
                 refused = [label(server.url, before) for _ in range(LABELS)]
-                scrapes = [client.get("/metrics").status_code for _ in range(3)]
+                scrapes = [client.get("/metrics") for _ in range(3)]
                 ready = client.get("/health/ready").status_code
                 pending = state.feedback.pending
         assert predicted == [200] * DURING
@@ -81,7 +81,8 @@ def test_a_store_fault_stops_feedback_not_predictions_and_the_log_recovers(kind:
         because = {"locked": ("database is locked", "did not answer within"), "full": ("database or disk is full",),
                    "read_only": ("readonly",)}[kind]
         assert all(any(b in r.json()["error"] for b in because) for r in refused), refused[-1].text
-        assert scrapes == [200] * 3 and ready == 200
+        assert [s.status_code for s in scrapes] == [200] * 3 and ready == 200
+        assert metric_value(scrapes[-1].text, "director_feedback_store_up") == 0.0  # the outage shows
         assert pending > 0  # the log waited in memory
 
         deadline = time.monotonic() + 30  # the store is tried again within a second of the fault's end
@@ -95,6 +96,7 @@ def test_a_store_fault_stops_feedback_not_predictions_and_the_log_recovers(kind:
         assert rows == (1 + DURING) * INPUTS and state.feedback.dropped == 0
         text = httpx.get(f"{server.url}/metrics", timeout=30).text
         assert metric_value(text, "director_prediction_log_dropped_total") == 0
+        assert metric_value(text, "director_feedback_store_up") == 1.0
 
 
 def test_a_failing_store_is_not_asked_again_until_its_retry_interval(tmp_path: Path) -> None:

@@ -17,4 +17,5 @@ async def metrics(state: AppStateDep) -> Response:
     await state.refresh_live_gauges()  # replicas sharing a store report the same values; bounded by its timeout
     state.metrics.observe_device_memory(state.device.memory_stats())
     state.metrics.prediction_log_pending.set(state.feedback.pending)
+    state.metrics.feedback_store_up.set(0 if state.store_calls.failing else 1)
     return Response(state.metrics.expose(), media_type=CONTENT_TYPE_LATEST)
