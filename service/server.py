@@ -7,6 +7,7 @@ the lifespan then lets every queued request finish before the process exits."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # service.state brings torch: a supervisor parent, which serv
     from service.state import Lifecycle
 
 log = logging.getLogger("service.server")
+LAST_REQUESTS_S = 0.2  # after the listener closes: how long the connections it accepted last have to send a request
 
 
 class DirectorServer(uvicorn.Server):
@@ -42,6 +44,19 @@ class DirectorServer(uvicorn.Server):
         timer = threading.Timer(self.grace_s, super().handle_exit, (sig, frame))
         timer.daemon = True
         timer.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop accepting, then give the connections accepted last a moment before uvicorn's own shutdown, which
+        closes at once every connection with no request in progress: a client whose connection was accepted a few
+        milliseconds before the listener closed has usually sent its request, which has not been read yet, and would
+        otherwise see the connection closed with no answer. Read within the moment, it is answered (with
+        ``Connection: close``, as everything while draining)."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        await asyncio.sleep(LAST_REQUESTS_S)
+        await super().shutdown(sockets)
 
 
 class ListenOnceLoaded(LifespanOn):
