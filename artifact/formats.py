@@ -22,6 +22,8 @@ class Compiled(Section):
 
     device: str  # "cpu" or "cuda"
     methods: list[str]  # the contract's methods in the package, one compiled model each
+    # per input (the model's, then repeats), per dimension: its size, or [min, max] (max null: unbounded)
+    inputs: list[list[int | tuple[int, int | None]]] | None = None
     cpu_isa: str | None = None  # the compiled code's CPU instruction set (e.g. "AVX512 AVX512_VNNI"), CPU packages
     compute_capability: str | None = None  # CUDA packages
     machine: str | None = None  # e.g. "x86_64"

@@ -58,19 +58,44 @@ def check_runnable(compiled: Compiled, target: torch.device) -> None:
                             f"offers {have} (compile it on a machine like the server's, or serve director.ts)")
 
 
-class CompiledDirector:
-    """An AOTInductor package's compiled methods behind the artifact contract's names."""
+def check_inputs(inputs: tuple[torch.Tensor, ...], bounds: list[list[int | tuple[int, int | None]]]) -> None:
+    """Raise ``ValueError`` unless every input's shape is one the package was compiled for: compiled code does not
+    check, and reads past a buffer where TorchScript would raise (a text longer than the position table)."""
+    if len(inputs) != len(bounds):
+        raise ValueError(f"the package takes {len(bounds)} inputs, got {len(inputs)}")
+    for i, (tensor, dims) in enumerate(zip(inputs, bounds, strict=True)):
+        if tensor.dim() != len(dims):
+            raise ValueError(f"input {i} has {tensor.dim()} dimensions, the package takes {len(dims)}")
+        for d, (size, bound) in enumerate(zip(tensor.shape, dims, strict=True)):
+            low, high = (bound, bound) if isinstance(bound, int) else bound
+            if size < low or (high is not None and size > high):
+                raise ValueError(f"input {i} dimension {d} is {size}; the package takes {low}..{high or 'any'}")
 
-    def __init__(self, methods: dict[str, Callable[..., Any]]) -> None:
+
+class CompiledDirector:
+    """An AOTInductor package's compiled methods behind the artifact contract's names, each call's input shapes
+    checked against the ones it was compiled for (``artifact.compiled.inputs``; unchecked where a manifest has none)."""
+
+    def __init__(self, methods: dict[str, Callable[..., Any]], bounds: list[list[Any]] | None = None) -> None:
         if "sample_rows" not in methods:
             raise CannotRun("the AOTInductor package has no sample_rows")
         self.methods = methods
+        self.bounds = bounds
         if "scored_rows" in methods:  # ``hasattr(module, "scored_rows")`` answers as for a TorchScript module
-            self.scored_rows = methods["scored_rows"]
+            self.scored_rows = self._scored_rows
+
+    def _call(self, name: str, inputs: tuple[torch.Tensor, ...]) -> Any:
+        if self.bounds is not None:
+            check_inputs(inputs, self.bounds)
+        return self.methods[name](*inputs)
 
     def sample_rows(self, *inputs: torch.Tensor) -> torch.Tensor:
         """(model inputs, repeats [B]) -> rows [sum(repeats), C]."""
-        return self.methods["sample_rows"](*inputs)
+        return self._call("sample_rows", inputs)
+
+    def _scored_rows(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(model inputs, repeats [B]) -> (rows [sum(repeats), C], per-input scores [B, F])."""
+        return self._call("scored_rows", inputs)
 
     def forward(self, *inputs_and_samples: Any) -> torch.Tensor:
         """(model inputs, n_samples: int) -> logits [S, B, C], as ``ImageDirector.forward`` builds it from rows."""
@@ -101,4 +126,4 @@ def load_compiled(path: Path, compiled: Compiled, target: torch.device) -> Compi
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise CannotRun(f"the AOTInductor package's {name} failed to load: {type(exc).__name__}: "
                             f"{PATH.sub('<path>', first)[:200]}") from exc
-    return CompiledDirector(methods)
+    return CompiledDirector(methods, compiled.inputs)

@@ -4,7 +4,7 @@ the noise off the server's package gives TorchScript's rows and per-input scores
 (tests/training/export/test_torch_export.py: the noise on). The server loads the package the manifest names and
 refuses, with a reason naming no path, a format it does not know, a package compiled for another device, CPU or torch,
 a corrupt one, one the manifest's sha256 list leaves out and, with a digest allowlist, one it does not list. One
-package is compiled for the module (about 35 s on one thread, compiler included)."""
+package is compiled for the module (two methods: 40-55 s of setup on 2 shared cores, compiler included)."""
 
 from __future__ import annotations
 
@@ -104,6 +104,17 @@ def test_with_the_noise_off_the_package_gives_torchscripts_rows_and_scores(versi
         torch.testing.assert_close(artifact.module.sample_rows(pixels, counts), want_rows, rtol=0.0, atol=1e-5)
         torch.testing.assert_close(artifact.module.forward(pixels, 3), served(pixels, 3), rtol=0.0, atol=1e-5)
     assert torch.equal(rows.argmax(-1), want_rows.argmax(-1))
+
+
+def test_the_package_refuses_an_input_shape_it_was_not_compiled_for(versions: dict[str, Path]) -> None:
+    """Compiled code does not check its inputs; the loader does, from ``artifact.compiled.inputs``."""
+    artifact, _ = loaded(versions["off"])
+    compiled = json.loads((versions["off"] / MANIFEST).read_text())["artifact"]["compiled"]
+    assert compiled["inputs"] == [[[1, None], 1, 28, 28], [[1, None]]]  # inputs dynamic, then repeats
+    with pytest.raises(ValueError, match=r"input 0 dimension 2 is 32; the package takes 28\.\.28"):
+        artifact.module.sample_rows(torch.rand(2, 1, 32, 32), torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="the package takes 2 inputs, got 1"):
+        artifact.module.sample_rows(torch.rand(2, 1, 28, 28))
 
 
 def copy_version(source: Path, target: Path, edit: dict) -> Path:

@@ -7,8 +7,8 @@ each exported to an ExportedProgram and compiled ahead of time by AOTInductor, p
 Choices, and why:
 
 - The row count ``sum(repeats)`` is data-dependent: ``models.director.row_count`` reads it as an unbacked size, so
-  one program serves every mix of sample counts. The number of inputs is a dynamic dimension (and a text's padded
-  length, whose range export infers from the position table).
+  one program serves every mix of sample counts. The number of inputs is a dynamic dimension, and so is a text's
+  padded length, up to the rows of its position table.
 - Random numbers: ``fallback_random`` keeps ``randn`` ATen's own, drawn from the global generator, so the package
   draws exactly what the TorchScript file draws under the same ``torch.manual_seed`` (reproducible, and new numbers
   on every call). Inductor's own generator would draw other numbers, equal only in distribution.
@@ -20,12 +20,14 @@ Choices, and why:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
+from torch.export.graph_signature import InputKind
 
 from artifact.formats import AOTI_FORMAT, EXPORTED_ARTIFACT
 from training.data.images import ForwardArgs
@@ -52,24 +54,54 @@ def exported_methods(module: nn.Module) -> tuple[str, ...]:
     return ("sample_rows", "scored_rows") if computes_kernel_error(module) else ("sample_rows",)
 
 
-def example_inputs(probe: ForwardArgs) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...]]:
-    """The model inputs ``probe`` ((pixels,) or (ids, mask), at least 2 inputs, so the batch stays symbolic) with
-    mixed ``repeats`` 1..B, and their dynamic shapes: inputs dynamic, a text's length inferred (``Dim.AUTO``)."""
+def text_length(module: nn.Module) -> Dim:
+    """A text's padded length: 1 up to the rows of the module's position table (a longer text is refused by the
+    eager module), unbounded without one (rotary positions)."""
+    table = getattr(getattr(module, "embedding", None), "position", None)
+    if isinstance(table, torch.Tensor):
+        return Dim("length", min=1, max=int(table.shape[0]))
+    return Dim("length", min=1)
+
+
+def example_inputs(module: nn.Module, probe: ForwardArgs) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...]]:
+    """The model inputs ``probe`` ((pixels,) or (ids, mask), at least 2 inputs and 2 tokens, so that no dynamic size
+    is specialised) with mixed ``repeats`` 1..B, and their dynamic shapes: the inputs, and a text's length."""
     batch = probe[0].shape[0]
-    if batch < 2:
-        raise ValueError("export needs a probe of at least 2 inputs (one would specialise the batch dimension)")
+    if batch < 2 or (probe[0].dim() == 2 and probe[0].shape[1] < 2):
+        raise ValueError("export needs a probe of at least 2 inputs (of 2 tokens): 1 would specialise the size")
     inputs = Dim("inputs", min=1)
     repeats = torch.arange(1, batch + 1, dtype=torch.long, device=probe[0].device)  # [B] mixed sample counts
-    shapes = [{0: inputs, **({1: Dim.AUTO} if tensor.dim() == 2 else {})} for tensor in probe]
+    length = text_length(module)
+    shapes = [{0: inputs, **({1: length} if tensor.dim() == 2 else {})} for tensor in probe]
     return (*probe, repeats), ((*shapes, {0: inputs}),)
 
 
 def export_methods(module: nn.Module, probe: ForwardArgs) -> dict[str, ExportedProgram]:
     """Every method of ``exported_methods`` as an ExportedProgram (inference: no gradients)."""
-    args, shapes = example_inputs(probe)
+    args, shapes = example_inputs(module, probe)
     with torch.no_grad():
         return {name: torch.export.export(Method(module, name), args, dynamic_shapes=shapes)
                 for name in exported_methods(module)}
+
+
+def input_bounds(program: ExportedProgram) -> list[list[int | list[int | None]]]:
+    """Per model input, per dimension: its size, or [min, max] (max None: unbounded) where it is dynamic. Compiled
+    code does not check its inputs (a longer text would be read past its position table), so the loader does."""
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    bounds: list[list[int | list[int | None]]] = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        dims: list[int | list[int | None]] = []
+        for size in placeholders[spec.arg.name].meta["val"].shape:
+            if isinstance(size, torch.SymInt):
+                span = program.range_constraints[size.node.expr]
+                upper = float(span.upper)  # infinity where unbounded
+                dims.append([int(span.lower), None if math.isinf(upper) else int(upper)])
+            else:
+                dims.append(int(size))
+        bounds.append(dims)
+    return bounds
 
 
 def compile_package(programs: dict[str, ExportedProgram], path: Path) -> dict[str, str]:
@@ -83,11 +115,12 @@ def compile_package(programs: dict[str, ExportedProgram], path: Path) -> dict[st
     return dict(load_package(str(path), next(iter(programs))).get_metadata())
 
 
-def compiled_section(metadata: dict[str, str], methods: tuple[str, ...]) -> dict[str, Any]:
-    """The manifest's ``artifact.compiled``: what a server must match to run the package."""
+def compiled_section(metadata: dict[str, str], methods: tuple[str, ...], inputs: list[Any]) -> dict[str, Any]:
+    """The manifest's ``artifact.compiled``: what a server must match to run the package, and the input shapes it
+    takes (``input_bounds``, the model inputs then ``repeats``)."""
     device = metadata.get("AOTI_DEVICE_KEY") or "cpu"
     isa = metadata.get("AOTI_CPU_ISA") if device == "cpu" else None
-    return {"device": device, "methods": list(methods), "cpu_isa": isa or None,
+    return {"device": device, "methods": list(methods), "inputs": inputs, "cpu_isa": isa or None,
             "compute_capability": metadata.get("AOTI_COMPUTE_CAPABILITY") or None,
             "machine": metadata.get("AOTI_MACHINE") or None,
             "torch": torch.__version__, "random": "ATen generator (fallback_random): the TorchScript file's draws"}
@@ -119,6 +152,8 @@ def write_compiled(module: nn.Module, served: torch.jit.ScriptModule, probe: For
     ``folder/director.pt2``; returns the manifest's ``artifact`` entries that name it."""
     methods = exported_methods(module)
     path = folder / EXPORTED_ARTIFACT
-    metadata = compile_package(export_methods(module.eval(), probe), path)
+    programs = export_methods(module.eval(), probe)
+    metadata = compile_package(programs, path)
     verify_package(path, served, probe, methods)
-    return {"file": EXPORTED_ARTIFACT, "format": AOTI_FORMAT, "compiled": compiled_section(metadata, methods)}
+    inputs = input_bounds(programs["sample_rows"])
+    return {"file": EXPORTED_ARTIFACT, "format": AOTI_FORMAT, "compiled": compiled_section(metadata, methods, inputs)}
