@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/fashion_vit.yaml
-DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes postgresql
+# g++: AOTInductor compiles the torch.export artifact (export.format: aoti) and its tests with it
+DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes postgresql g++
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help setup deb text-deps test lint lock compose-test serve model text-model text-evaluate fit distil export evaluate clean
