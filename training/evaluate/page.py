@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from models.feature_scores import FEATURE_SCORES
+from training.evaluate.claim import claim_section
 from training.evaluate.kernel_depth_page import kernel_depth_section
 from training.evaluate.page_sections import (
     PENDING,
@@ -217,7 +218,7 @@ def test_split_section(results: dict[str, Any], probs: dict[str, torch.Tensor], 
         "Risk against coverage: keep the most confident inputs first; the curve gives the error rate of what is "
         "kept at each share kept, so a threshold can be chosen by the error rate a user accepts (AURC, the area "
         "under it, is in the JSON).", "", f"![risk-coverage]({risk_coverage.name})", "",
-        "### Where DIRECTOR (default S) stands", "", *findings(results), "",
+        "### Where DIRECTOR (default S) stands", "", *findings(results), "", *claim_section(results),
         *(["### DIRECTOR against each baseline, paired", "",
             f"Differences on the same test inputs; 95% intervals from {st['bootstrap']} paired bootstrap resamples "
             "(an interval that excludes 0 is a difference this test split can see).", "", *paired_table(results), ""]
