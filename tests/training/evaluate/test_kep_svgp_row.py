@@ -33,3 +33,5 @@ def test_kep_svgp_row_sits_beside_director(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "baselines" / "kep_svgp" / "kep_svgp.pt").is_file()
     for key in ("director_s1", "director_s4"):
         assert f"{key} - kep_svgp" in results["paired"]
+    page = (tmp_path / "docs" / "tiny-task.md").read_text()  # the claim's verdict, written from those intervals
+    assert "### The method paper's claim on this task" in page and "DIRECTOR (S=4): accuracy" in page
