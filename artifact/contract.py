@@ -259,7 +259,7 @@ class Manifest(Section):
     format_version: Annotated[str, AfterValidator(_known_major)]
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)
-    method: Literal["director", "deterministic", "mc_dropout", "ensemble"] = "director"
+    method: Literal["director", "deterministic", "mc_dropout", "ensemble", "kep_svgp"] = "director"
     modality: Literal["image", "text"]
     labels: list[str] = Field(min_length=1)  # index = class
     input: ImageInput | TextInput

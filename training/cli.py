@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("export", "export director.ts + manifest.json into the model repository"),
         ("all", "fit-backbone, distil and export in turn (each resumes or skips finished work)"),
         ("evaluate", "compare DIRECTOR with the baselines: docs/results/<task>.md + .json + plots (resumable)"),
-        ("export-baseline", "export a baseline (deterministic, mc_dropout, ensemble) as a servable artifact"),
+        ("export-baseline", "export a baseline (deterministic, mc_dropout, ensemble, kep_svgp) as a servable artifact"),
     ]:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", required=True, help="YAML config in configs/")

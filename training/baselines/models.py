@@ -1,5 +1,5 @@
-"""Baselines on the pipeline's own backbone (deterministic, MC dropout, deep ensemble) as modules under the artifact
-contract, shared by the evaluation and ``export-baseline``.
+"""Baselines on the pipeline's own backbone (deterministic, MC dropout, deep ensemble, KEP-SVGP) as modules under the
+artifact contract, shared by the evaluation and ``export-baseline``.
 
 Ensemble members are ordinary backbone fits with another seed, cached as checkpoints under
 ``<run_dir>/baselines/ensemble-seed<k>/`` (member 0 is the pipeline's backbone), so an interrupted evaluation resumes
@@ -19,11 +19,12 @@ from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.bert_view import BertTransitionView
 from models.text_backbones import TextClassifier
 from models.text_director import TextBackbone
+from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir, load_kep_svgp, train_kep_svgp
 from training.config import PipelineConfig
 from training.fit.backbone import fit_backbone
 from training.loading import BACKBONE_FILE, load_backbone
 
-BASELINES = ("deterministic", "mc_dropout", "ensemble")
+BASELINES = ("deterministic", "mc_dropout", "ensemble", "kep_svgp")
 
 
 def member_config(cfg: PipelineConfig, seed: int) -> PipelineConfig:
@@ -78,6 +79,11 @@ def image_baseline(cfg: PipelineConfig, method: str, train_missing: bool) -> Bas
     if method == "ensemble":
         members = ensemble_members(cfg, cfg.evaluate.ensemble_members, train_missing)
         return BaselineModel(EnsembleModel(members).eval(), len(members), len(members))
+    if method == "kep_svgp":  # fine-tuned first when the run has none (``training.baselines.kep_svgp``)
+        if train_missing and not (kep_svgp_dir(cfg) / KEP_SVGP_FILE).exists():
+            train_kep_svgp(cfg)
+        samples = cfg.evaluate.samples  # as DIRECTOR's evaluation samples it
+        return BaselineModel(load_kep_svgp(cfg), samples, max(samples, cfg.export.max_samples))
     raise ValueError(f"unknown baseline {method!r}; choose from {BASELINES}")
 
 

@@ -15,8 +15,8 @@ import torch
 
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.uncertainty import UncertaintySummary, summarize
-from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir, load_kep_svgp, train_kep_svgp
-from training.baselines.models import ensemble_members, member_config
+from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir
+from training.baselines.models import build_baseline, ensemble_members, member_config
 from training.config import PipelineConfig
 from training.data.held_out_shift import rotated
 from training.data.images import Split
@@ -190,11 +190,9 @@ def add_kep_svgp_source(evaluation: Evaluation) -> None:
     cfg = evaluation.cfg
     if cfg.modality != "image":
         raise ValueError("kep_svgp.in_evaluation: KEP-SVGP is built for the vision backbone only so far")
-    path = kep_svgp_dir(cfg) / KEP_SVGP_FILE
-    if not path.exists():
-        train_kep_svgp(cfg)
-    model_id = f"kep-{fingerprint(evaluation.run_dir / BACKBONE_FILE, path)}"
-    evaluation.add_source("kep_svgp", load_kep_svgp(cfg), model_id, evaluation.ev.samples)
+    model = build_baseline(cfg, "kep_svgp").module  # fine-tuned first when missing
+    model_id = f"kep-{fingerprint(evaluation.run_dir / BACKBONE_FILE, kep_svgp_dir(cfg) / KEP_SVGP_FILE)}"
+    evaluation.add_source("kep_svgp", model, model_id, evaluation.ev.samples)
 
 
 def build_methods(evaluation: Evaluation) -> list[Method]:

@@ -27,6 +27,9 @@ def tiny_evaluation_config(tmp: Path) -> dict[str, Any]:
         "severities": [1, 5], "ood_images": 40, "ablations": ["both", "floor", "l2_only", "tau_0.1"],
         "ablation_epochs": 1, "distil_seeds": [1], "latency_images": 3, "latency_repeats": 1, "bootstrap": 20,
     }
+    # exported as a baseline (fine-tuned on the way) by test_exported_baselines_load_in_the_server
+    raw["kep_svgp"] = {"rank": 4, "rank_multi": 2, "epochs": 1, "batch_size": 64, "warmup_steps": 2,
+                       "val_images": 60, "val_samples": 2}
     return raw
 
 
@@ -199,7 +202,7 @@ def test_rerun_reads_the_cache(evaluated: tuple[Path, dict[str, Any]]) -> None:
     assert second["noise_scale"] == first["noise_scale"] == next(iter(fits.values()))["scale"]
 
 
-@pytest.mark.parametrize("method", ["deterministic", "mc_dropout", "ensemble"])
+@pytest.mark.parametrize("method", ["deterministic", "mc_dropout", "ensemble", "kep_svgp"])
 def test_exported_baselines_load_in_the_server(evaluated: tuple[Path, dict[str, Any]], tmp_path: Path,
                                                method: str) -> None:
     """A baseline artifact passes the server's own validation, sha256 check and warm-up forward."""
@@ -214,7 +217,7 @@ def test_exported_baselines_load_in_the_server(evaluated: tuple[Path, dict[str, 
     manifest = artifact.manifest.document()
     assert manifest["method"] == method and manifest["modality"] == "image"
     sampling = manifest["sampling"]
-    expected = {"deterministic": (1, 1), "mc_dropout": (4, 8), "ensemble": (2, 2)}[method]
+    expected = {"deterministic": (1, 1), "mc_dropout": (4, 8), "ensemble": (2, 2), "kep_svgp": (4, 8)}[method]
     assert (sampling["default_samples"], sampling["max_samples"]) == expected
     assert set(manifest["ood"]["thresholds"]) == {str(s) for s in (1, 2, 4) if s <= expected[1]}
     rows = artifact.module.sample_rows(torch.rand(2, 1, 28, 28), torch.tensor([1, expected[0]]))
