@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 
 from models.backbones import ImageClassifier, VitConfig, build_vit
 from models.baselines import AlwaysDropout, DeterministicModel, EnsembleModel, MCDropoutModel
+from tests.models.scripting import scripted
 
 
 def tiny_classifier(seed: int, drop_rate: float = 0.0) -> ImageClassifier:
@@ -16,13 +15,6 @@ def tiny_classifier(seed: int, drop_rate: float = 0.0) -> ImageClassifier:
     cfg = VitConfig(stem_channels=[8, 16], embed_dim=16, depth=2, num_heads=2, drop_rate=drop_rate,
                     proj_drop_rate=drop_rate)
     return build_vit(cfg).eval()
-
-
-def scripted(module: torch.nn.Module) -> torch.jit.ScriptModule:
-    buffer = io.BytesIO()
-    torch.jit.save(torch.jit.script(module), buffer)
-    buffer.seek(0)
-    return torch.jit.load(buffer)
 
 
 PIXELS = torch.rand(3, 1, 28, 28)

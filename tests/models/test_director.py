@@ -1,4 +1,3 @@
-import io
 import math
 
 import pytest
@@ -8,6 +7,7 @@ from models.backbones import VitConfig, build_vit
 from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
 from models.vit_view import VitTransitionView
+from tests.models.scripting import scripted
 
 
 @pytest.fixture
@@ -62,11 +62,7 @@ def test_first_transition_runs_once_per_input(director: ImageDirector) -> None:
 
 def test_scripted_matches_eager_and_survives_save_load(director: ImageDirector) -> None:
     director.rollout.fold_conditioning()
-    scripted = torch.jit.script(director)
-    buffer = io.BytesIO()
-    torch.jit.save(scripted, buffer)
-    buffer.seek(0)
-    loaded = torch.jit.load(buffer)
+    loaded = scripted(director)
     pixels = torch.rand(2, 1, 28, 28)
     torch.manual_seed(0)
     eager = director(pixels, 3)
@@ -122,10 +118,7 @@ def test_shared_noise_moves_the_pooled_readout_more(director: ImageDirector) -> 
 def test_token_correlation_survives_scripting(director: ImageDirector) -> None:
     director.rollout.set_token_correlation(0.7)
     director.rollout.fold_conditioning()
-    buffer = io.BytesIO()
-    torch.jit.save(torch.jit.script(director), buffer)
-    buffer.seek(0)
-    loaded = torch.jit.load(buffer)
+    loaded = scripted(director)
     pixels = torch.rand(2, 1, 28, 28)
     torch.manual_seed(0)
     eager = director(pixels, 3)

@@ -3,8 +3,6 @@ contract of the classifier that carries it (shapes, draws, seeds, scripting)."""
 
 from __future__ import annotations
 
-import io
-
 import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 from torch.nn import functional as F
@@ -17,6 +15,7 @@ from models.kep_svgp import (
     ksvd_objective,
     svgp_kl,
 )
+from tests.models.scripting import scripted
 
 PIXELS = torch.rand(3, 1, 28, 28)
 
@@ -112,13 +111,6 @@ def tiny_classifier() -> ImageClassifier:
     torch.manual_seed(0)
     cfg = VitConfig(stem_channels=[8, 16], embed_dim=16, depth=2, num_heads=2)
     return build_vit(cfg).eval()
-
-
-def scripted(module: torch.nn.Module) -> torch.jit.ScriptModule:
-    buffer = io.BytesIO()
-    torch.jit.save(torch.jit.script(module), buffer)
-    buffer.seek(0)
-    return torch.jit.load(buffer)
 
 
 def test_classifier_meets_the_artifact_contract_eager_and_scripted() -> None:

@@ -139,23 +139,32 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
     noisy = copy.deepcopy(director)
-    # the fit samples the validation split once per grid value: keep its result so a rerun samples nothing
-    fits_path = evaluation.run_dir / "eval" / "noise_scale_fits.json"
-    fits = json.loads(fits_path.read_text()) if fits_path.exists() else {}
-    fit_key = f"{director_id}|{ev.noise_scale_grid}|S={ev.samples}|n={cfg.export.threshold_images}|seed={cfg.seed}"
-    if fit_key in fits:
-        scale, nll_by_scale = fits[fit_key]["scale"], fits[fit_key]["val_nll"]
-        noisy.rollout.noise_scale.fill_(scale)
-    else:
-        scale, nll_by_scale = fit_noise_scale(noisy, evaluation.inputs.val.head(cfg.export.threshold_images),
-                                              ev.noise_scale_grid, ev.samples, cfg.seed)
-        fits[fit_key] = {"scale": scale, "val_nll": nll_by_scale}
-        fits_path.write_text(json.dumps(fits, indent=2) + "\n")
+
+    def fit_scale() -> dict[str, Any]:
+        scale, nll = fit_noise_scale(noisy, evaluation.inputs.val.head(cfg.export.threshold_images),
+                                     ev.noise_scale_grid, ev.samples, cfg.seed)
+        return {"scale": scale, "val_nll": nll}
+
+    fit = cached_fit(evaluation.run_dir / "eval" / "noise_scale_fits.json", fit_scale,
+                     f"{director_id}|{ev.noise_scale_grid}|S={ev.samples}|n={cfg.export.threshold_images}"
+                     f"|seed={cfg.seed}")
+    scale, nll_by_scale = fit["scale"], fit["val_nll"]
+    noisy.rollout.noise_scale.fill_(scale)
     evaluation.add_source("director_noise", noisy, f"dir-{director_id}-noise{scale}", ev.samples)
     fitted = {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
     if ev.noise_correlation_grid:
         fitted["shift_noise"] = add_shift_noise_source(evaluation, director, director_id)
     return fitted
+
+
+def cached_fit(path: Path, compute: Callable[[], dict[str, Any]], key: str) -> dict[str, Any]:
+    """A fit's record under ``key`` in the JSON file ``path``, computed (and added to the file) only when absent: a fit
+    samples the validation split once per grid point, so a rerun of the evaluation samples nothing."""
+    fits = json.loads(path.read_text()) if path.exists() else {}
+    if key not in fits:
+        fits[key] = compute()
+        path.write_text(json.dumps(fits, indent=2) + "\n")
+    return fits[key]
 
 
 def add_shift_noise_source(evaluation: Evaluation, director: torch.nn.Module, director_id: str) -> dict[str, Any]:
@@ -166,17 +175,16 @@ def add_shift_noise_source(evaluation: Evaluation, director: torch.nn.Module, di
     clean = evaluation.inputs.val.head(ev.noise_fit_images)
     shifted = rotated(clean, cfg.seed) if isinstance(clean, Split) else None
     shaped = copy.deepcopy(director)
-    fits_path = evaluation.run_dir / "eval" / "noise_shape_fits.json"
-    fits = json.loads(fits_path.read_text()) if fits_path.exists() else {}
-    key = (f"{director_id}|rho={ev.noise_correlation_grid}|scale={ev.shift_noise_scale_grid}|S={ev.samples}"
-           f"|n={len(clean)}|shift={shifted is not None}|seed={cfg.seed}|rule=within-noise")
-    if key not in fits:
+
+    def fit_shape() -> dict[str, Any]:
         rho, scale, grid = fit_noise_shape(shaped, clean, shifted, ev.noise_correlation_grid,
-                                                ev.shift_noise_scale_grid, ev.samples, cfg.seed)
-        fits[key] = {"token_correlation": rho, "noise_scale": scale, "grid": grid,
-                     "fitted_on": "validation + rotated validation" if shifted is not None else "validation"}
-        fits_path.write_text(json.dumps(fits, indent=2) + "\n")
-    fit = fits[key]
+                                           ev.shift_noise_scale_grid, ev.samples, cfg.seed)
+        return {"token_correlation": rho, "noise_scale": scale, "grid": grid,
+                "fitted_on": "validation + rotated validation" if shifted is not None else "validation"}
+
+    fit = cached_fit(evaluation.run_dir / "eval" / "noise_shape_fits.json", fit_shape,
+                     f"{director_id}|rho={ev.noise_correlation_grid}|scale={ev.shift_noise_scale_grid}"
+                     f"|S={ev.samples}|n={len(clean)}|shift={shifted is not None}|seed={cfg.seed}|rule=within-noise")
     shaped.rollout.set_token_correlation(fit["token_correlation"])
     shaped.rollout.noise_scale.fill_(fit["noise_scale"])
     evaluation.add_source("director_shift_noise", shaped,
