@@ -171,8 +171,15 @@ class EvaluateConfig:
     noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     shift_noise_scale_grid: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])
     noise_fit_images: int = 1000
+    # an exported version of this run (model_repository/<export.name>/<version>): also evaluated as it samples by
+    # default (its manifest's token correlation, noise temperature, default S and temperature), the row
+    # "DIRECTOR as served"
+    served_version: int | None = None
     corruption_images: int = 2000
     shift_texts: int | None = None  # texts per shifted domain (drawn under the seed); None: all of them
+    # texts: shifted domains (training.data.texts.SHIFT_CORPORA) also reported as OOD sets, `ood_images` texts each,
+    # so every score and detector is measured on telling them from the test split (never selected or fitted on)
+    shifted_domains_as_ood: list[str] = field(default_factory=list)
     corruptions: list[str] = field(default_factory=list)  # empty: all of training.data.corruptions.CORRUPTIONS
     severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     ood_images: int = 1000

@@ -181,11 +181,12 @@ def test_partial_depth_distils_exports_and_matches_eager(exported: tuple[Path, P
 def test_a_token_correlation_grid_is_fitted_recorded_and_scripted(exported: tuple[Path, Path],
                                                                   tmp_path: Path) -> None:
     """Two token correlations: the export fits them with the noise temperature on validation and its rotated copy,
-    the manifest records the one chosen, the provenance every grid point, and the TorchScript artifact samples with
-    it (the buffer travels in the file)."""
+    the manifest records the one chosen, the provenance every grid point, the default S is chosen on validation and
+    on that shift, and the TorchScript artifact samples with it (the buffer travels in the file)."""
     config, _ = exported
     repo = tmp_path / "repo"
     assert main(["export", "--config", str(config), "--set", "export.noise_correlation_grid=[0.0, 1.0]",
+                 "--set", "export.default_samples=null", "--set", "export.default_samples_reference=8",
                  "--set", f"export.repository={repo}", "--set", f"export.docs_dir={tmp_path / 'docs'}"]) == 0
     cfg = load_config(config)
     folder = repo / cfg.export.name / str(cfg.export.version)
@@ -197,6 +198,13 @@ def test_a_token_correlation_grid_is_fitted_recorded_and_scripted(exported: tupl
     chosen = fit["grid"][f"rho={rho:g} scale={manifest['sampling']['noise_scale']:g}"]
     eligible = [p for p in fit["grid"].values() if p["clean_minus_best"] <= 2 * p["stderr"] + 1e-6]
     assert chosen in eligible and chosen["shifted_nll"] == min(p["shifted_nll"] for p in eligible)
+    # the default S: within noise of S = 8's NLL on validation and on the shift, both tables recorded
+    clean, shifted = manifest["provenance"]["default_samples_nll"], fit["default_samples_nll_shifted"]
+    s = manifest["sampling"]["default_samples"]
+    assert set(clean) == set(shifted) and str(s) in shifted and "8" in shifted
+    for table in (clean, shifted):
+        assert table[str(s)]["minus_reference"] <= 2 * table[str(s)]["stderr"] + 1e-6
     artifact = load_scripted(folder / "director.ts")
     assert float(artifact.rollout.token_correlation) == rho
-    assert "Token correlation of the sampled noise" in (tmp_path / "docs" / f"{cfg.export.name}.md").read_text()
+    page = (tmp_path / "docs" / f"{cfg.export.name}.md").read_text()
+    assert "Token correlation of the sampled noise" in page and "on the held-out shift the noise was shaped on" in page

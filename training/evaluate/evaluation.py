@@ -18,8 +18,7 @@ from models.uncertainty import UncertaintySummary, summarize
 from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir
 from training.baselines.models import build_baseline, ensemble_members, member_config
 from training.config import PipelineConfig
-from training.data.held_out_shift import rotated
-from training.data.images import Split
+from training.data.held_out_shift import held_out_shift
 from training.evaluate.logit_cache import LogitCache, fingerprint
 from training.evaluate.sets import EvalInputs, load_eval_inputs
 from training.export.calibration import fit_temperature
@@ -78,6 +77,7 @@ class Evaluation:
         self.input_scores: dict[str, InputScores] = {}  # set name -> DIRECTOR's per-input scores (scored_rows)
         self.served_scores: dict[str, torch.Tensor] = {}  # set name -> DIRECTOR's chosen score at S = 1 [N]
         self.flag_rules: dict[str, tuple[Candidate, float]] = {}  # method key -> its OOD score and 95%-TPR threshold
+        self.served: dict[str, Any] = {}  # the exported version's sampling (``add_served_source``), when evaluated
 
     # --- models -----------------------------------------------------------------------------------------
     def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
@@ -154,7 +154,32 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     fitted = {"draws_test": draws_test, "noise_scale": scale, "noise_scale_val_nll": nll_by_scale}
     if ev.noise_correlation_grid:
         fitted["shift_noise"] = add_shift_noise_source(evaluation, director, director_id)
+    if ev.served_version is not None:
+        fitted["served"] = add_served_source(evaluation, director, director_id, ev.served_version)
     return fitted
+
+
+def add_served_source(evaluation: Evaluation, director: torch.nn.Module, director_id: str, version: int
+                      ) -> dict[str, Any]:
+    """The run's DIRECTOR sampled as an exported version serves it: that manifest's token correlation, noise
+    temperature, default S and served temperature (``model_repository/<export.name>/<version>``), so that the shift
+    and its targets read what a request without ``n_samples`` gets, not a refit."""
+    cfg = evaluation.cfg
+    path = Path(cfg.export.repository) / cfg.export.name / str(version) / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"evaluate.served_version: no manifest at {path}")
+    manifest = json.loads(path.read_text())
+    sampling = manifest["sampling"]
+    record = {"version": version, "token_correlation": float(sampling.get("token_correlation") or 0.0),
+              "noise_scale": float(sampling["noise_scale"]), "default_samples": int(sampling["default_samples"]),
+              "temperature": float(manifest.get("temperature", 1.0))}
+    served = copy.deepcopy(director)
+    served.rollout.set_token_correlation(record["token_correlation"])
+    served.rollout.noise_scale.fill_(record["noise_scale"])
+    evaluation.add_source("director_served", served, f"dir-{director_id}-rho{record['token_correlation']:g}"
+                          f"-noise{record['noise_scale']:g}", record["default_samples"])
+    evaluation.served = record
+    return record
 
 
 def cached_fit(path: Path, compute: Callable[[], dict[str, Any]], key: str) -> dict[str, Any]:
@@ -168,23 +193,22 @@ def cached_fit(path: Path, compute: Callable[[], dict[str, Any]], key: str) -> d
 
 
 def add_shift_noise_source(evaluation: Evaluation, director: torch.nn.Module, director_id: str) -> dict[str, Any]:
-    """DIRECTOR with its noise shaped on a held-out shift: the token correlation and noise temperature minimising
-    the NLL on validation inputs and on those inputs rotated (images; texts have no held-out shift here, so they fit
-    on validation alone), cached beside the noise-temperature fits."""
+    """DIRECTOR with its noise shaped on a held-out shift: the token correlation and noise temperature chosen on
+    validation inputs and their held-out shift (``training.data.held_out_shift``: rotated images, texts with
+    typos), cached beside the noise-temperature fits."""
     cfg, ev = evaluation.cfg, evaluation.ev
     clean = evaluation.inputs.val.head(ev.noise_fit_images)
-    shifted = rotated(clean, cfg.seed) if isinstance(clean, Split) else None
+    shift = held_out_shift(cfg, clean)
     shaped = copy.deepcopy(director)
 
     def fit_shape() -> dict[str, Any]:
-        rho, scale, grid = fit_noise_shape(shaped, clean, shifted, ev.noise_correlation_grid,
+        rho, scale, grid = fit_noise_shape(shaped, clean, shift.split, ev.noise_correlation_grid,
                                            ev.shift_noise_scale_grid, ev.samples, cfg.seed)
-        return {"token_correlation": rho, "noise_scale": scale, "grid": grid,
-                "fitted_on": "validation + rotated validation" if shifted is not None else "validation"}
+        return {"token_correlation": rho, "noise_scale": scale, "grid": grid, "fitted_on": shift.description}
 
     fit = cached_fit(evaluation.run_dir / "eval" / "noise_shape_fits.json", fit_shape,
                      f"{director_id}|rho={ev.noise_correlation_grid}|scale={ev.shift_noise_scale_grid}"
-                     f"|S={ev.samples}|n={len(clean)}|shift={shifted is not None}|seed={cfg.seed}|rule=within-noise")
+                     f"|S={ev.samples}|n={len(clean)}|shift=True|seed={cfg.seed}|rule=within-noise")
     shaped.rollout.set_token_correlation(fit["token_correlation"])
     shaped.rollout.noise_scale.fill_(fit["noise_scale"])
     evaluation.add_source("director_shift_noise", shaped,
@@ -223,4 +247,13 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
         Method(f"director_s{s}_noise", f"DIRECTOR (S={s}) + noise temperature", "director_noise", s),
         *([Method(f"director_s{s}_shift_noise", f"DIRECTOR (S={s}) + shift-fitted noise", "director_shift_noise", s)]
           if "director_shift_noise" in evaluation.sources else []),
+        *([served_method(evaluation.served)] if evaluation.served else []),
     ]
+
+
+def served_method(served: dict[str, Any]) -> Method:
+    """The row of ``add_served_source``: the version's default S and served temperature."""
+    s, t = served["default_samples"], served["temperature"]
+    return Method("director_served", f"DIRECTOR as served (v{served['version']}, S={s}, rho "
+                  f"{served['token_correlation']:g}, noise x{served['noise_scale']:g}, T={t:.2f})",
+                  "director_served", s, t)

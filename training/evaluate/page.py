@@ -32,7 +32,7 @@ def shift_noise_note(results: dict[str, Any]) -> str:
         return ""
     return (f"The shift-fitted noise shares each sample's noise across tokens with correlation "
             f"{fit['token_correlation']:g} and scales it by {fit['noise_scale']:g}, chosen on {fit['fitted_on']} "
-            "(the lowest rotated-validation NLL among the grid points whose validation NLL is within two standard "
+            "(the lowest NLL on that shift among the grid points whose validation NLL is within two standard "
             "errors of the best; docs/method.md, \"Samples that carry information\"), never on a reported set.")
 
 def main_table(results: dict[str, Any]) -> list[str]:

@@ -5,7 +5,9 @@ OOD-validation set (score choice only) and the shifted sets, all as splits (``Sp
 Images (Fashion-MNIST): OOD uniform noise, upsampled sklearn digits and rendered letters; OOD validation sklearn
 photo patches; shift the corrupted test subsets (type x severity). Texts (movie reviews): OOD quotes of the Debian
 ``fortunes`` package and Python standard-library docstrings; OOD validation Debian software-licence sentences; shift
-the tweets, NYT editorial and Amazon review sentences of the same corpus (one level each: a domain, not a severity).
+the tweets, NYT editorial and Amazon review sentences of the same corpus (one level each: a domain, not a severity),
+and those named in ``evaluate.shifted_domains_as_ood`` also as OOD sets (can a score tell the domain from the test
+split?).
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from training.data.images import (
     photo_patch_images,
     uniform_noise_images,
 )
-from training.data.tokens import TEXT_OOD_SELECTION_SET, TokenDataset, encode, load_run_tokenizer, text_ood_splits
+from training.data.tokens import (
+    TEXT_OOD_SELECTION_SET,
+    TokenDataset,
+    TokenSplit,
+    encode,
+    load_run_tokenizer,
+    sample_texts,
+    text_ood_splits,
+)
 from training.export.served_statistics import IMAGE_OOD_SELECTION_SET
 from training.loading import AnySplit, load_data
 
@@ -73,7 +83,28 @@ def text_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalI
     tokenizer = load_run_tokenizer(cfg.run_dir)
     ood, ood_val = text_ood_splits(tokenizer, cfg.text, cfg.evaluate.ood_images, cfg.export.ood_validation_images,
                                    cfg.seed)
-    return EvalInputs(data.train, data.val, data.test, ood, ood_val, TEXT_OOD_SELECTION_SET, "texts")
+    return EvalInputs(data.train, data.val, data.test, {**ood, **shifted_domains_as_ood(cfg)}, ood_val,
+                      TEXT_OOD_SELECTION_SET, "texts")
+
+
+def shifted_domains_as_ood(cfg: PipelineConfig) -> dict[str, TokenSplit]:
+    """``evaluate.shifted_domains_as_ood``: each named shifted domain as an OOD set of ``evaluate.ood_images`` texts
+    (drawn under the seed, labels dropped), named ``shifted_<domain>``."""
+    from training.data.texts import SHIFT_CORPORA, load_shift_sets
+
+    names = cfg.evaluate.shifted_domains_as_ood
+    unknown = sorted(set(names) - set(SHIFT_CORPORA))
+    if unknown:
+        raise ValueError(f"evaluate.shifted_domains_as_ood: unknown domain(s) {unknown}; expected {SHIFT_CORPORA}")
+    if not names:
+        return {}
+    tokenizer = load_run_tokenizer(cfg.run_dir)
+    domains = load_shift_sets(cfg.text.data_cache)
+    out = {}
+    for name in names:
+        texts = sample_texts(domains[name].texts, cfg.evaluate.ood_images, cfg.seed + 3)
+        out[f"shifted_{name}"] = encode(tokenizer, texts, cfg.text.max_characters)
+    return out
 
 
 def image_shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:

@@ -255,7 +255,7 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "torch": torch.__version__,
         "threads": cfg.threads, "binning": BINNING, "settings": asdict(cfg.evaluate),
         "noise_scale": fitted["noise_scale"], "noise_scale_val_nll": fitted["noise_scale_val_nll"],
-        "shift_noise": fitted.get("shift_noise"),
+        "shift_noise": fitted.get("shift_noise"), "served": fitted.get("served"),
         "test_draws": draws_test, "modality": cfg.modality, "unit": evaluation.inputs.unit,
         "ood_validation_set": evaluation.inputs.ood_validation_name,
         "methods": [asdict(m) for m in methods],

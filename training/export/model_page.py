@@ -51,13 +51,21 @@ def _sampling_choice(manifest: Manifest) -> list[str]:
     s = manifest.sampling.default_samples
     lines: list[str] = []
     table = _provenance(manifest).default_samples_nll or {}
+    shifted = (_extras(manifest).get("noise_shape_fit") or {}).get("default_samples_nll_shifted") or {}
     if table:
         reference = max(table)
-        lines += [f"Default sample count **S={s}**: the smallest S whose validation NLL is within two standard errors "
-                  f"of S={reference}'s (paired per-input differences):", "",
-                  "| S | validation NLL | minus the reference | standard error |", "| --- | --- | --- | --- |"]
-        lines += [f"| {k} | {v.nll:.4f} | {v.minus_reference:+.4f} | {v.stderr:.4f} |"
-                  for k, v in sorted(table.items())]
+        on_shift = " and on the held-out shift the noise was shaped on" if shifted else ""
+        lines += [f"Default sample count **S={s}**: the smallest S whose validation NLL{on_shift} is within two "
+                  f"standard errors of S={reference}'s (paired per-input differences):", "",
+                  "| S | validation NLL | minus the reference | standard error |"
+                  + (" shift NLL | minus the reference | standard error |" if shifted else ""),
+                  "| --- | --- | --- | --- |" + (" --- | --- | --- |" if shifted else "")]
+        for k, v in sorted(table.items()):
+            row = f"| {k} | {v.nll:.4f} | {v.minus_reference:+.4f} | {v.stderr:.4f} |"
+            if shifted:
+                w = shifted[str(k)]
+                row += f" {w['nll']:.4f} | {w['minus_reference']:+.4f} | {w['stderr']:.4f} |"
+            lines.append(row)
         lines.append("")
     fit = _extras(manifest).get("temperature_fit") or {}
     if fit:
@@ -211,7 +219,7 @@ def _noise_shape(manifest: Manifest, extras: dict[str, Any]) -> list[str]:
             f"**{rho or 0:g}**")
     if fit:
         chosen = fit["grid"][f"rho={rho or 0:g} scale={manifest.sampling.noise_scale:g}"]
-        shifted = "" if chosen["shifted_nll"] is None else f", rotated validation NLL {chosen['shifted_nll']:.4f}"
+        shifted = "" if chosen["shifted_nll"] is None else f", held-out shift NLL {chosen['shifted_nll']:.4f}"
         line += (f", fitted with the noise temperature over {len(fit['grid'])} grid points on {fit['fitted_on']}: "
                  "the lowest NLL on the shift among the points whose validation NLL is within two standard errors of "
                  f"the best (validation NLL {chosen['clean_nll']:.4f}{shifted})")

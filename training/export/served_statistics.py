@@ -96,21 +96,32 @@ def per_input_nll(logits: torch.Tensor, labels: torch.Tensor, temperature: float
     return -probs.gather(1, labels[:, None]).squeeze(1).clamp_min(1e-12).log()  # [N]
 
 
-def choose_default_samples(model: torch.nn.Module, split: AnySplit, counts: list[int], reference: int, seed: int
-                           ) -> tuple[int, dict[str, dict[str, float]]]:
+NllTable = dict[str, dict[str, float]]  # "<S>" -> NLL, its paired difference from the reference's, standard error
+
+
+def choose_default_samples(model: torch.nn.Module, split: AnySplit, counts: list[int], reference: int, seed: int,
+                           shifted: AnySplit | None = None) -> tuple[int, NllTable, NllTable]:
     """The smallest S in ``counts`` whose validation NLL is within noise of S = ``reference``'s: the paired
-    per-input difference NLL_S - NLL_ref has a mean of at most two standard errors. Returns S and the table."""
-    ref = per_input_nll(sample_split(model, split, reference, seed), split.labels)  # [N]
-    table: dict[str, dict[str, float]] = {}
+    per-input difference NLL_S - NLL_ref has a mean of at most two standard errors. With ``shifted`` (the held-out
+    shift the noise was shaped on) S must also be within noise of the reference's there: noise shaped for shifted
+    inputs pays off only at the S that averages it. Returns S, the validation table and the shift's (empty without
+    one)."""
+    sets = [split, *([shifted] if shifted is not None else [])]
+    refs = [per_input_nll(sample_split(model, s, reference, seed), s.labels) for s in sets]  # each [N]
+    tables: list[NllTable] = [{} for _ in sets]
     for n_samples in sorted(c for c in counts if c <= reference):
-        # another seed: the draws at S are not a prefix of the reference's draws
-        diff = per_input_nll(sample_split(model, split, n_samples, seed + 1), split.labels) - ref  # [N]
-        mean, stderr = float(diff.mean()), float(diff.std() / math.sqrt(diff.shape[0]))
-        table[str(n_samples)] = {"nll": float(ref.mean()) + mean, "minus_reference": mean, "stderr": stderr}
-        if mean <= 2.0 * stderr + 1e-6:  # (plus float rounding: a noise-free model gives equal NLLs)
-            return n_samples, {**table, str(reference): {"nll": float(ref.mean()), "minus_reference": 0.0,
-                                                         "stderr": 0.0}}
-    return reference, table
+        within = True
+        for s, ref, table in zip(sets, refs, tables, strict=True):
+            # another seed: the draws at S are not a prefix of the reference's draws
+            diff = per_input_nll(sample_split(model, s, n_samples, seed + 1), s.labels) - ref  # [N]
+            mean, stderr = float(diff.mean()), float(diff.std() / math.sqrt(diff.shape[0]))
+            table[str(n_samples)] = {"nll": float(ref.mean()) + mean, "minus_reference": mean, "stderr": stderr}
+            within &= mean <= 2.0 * stderr + 1e-6  # (plus float rounding: a noise-free model gives equal NLLs)
+        if within:
+            for ref, table in zip(refs, tables, strict=True):
+                table[str(reference)] = {"nll": float(ref.mean()), "minus_reference": 0.0, "stderr": 0.0}
+            return n_samples, tables[0], tables[1] if shifted is not None else {}
+    return reference, tables[0], tables[1] if shifted is not None else {}
 
 
 def served_temperature(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, dict[str, float]]:

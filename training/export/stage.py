@@ -33,8 +33,7 @@ from artifact.contract import (
 from artifact.formats import AOTI_FORMAT
 from models.uncertainty import summarize
 from training.config import ExportConfig, PipelineConfig
-from training.data.held_out_shift import rotated
-from training.data.images import Split
+from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
 from training.export.calibration import fit_temperature
 from training.export.model_page import write_results
@@ -69,32 +68,37 @@ class SamplingChoice:
     noise_shape_fit: dict[str, Any] | None = None  # every grid point's NLLs and what they were measured on
 
 
-def fit_sampling_noise(director: Director, val: AnySplit, ecfg: ExportConfig, n_samples: int, seed: int
-                       ) -> tuple[float, dict[str, float], float, dict[str, Any] | None]:
+def fit_sampling_noise(director: Director, val: AnySplit, cfg: PipelineConfig, n_samples: int,
+                       shift: HeldOutShift | None) -> tuple[float, dict[str, float], float, dict[str, Any] | None]:
     """The noise temperature alone (``fit_noise_scale``, on validation NLL) when the token correlation is one fixed
-    value (0: the kernel's diagonal Gaussian), else both together on validation and its held-out shift
+    value (0: the kernel's diagonal Gaussian), else both together on validation and its held-out ``shift``
     (``fit_noise_shape``): (noise scale, its NLL by scale, token correlation, the shape fit's record)."""
-    grid = ecfg.noise_correlation_grid or [0.0]
-    if len(grid) == 1:
-        director.rollout.set_token_correlation(grid[0])
+    ecfg, seed = cfg.export, cfg.seed
+    if shift is None:
+        rho = (ecfg.noise_correlation_grid or [0.0])[0]
+        director.rollout.set_token_correlation(rho)
         scale, nll = fit_noise_scale(director, val, ecfg.noise_scale_grid, n_samples, seed)
-        return scale, nll, grid[0], None
-    shifted = rotated(val, seed) if isinstance(val, Split) else None
-    rho, scale, points = fit_noise_shape(director, val, shifted, grid, ecfg.noise_scale_grid, n_samples, seed)
-    record = {"grid": points,
-              "fitted_on": "validation + rotated validation" if shifted is not None else "validation"}
-    return scale, {}, rho, record
+        return scale, nll, rho, None
+    rho, scale, points = fit_noise_shape(director, val, shift.split, ecfg.noise_correlation_grid,
+                                         ecfg.noise_scale_grid, n_samples, seed)
+    return scale, {}, rho, {"grid": points, "fitted_on": shift.description}
 
 
-def calibrate_sampling(director: Director, parts: ExportParts, ecfg: ExportConfig, seed: int) -> SamplingChoice:
+def calibrate_sampling(director: Director, parts: ExportParts, cfg: PipelineConfig) -> SamplingChoice:
     """The noise temperature (fitted at the reference sample count) and the default S: ``export.default_samples``,
-    or (null) the smallest S whose validation NLL is within noise of the reference's."""
+    or (null) the smallest S whose validation NLL is within noise of the reference's, and, when the noise was shaped
+    on a held-out shift (more than one token correlation to choose from), its NLL on that shift too."""
+    ecfg, seed = cfg.export, cfg.seed
     val = parts.data.val.head(ecfg.threshold_images)
     reference = ecfg.default_samples or ecfg.default_samples_reference
-    noise_scale, noise_nll, rho, shape_fit = fit_sampling_noise(director, val, ecfg, reference, seed)
+    shift = held_out_shift(cfg, val) if len(ecfg.noise_correlation_grid) > 1 else None
+    noise_scale, noise_nll, rho, shape_fit = fit_sampling_noise(director, val, cfg, reference, shift)
     if ecfg.default_samples is not None:
         return SamplingChoice(noise_scale, noise_nll, ecfg.default_samples, {}, rho, shape_fit)
-    default_s, table = choose_default_samples(director, val, ecfg.sample_counts, reference, seed)
+    default_s, table, shifted_table = choose_default_samples(director, val, ecfg.sample_counts, reference, seed,
+                                                             None if shift is None else shift.split)
+    if shape_fit is not None:
+        shape_fit["default_samples_nll_shifted"] = shifted_table
     return SamplingChoice(noise_scale, noise_nll, default_s, table, rho, shape_fit)
 
 
@@ -284,7 +288,7 @@ def export(cfg: PipelineConfig) -> Path:
     ecfg = cfg.export
     run = load_run(cfg)
     progress = tqdm(total=6, desc="export", leave=False)
-    sampling = calibrate_sampling(run.director, run.parts, ecfg, cfg.seed)
+    sampling = calibrate_sampling(run.director, run.parts, cfg)
     default_s = sampling.default_samples
     progress.update()
     out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)

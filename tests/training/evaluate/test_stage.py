@@ -26,6 +26,7 @@ def tiny_evaluation_config(tmp: Path) -> dict[str, Any]:
         "corruption_images": 40, "corruptions": ["gaussian_noise", "pixelate"],
         "severities": [1, 5], "ood_images": 40, "ablations": ["both", "floor", "l2_only", "tau_0.1"],
         "ablation_epochs": 1, "distil_seeds": [1], "latency_images": 3, "latency_repeats": 1, "bootstrap": 20,
+        "served_version": 1,  # exported by the fixture with a fitted noise shape and default S
     }
     # exported as a baseline (fine-tuned on the way) by test_exported_baselines_load_in_the_server
     raw["kep_svgp"] = {"rank": 4, "rank_multi": 2, "epochs": 1, "batch_size": 64, "warmup_steps": 2,
@@ -40,13 +41,27 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     config.write_text(yaml.safe_dump(tiny_evaluation_config(tmp)))
     assert main(["fit-backbone", "--config", str(config)]) == 0
     assert main(["distil", "--config", str(config)]) == 0
+    assert main(["export", "--config", str(config), "--set", "export.noise_correlation_grid=[0.0, 1.0]",
+                 "--set", "export.default_samples=null", "--set", "export.default_samples_reference=4"]) == 0
     assert main(["evaluate", "--config", str(config)]) == 0
     results = json.loads((tmp / "docs" / "tiny-task.json").read_text())
     return config, results
 
 
 METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "director_s1", "director_s4",
-           "director_s4_ts", "director_s4_noise", "director_s4_shift_noise"]
+           "director_s4_ts", "director_s4_noise", "director_s4_shift_noise", "director_served"]
+
+
+def test_the_exported_version_is_evaluated_as_it_serves(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    config, results = evaluated
+    manifest = json.loads((config.parent / "repo" / "tiny" / "1" / "manifest.json").read_text())
+    served, sampling = results["served"], manifest["sampling"]
+    assert served == {"version": 1, "token_correlation": sampling.get("token_correlation", 0.0),
+                      "noise_scale": sampling["noise_scale"], "default_samples": sampling["default_samples"],
+                      "temperature": manifest["temperature"]}
+    row = results["test_and_ood"]["director_served"]
+    assert row["n_samples"] == sampling["default_samples"] and row["temperature"] == manifest["temperature"]
+    assert "1" in results["shift"]["director_served"]["paired_vs_temperature_scaling"]
 
 
 def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) -> None:

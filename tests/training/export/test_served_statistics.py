@@ -30,15 +30,33 @@ def _split(n: int = 400) -> Split:
 
 
 def test_noise_free_model_needs_one_sample() -> None:
-    chosen, table = choose_default_samples(NoisyLinear(0.0), _split(), [1, 2, 4, 8], 8, seed=0)
+    chosen, table, shifted = choose_default_samples(NoisyLinear(0.0), _split(), [1, 2, 4, 8], 8, seed=0)
+    assert shifted == {}
     assert chosen == 1 and abs(table["1"]["minus_reference"]) < 1e-6
 
 
 def test_noisy_model_needs_more_samples_and_the_table_says_why() -> None:
-    chosen, table = choose_default_samples(NoisyLinear(6.0), _split(), [1, 2, 4, 8, 16], 16, seed=0)
+    chosen, table, _ = choose_default_samples(NoisyLinear(6.0), _split(), [1, 2, 4, 8, 16], 16, seed=0)
     assert chosen > 1
     assert table["1"]["minus_reference"] > 2 * table["1"]["stderr"]  # S = 1 is measurably worse than S = 16
     assert str(chosen) in table
+
+
+def test_a_held_out_shift_can_ask_for_more_samples_than_validation() -> None:
+    """Noise that barely matters on validation (confident inputs) but does on the shift (inputs near the boundary)."""
+    model = NoisyLinear(1.5)
+    with torch.no_grad():
+        model.linear.weight.mul_(100.0)  # validation inputs far from the boundary: the noise moves nothing there
+    images = _split().images
+    with torch.no_grad():
+        val = Split(images, model.linear(images.flatten(1)).argmax(1))  # the model's own answers, far from a tie
+    shifted = Split(0.004 * val.images, val.labels)  # shrunk towards 0: logits small, every sample's noise counts
+    alone, _, none = choose_default_samples(model, val, [1, 2, 4, 8, 16], 16, seed=0)
+    both, table, shifted_table = choose_default_samples(model, val, [1, 2, 4, 8, 16], 16, seed=0, shifted=shifted)
+    assert none == {} and alone == 1
+    assert both > alone
+    assert shifted_table["1"]["minus_reference"] > 2 * shifted_table["1"]["stderr"]  # the shift's reason, recorded
+    assert set(table) == set(shifted_table) and str(both) in table
 
 
 def test_temperature_served_only_when_it_wins_on_held_out_validation() -> None:
