@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -287,42 +286,6 @@ class Manifest(Section):
         if isinstance(self.input, TextInput) and self.input.tokenizer not in self.files:
             raise ValueError(f"files do not list the tokenizer {self.input.tokenizer!r} (it must be sha256-checked)")
         return self
-
-
-@dataclass(frozen=True)
-class SamplesVerdict:
-    """Whether drawing more than one sample changes anything on a model, from what its manifest records, in words a
-    client can show: ``informative`` is None when the export measured nothing to decide it."""
-
-    informative: bool | None
-    note: str
-
-
-def samples_verdict(manifest: Manifest) -> SamplesVerdict:
-    """A deterministic model's samples are one row repeated. A DIRECTOR model's default sample count is the smallest
-    whose validation NLL is within two standard errors of the largest count's (paired per input), so a default of 1
-    with that table says more samples bought nothing measurable; a score read from the samples' spread
-    (``mutual_information``) makes them informative whatever the NLL says."""
-    if manifest.method == "deterministic":
-        return SamplesVerdict(False, "a deterministic model: every sample is the same row, so n_samples > 1 changes "
-                                     "nothing and mutual_information is 0")
-    scores = {manifest.ood.score, *(term.score for term in manifest.ood.combination or [])}
-    if "mutual_information" in scores:
-        return SamplesVerdict(True, "the OOD score reads the spread of the samples (mutual_information): use "
-                                    "n_samples >= 2")
-    table = manifest.provenance.default_samples_nll if manifest.provenance else None
-    if not table or 1 not in table or len(table) < 2:
-        return SamplesVerdict(None, "not measured at export")
-    reference, single = max(table), table[1]
-    measured = (f"validation NLL at S=1 was {single.nll:.4f} against {table[reference].nll:.4f} at S={reference} "
-                f"(paired difference {single.minus_reference:+.4f}, standard error {single.stderr:.4f})")
-    if manifest.sampling.default_samples > 1:
-        return SamplesVerdict(True, f"more samples lower the NLL on this model: {measured}; the default is "
-                                    f"S={manifest.sampling.default_samples}")
-    return SamplesVerdict(False, f"more samples change nothing measurable on this model: {measured}, so the default "
-                                 "is S=1; the samples' disagreement (mutual_information) buys no accuracy or "
-                                 f"calibration here and is not its OOD score: use ood_score and is_ood (score "
-                                 f"{manifest.ood.score})")
 
 
 class ManifestError(ValueError):

@@ -20,7 +20,6 @@ from artifact.contract import (
     parse_manifest,
     read_document,
     retired_folder,
-    samples_verdict,
     staging_folder,
     verify_files,
 )
@@ -100,50 +99,6 @@ def test_staged_and_retired_versions_are_not_published(tmp_path: Path) -> None:
     assert staging_folder(version).parent == retired_folder(version).parent == version.parent
     assert not is_published(staging_folder(version)) and not is_published(retired_folder(version))
     assert not is_published(tmp_path / "model" / "absent")
-
-
-def nll_table(single: float, reference: float, stderr: float) -> dict[str, Any]:
-    return {"1": {"nll": single, "minus_reference": single - reference, "stderr": stderr},
-            "32": {"nll": reference, "minus_reference": 0.0, "stderr": 0.0}}
-
-
-def test_samples_verdict_reads_what_the_export_measured(image_document: dict[str, Any]) -> None:
-    """S=1 within two standard errors of S=32 (so the exporter chose S=1): samples change nothing; a default above 1
-    means S=1 was measurably worse; a spread-based OOD score needs samples; no table: not measured."""
-    flat = copy.deepcopy(image_document)
-    flat["provenance"]["default_samples_nll"] = nll_table(0.2505, 0.2506, 0.0002)
-    flat["sampling"]["default_samples"] = 1
-    verdict = samples_verdict(parse_manifest(flat))
-    assert verdict.informative is False
-    assert "0.2505" in verdict.note and "S=32" in verdict.note and "ood_score" in verdict.note
-
-    better = copy.deepcopy(image_document)
-    better["provenance"]["default_samples_nll"] = nll_table(0.40, 0.30, 0.01)
-    better["sampling"]["default_samples"] = 8
-    assert samples_verdict(parse_manifest(better)).informative is True
-
-    spread = copy.deepcopy(flat)
-    spread["ood"]["score"] = "mutual_information"
-    assert samples_verdict(parse_manifest(spread)).informative is True
-
-    unmeasured = copy.deepcopy(image_document)
-    unmeasured["provenance"].pop("default_samples_nll", None)
-    assert samples_verdict(parse_manifest(unmeasured)).informative is None
-
-    deterministic = copy.deepcopy(flat)
-    deterministic["method"] = "deterministic"
-    assert samples_verdict(parse_manifest(deterministic)).informative is False
-
-
-def test_committed_defaults_say_that_more_samples_buy_nothing() -> None:
-    """Every committed DIRECTOR default was exported at S=1 with S=32 no better on validation: each says so, with the
-    figures its export recorded."""
-    for name, version in [("fashion-vit", "4"), ("movie-reviews-minilm", "4"), ("writing-source-minilm", "1")]:
-        manifest = parse_manifest(read_document(REPOSITORY / name / version))
-        verdict = samples_verdict(manifest)
-        assert verdict.informative is False, name
-        assert manifest.provenance is not None and manifest.provenance.default_samples_nll is not None
-        assert f"{manifest.provenance.default_samples_nll[1].nll:.4f}" in verdict.note and "S=32" in verdict.note
 
 
 def test_the_depth_has_one_name_for_readers(image_document: dict[str, Any]) -> None:

@@ -204,7 +204,14 @@ def test_a_token_correlation_grid_is_fitted_recorded_and_scripted(exported: tupl
     assert set(clean) == set(shifted) and str(s) in shifted and "8" in shifted
     for table in (clean, shifted):
         assert table[str(s)]["minus_reference"] <= 2 * table[str(s)]["stderr"] + 1e-6
+    # the served temperature, shaped noise: the clean fit or 1, whichever the shift prefers among those within noise
+    temperature_fit = manifest["provenance"]["temperature_fit"]
+    if "shift_nll_t1" in temperature_fit:
+        assert manifest["temperature"] in (temperature_fit["temperature_clean"], 1.0)
+    else:  # the clean fit did not win on held-out validation
+        assert manifest["temperature"] == 1.0
     artifact = load_scripted(folder / "director.ts")
     assert float(artifact.rollout.token_correlation) == rho
     page = (tmp_path / "docs" / f"{cfg.export.name}.md").read_text()
-    assert "Token correlation of the sampled noise" in page and "on the held-out shift the noise was shaped on" in page
+    assert "Token correlation of the sampled noise" in page
+    assert "on the held-out shift the noise was shaped on is, on each," in page

@@ -76,9 +76,12 @@ def shift_ece_checks(results: dict[str, Any], key: str, label: str) -> list[Chec
         return [Check(f"{label}: ECE under shift <= temperature scaling's", "-", "-", None)]
     mine, ts = shift[key], shift["temperature_scaling"]
     paired = mine.get("paired_vs_temperature_scaling", {})
-    levels = ({s: (f"severity {s}", mine["by_severity"][s], ts["by_severity"][s])
-               for s in sorted(mine["by_severity"], key=int)}
-              if "by_severity" in mine else {"mean": ("the domains' mean", mine["mean"], ts["mean"])})
+    if "by_severity" in mine:
+        levels = {s: (f"severity {s}", mine["by_severity"][s], ts["by_severity"][s])
+                  for s in sorted(mine["by_severity"], key=int)}
+    else:  # texts: every domain, then their mean (the paired interval is the mean's)
+        levels = {d: (d, mine["by_domain"][d], ts["by_domain"][d]) for d in mine["by_domain"]}
+        levels["mean"] = ("the domains' mean", mine["mean"], ts["mean"])
     checks = []
     for key_, (level, m, t) in levels.items():
         interval = ""
@@ -103,7 +106,10 @@ def detector_sections(results_dir: Path) -> list[tuple[str, str, list[Check]]]:
         sampling = results_dir / f"{spec.sampling_task}.json" if spec.sampling_task else None
         if sampling is not None and sampling.exists():
             shifted = json.loads(sampling.read_text())
-            checks += shift_ece_checks(shifted, "director_s1", "DIRECTOR (S=1, served)")
+            served = shifted.get("served")
+            checks += (shift_ece_checks(shifted, "director_served", f"DIRECTOR as served (v{served['version']}, "
+                                                                   f"S={served['default_samples']})")
+                       if served else shift_ece_checks(shifted, "director_s1", "DIRECTOR (S=1, served)"))
             samples = shifted["settings"]["samples"]
             checks += shift_ece_checks(shifted, f"director_s{samples}_shift_noise",
                                        f"DIRECTOR (S={samples}) + shift-fitted noise")

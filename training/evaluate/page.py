@@ -35,6 +35,18 @@ def shift_noise_note(results: dict[str, Any]) -> str:
             "(the lowest NLL on that shift among the grid points whose validation NLL is within two standard "
             "errors of the best; docs/method.md, \"Samples that carry information\"), never on a reported set.")
 
+
+def served_note(results: dict[str, Any]) -> str:
+    """How the "DIRECTOR as served" row samples (empty when the evaluation had none)."""
+    served = results.get("served")
+    if not served:
+        return ""
+    return (f" \"DIRECTOR as served\" samples the run's kernel as version {served['version']} does for a request "
+            f"without n_samples: its manifest's token correlation {served['token_correlation']:g}, noise "
+            f"x{served['noise_scale']:g}, S = {served['default_samples']} and temperature "
+            f"{served['temperature']:.3f}, as its export chose them.")
+
+
 def main_table(results: dict[str, Any]) -> list[str]:
     costs = results.get("cost")
     head = ("| method | S | acc % [95% CI] | NLL | Brier | ECE % [95% CI] | adaptive ECE % | MCE % | AURC "
@@ -213,7 +225,7 @@ def test_split_section(results: dict[str, Any], probs: dict[str, torch.Tensor], 
         "the point estimate: compare methods by their intervals, not their third digit. "
         + cost_note + "Temperatures are fitted on the validation split; the noise temperature scales every DIRECTOR "
         f"step's std and was fitted on validation NLL over {st['noise_scale_grid']}: {results['noise_scale']}. "
-        + shift_noise_note(results), "",
+        + shift_noise_note(results) + served_note(results), "",
         *main_table(results), "", f"![reliability]({reliability.name})", "",
         "Risk against coverage: keep the most confident inputs first; the curve gives the error rate of what is "
         "kept at each share kept, so a threshold can be chosen by the error rate a user accepts (AURC, the area "

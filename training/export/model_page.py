@@ -54,9 +54,10 @@ def _sampling_choice(manifest: Manifest) -> list[str]:
     shifted = (_extras(manifest).get("noise_shape_fit") or {}).get("default_samples_nll_shifted") or {}
     if table:
         reference = max(table)
-        on_shift = " and on the held-out shift the noise was shaped on" if shifted else ""
-        lines += [f"Default sample count **S={s}**: the smallest S whose validation NLL{on_shift} is within two "
-                  f"standard errors of S={reference}'s (paired per-input differences):", "",
+        on_shift = (" on validation and on the held-out shift the noise was shaped on is, on each," if shifted
+                    else " on validation is")
+        lines += [f"Default sample count **S={s}**: the smallest S whose NLL{on_shift} within two standard errors "
+                  f"of S={reference}'s (paired per-input differences):", "",
                   "| S | validation NLL | minus the reference | standard error |"
                   + (" shift NLL | minus the reference | standard error |" if shifted else ""),
                   "| --- | --- | --- | --- |" + (" --- | --- | --- |" if shifted else "")]
@@ -68,7 +69,14 @@ def _sampling_choice(manifest: Manifest) -> list[str]:
             lines.append(row)
         lines.append("")
     fit = _extras(manifest).get("temperature_fit") or {}
-    if fit:
+    if fit and "shift_nll_t1" in fit:  # the noise was shaped on the held-out shift: the temperature follows its rule
+        clean_t = fit["temperature_clean"]
+        lines += [f"Served temperature **{manifest.temperature:.3f}**: between T={clean_t:.3f} (fitted on "
+                  f"validation) and 1, the one with the lower NLL on the held-out shift among those within two "
+                  f"standard errors of the better validation NLL (validation {fit['clean_nll_fitted']:.4f} against "
+                  f"{fit['clean_nll_t1']:.4f}, shift {fit['shift_nll_fitted']:.4f} against {fit['shift_nll_t1']:.4f})"
+                  ": a temperature fitted on clean inputs alone would sharpen what the noise was shaped to soften.", ""]
+    elif fit:
         kept = manifest.temperature
         lines += [f"Served temperature **{kept:.3f}**: fitted on the first half of validation "
                   f"(T={fit['temperature_first_half']:.3f}), it moved the second half's NLL from {fit['nll_t1']:.4f} "

@@ -137,6 +137,27 @@ def served_temperature(logits: torch.Tensor, labels: torch.Tensor) -> tuple[floa
     return fit_temperature(logits, labels), held_out
 
 
+def temperature_on_shift(temperature: float, clean: torch.Tensor, clean_labels: torch.Tensor, shifted: torch.Tensor,
+                         shifted_labels: torch.Tensor) -> tuple[float, dict[str, float]]:
+    """The served temperature when the noise was shaped on a held-out shift: the rule ``fit_noise_shape`` applies,
+    between ``temperature`` (fitted on clean validation) and 1. Among the two whose clean validation NLL is within two
+    standard errors of the better one (paired per input), the one with the lower NLL on the shift (sampled logits
+    [S, N, C] of each): a temperature fitted on clean inputs alone sharpens what the noise was shaped to soften."""
+    candidates = {"fitted": temperature, "t1": 1.0}
+    clean_nll = {k: per_input_nll(clean, clean_labels, t) for k, t in candidates.items()}  # each [N]
+    shift_nll = {k: float(per_input_nll(shifted, shifted_labels, t).mean()) for k, t in candidates.items()}
+    best = min(clean_nll, key=lambda k: float(clean_nll[k].mean()))
+    eligible = []
+    for key, nll in clean_nll.items():
+        diff = nll - clean_nll[best]  # [N] paired
+        if float(diff.mean()) <= 2.0 * float(diff.std() / math.sqrt(diff.shape[0])) + 1e-6:
+            eligible.append(key)
+    chosen = min(eligible, key=shift_nll.get)
+    record = {"shift_nll_fitted": shift_nll["fitted"], "shift_nll_t1": shift_nll["t1"],
+              "clean_nll_fitted": float(clean_nll["fitted"].mean()), "clean_nll_t1": float(clean_nll["t1"].mean())}
+    return candidates[chosen], record
+
+
 def reference_section(summary: UncertaintySummary, labels: torch.Tensor, n_samples: int) -> dict[str, Any]:
     """Validation metrics and the quantiles of confidence, entropy and MI the server's drift gauges compare with."""
     q = torch.linspace(0, 1, QUANTILES, dtype=torch.float64)

@@ -32,7 +32,7 @@ from artifact.contract import (
 )
 from artifact.formats import AOTI_FORMAT
 from models.uncertainty import summarize
-from training.config import ExportConfig, PipelineConfig
+from training.config import PipelineConfig
 from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
 from training.export.calibration import fit_temperature
@@ -48,6 +48,7 @@ from training.export.served_statistics import (
     sample_split,
     served_statistics,
     served_temperature,
+    temperature_on_shift,
 )
 from training.export.writing import git_commit, install_version, source_record, staging_dir, write_manifest
 from training.loading import AnySplit, Director, load_backbone, load_director, run_family
@@ -102,13 +103,22 @@ def calibrate_sampling(director: Director, parts: ExportParts, cfg: PipelineConf
     return SamplingChoice(noise_scale, noise_nll, default_s, table, rho, shape_fit)
 
 
-def choose_temperature(served: torch.nn.Module, parts: ExportParts, ecfg: ExportConfig, default_s: int, seed: int
-                       ) -> tuple[float, dict[str, float]]:
-    """The served temperature on the sampled logits: kept when it wins on held-out validation (else 1)."""
+def choose_temperature(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
+                       shaped_on_shift: bool) -> tuple[float, dict[str, float]]:
+    """The served temperature on the sampled logits: kept when it wins on held-out validation (else 1), and, when
+    the noise was shaped on the held-out shift, when it does not undo that there (``temperature_on_shift``)."""
+    ecfg, seed = cfg.export, cfg.seed
     if not ecfg.temperature_scaling:
         return 1.0, {}
     val = parts.data.val
-    return served_temperature(sample_split(served, val, default_s, seed + 2), val.labels)
+    clean = sample_split(served, val, default_s, seed + 2)  # [S, N, C]
+    temperature, record = served_temperature(clean, val.labels)
+    if not shaped_on_shift or temperature == 1.0:
+        return temperature, record
+    shift = held_out_shift(cfg, val.head(ecfg.threshold_images))
+    shifted = sample_split(served, shift.split, default_s, seed + 2)  # [S, N', C]
+    kept, on_shift = temperature_on_shift(temperature, clean, val.labels, shifted, shift.split.labels)
+    return kept, {**record, **on_shift, "temperature_clean": temperature}
 
 
 def test_block(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
@@ -296,7 +306,8 @@ def export(cfg: PipelineConfig) -> Path:
     artifact_module, served = stage_artifact(run, tmp_dir)
     progress.update()
     # the served temperature, reference statistics and the OOD score, from the artifact that will be served
-    temperature, temperature_fit = choose_temperature(served, run.parts, ecfg, default_s, cfg.seed)
+    temperature, temperature_fit = choose_temperature(served, run.parts, cfg, default_s,
+                                                      sampling.noise_shape_fit is not None)
     served_stats = served_statistics(served, run.parts.data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
                                      run.parts.ood_validation, run.parts.selection_set, temperature)
     progress.update()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from artifact.contract import samples_verdict
+from artifact.samples import samples_verdict
 from service.api.deps import AppStateDep, require_api_key
 from service.api.protocol import ModelDetail, ModelList, ModelSummary, VersionInfo
 from service.engine.model_settings import ModelConfigFile

@@ -50,6 +50,12 @@ def test_ece_under_shift_is_held_against_temperature_scaling_per_severity() -> N
     got = {c.target: c.met for c in shift_ece_checks(shift, "director_s16_shift_noise", "noise")}
     assert got == {"noise: ECE under shift, severity 1 <= temperature scaling's": False,
                    "noise: ECE under shift, severity 5 <= temperature scaling's": True}
-    texts = {"shift": {"temperature_scaling": {"mean": {"ece": 0.05}}, "director_s1": {"mean": {"ece": 0.05}}}}
-    assert [c.met for c in shift_ece_checks(texts, "director_s1", "served")] == [True]  # a tie meets it
+    texts = {"shift": {"temperature_scaling": {"mean": {"ece": 0.05}, "by_domain": {"tweets": {"ece": 0.04},
+                                                                                 "editorials": {"ece": 0.06}}},
+                       "director_s1": {"mean": {"ece": 0.05}, "by_domain": {"tweets": {"ece": 0.045},
+                                                                           "editorials": {"ece": 0.055}}}}}
+    got = {c.target: c.met for c in shift_ece_checks(texts, "director_s1", "served")}
+    assert got == {"served: ECE under shift, tweets <= temperature scaling's": False,  # every domain, then the mean
+                   "served: ECE under shift, editorials <= temperature scaling's": True,
+                   "served: ECE under shift, the domains' mean <= temperature scaling's": True}  # a tie meets it
     assert [c.met for c in shift_ece_checks(texts, "director_s4", "absent")] == [None]

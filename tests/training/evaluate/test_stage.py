@@ -62,6 +62,7 @@ def test_the_exported_version_is_evaluated_as_it_serves(evaluated: tuple[Path, d
     row = results["test_and_ood"]["director_served"]
     assert row["n_samples"] == sampling["default_samples"] and row["temperature"] == manifest["temperature"]
     assert "1" in results["shift"]["director_served"]["paired_vs_temperature_scaling"]
+    assert "samples the run's kernel as version 1 does" in (config.parent / "docs" / "tiny-task.md").read_text()
 
 
 def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) -> None:

@@ -6,7 +6,12 @@ import torch
 from torch import nn
 
 from training.data.images import Split
-from training.export.served_statistics import choose_default_samples, per_input_nll, served_temperature
+from training.export.served_statistics import (
+    choose_default_samples,
+    per_input_nll,
+    served_temperature,
+    temperature_on_shift,
+)
 
 
 class NoisyLinear(nn.Module):
@@ -69,3 +74,20 @@ def test_temperature_served_only_when_it_wins_on_held_out_validation() -> None:
     assert abs(calibrated - 1.0) < 0.15
     nll = per_input_nll(3.0 * true_logits.unsqueeze(0), labels, overconfident)
     assert float(nll.mean()) < float(per_input_nll(3.0 * true_logits.unsqueeze(0), labels).mean())
+
+
+def test_a_temperature_that_sharpens_the_shift_is_not_served_when_validation_cannot_tell() -> None:
+    """Validation cannot tell T = 0.9 from 1 (confident inputs, labels drawn from the model's own probabilities),
+    the shift (inputs near the boundary, labelled the same way) prefers 1: the shift decides. When validation clearly
+    prefers the fitted temperature, it is kept whatever the shift says."""
+    gen = torch.Generator().manual_seed(3)
+    clean = 8.0 * torch.randn(1, 3000, 3, generator=gen)  # [S, N, C] confident
+    clean_labels = torch.multinomial(clean[0].softmax(-1), 1, generator=gen).squeeze(1)
+    shifted = 0.5 * torch.randn(1, 3000, 3, generator=gen)  # near ties
+    shifted_labels = torch.multinomial(shifted[0].softmax(-1), 1, generator=gen).squeeze(1)
+    kept, record = temperature_on_shift(0.9, clean, clean_labels, shifted, shifted_labels)
+    assert kept == 1.0 and record["shift_nll_t1"] < record["shift_nll_fitted"]
+    overconfident = 3.0 * clean  # validation now clearly wants the fitted temperature
+    noisy_labels = torch.multinomial(clean[0].softmax(-1), 1, generator=gen).squeeze(1)
+    kept, _ = temperature_on_shift(3.0, overconfident, noisy_labels, shifted, shifted_labels)
+    assert kept == 3.0
