@@ -45,8 +45,20 @@ def samples_verdict(manifest: Manifest) -> SamplesVerdict:
     if shifted and "1" in shifted:
         return SamplesVerdict(True, f"more samples lower the NLL on shifted inputs: on the held-out shift the noise "
                                     f"was shaped on, {measured_nll('', shifted)}; on {measured}; the default is "
-                                    f"S={default}")
-    return SamplesVerdict(True, f"more samples lower the NLL on this model: {measured}; the default is S={default}")
+                                    f"S={default}{spread_note(manifest)}")
+    return SamplesVerdict(True, f"more samples lower the NLL on this model: {measured}; the default is "
+                                f"S={default}{spread_note(manifest)}")
+
+
+def spread_note(manifest: Manifest) -> str:
+    """What ``mutual_information`` is worth as an OOD score next to the served one, on the export's OOD validation."""
+    auroc = manifest.ood.selection_auroc or {}
+    chosen = auroc.get(manifest.ood.selection_choice or manifest.ood.score)
+    mine = auroc.get("mutual_information")
+    if mine is None or chosen is None or mine >= chosen:
+        return ""
+    return (f"; mutual_information (how much the samples disagree) is a weaker OOD signal here: AUROC {mine:.3f} on "
+            f"the OOD validation set against {chosen:.3f} for the served score, so flag with ood_score / is_ood")
 
 
 def measured_nll(where: str, table: dict[str, dict[str, Any]]) -> str:

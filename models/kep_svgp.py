@@ -120,17 +120,32 @@ class KepSvgpAttention(nn.Module):
         """KL(q(u_e) || p(u_e)) + KL(q(u_r) || p(u_r)), summed over heads and output dimensions."""
         return svgp_kl(self.mean_u, self.scale_tril(), self.lambdas().unsqueeze(0).expand(2, -1, -1))
 
-    def forward_terms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, N, D] -> (sampled output [B, N, D], KSVD loss: the mean over rows and heads of (J / N)^2)."""
+    def forward_terms(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, N, D] -> (sampled output [B, N, D], KSVD loss: the mean over rows and heads of (J / N)^2).
+
+        With ``key_padding_mask`` [B, N] (True on real tokens, right-padded texts) the kernel is the real tokens'
+        alone: padded queries and keys are zero (their rows and columns of K vanish), ``W_e``, ``W_r`` combine tokens
+        evenly spaced over each text's own length, and N is the text's length."""
         b, n, dim = x.shape
         qk = self.qk(x).view(b, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [2, B, H, N, hd]
         q, k = F.normalize(qk[0], dim=-1), F.normalize(qk[1], dim=-1)  # [B, H, N, hd] phi_q, phi_k
-        chosen = x.index_select(1, self.token_index).view(b, -1, self.num_heads, self.head_dim)  # [B, p, H, hd]
+        if key_padding_mask is None:
+            chosen = x.index_select(1, self.token_index)  # [B, p, D]
+            lengths = torch.full((b, 1), float(n), dtype=x.dtype, device=x.device)  # [B, 1]
+        else:
+            real = key_padding_mask[:, None, :, None].to(x.dtype)  # [B, 1, N, 1]
+            q, k = q * real, k * real  # [B, H, N, hd]
+            lengths = key_padding_mask.sum(1, keepdim=True).to(x.dtype)  # [B, 1]
+            spread = torch.linspace(0, 1, self.token_index.shape[0], device=x.device, dtype=x.dtype)  # [p]
+            index = (spread[None] * (lengths - 1)).round().long()  # [B, p] within each text
+            chosen = x.gather(1, index[..., None].expand(-1, -1, dim))  # [B, p, D]
+        chosen = chosen.view(b, -1, self.num_heads, self.head_dim)  # [B, p, H, hd]
         w_e = torch.einsum("bphd,hps->bhds", chosen, self.w_e)  # [B, H, hd, s]
         w_r = torch.einsum("bphd,hps->bhds", chosen, self.w_r)  # [B, H, hd, s]
-        e, r = q @ w_e, k @ w_r  # [B, H, N, s] projection scores
+        e, r = q @ w_e, k @ w_r  # [B, H, N, s] projection scores (zero on padded tokens)
         lam = self.lambdas()  # [H, s]
-        ksvd = (ksvd_objective(e, r, w_e, w_r, lam) / n).square().mean()
+        ksvd = (ksvd_objective(e, r, w_e, w_r, lam) / lengths).square().mean()
         eps = torch.randn(2, b, self.num_heads, self.rank, self.rank, dtype=x.dtype, device=x.device)  # [2, B, H, d, s]
         noise = torch.einsum("zhdij,zbhdj->zbhid", self.scale_tril(), eps)  # [2, B, H, s, d] L_d eps_d
         u = self.mean_u.unsqueeze(1) + noise  # [2, B, H, s, d] one draw of u_e, u_r per row
@@ -182,9 +197,14 @@ class KepSvgpClassifier(nn.Module):
             KepSvgpBlock(block, KepSvgpAttention.from_timm(block.attn, num_tokens, rank, rank_multi))
             for block in vit.blocks[depth - layers :])
         self.replaced = list(range(depth - layers, depth))  # 0-based indices of the replaced layers
+        self.num_layers = depth
         self.norm, self.fc_norm, self.head = vit.norm, vit.fc_norm, vit.head
         self.pool_avg = vit.global_pool == "avg"
         self.num_prefix_tokens = vit.num_prefix_tokens
+
+    def frozen_parts(self) -> list[nn.Module]:
+        """What fine-tuning leaves as it is unless told otherwise: the embedding and the blocks before."""
+        return [self.embedding, self.prefix]
 
     def start(self, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels in [0, 1] [B, C, H, W] -> the input of the first replaced block [B, N, D] (deterministic)."""

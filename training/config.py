@@ -221,7 +221,7 @@ class KepSvgpConfig:
     max_steps: int | None = None
     val_images: int = 2000
     val_samples: int = 8
-    # the evaluation's ``kep_svgp`` row (image tasks; fine-tuned first when the run has none yet)
+    # the evaluation's ``kep_svgp`` row (fine-tuned first when the run has none yet)
     in_evaluation: bool = False
 
 

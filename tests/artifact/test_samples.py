@@ -59,9 +59,12 @@ def test_a_default_chosen_on_the_held_out_shift_says_so(image_document: dict[str
     shaped["provenance"]["default_samples_nll"] = nll_table(0.2532, 0.2520, 0.0020)
     shaped["provenance"]["noise_shape_fit"] = {"default_samples_nll_shifted": nll_table(2.5794, 2.5004, 0.0087)}
     shaped["sampling"]["default_samples"] = 16
+    shaped["ood"]["selection_auroc"] = {"mutual_information": 0.7735, shaped["ood"]["score"]: 0.9956}
+    shaped["ood"].pop("selection_choice", None)
     verdict = samples_verdict(parse_manifest(shaped))
     assert verdict.informative is True
     assert verdict.note.index("2.5794") < verdict.note.index("0.2532") and "held-out shift" in verdict.note
+    assert "weaker OOD signal here: AUROC 0.773" in verdict.note and "0.996 for the served score" in verdict.note
 
 
 def test_committed_defaults_say_that_more_samples_buy_nothing() -> None:

@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import tiny_text_config_dict
 from training.cli import main
 
-METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "director_s1", "director_s4",
+METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "kep_svgp", "director_s1", "director_s4",
            "director_s4_ts", "director_s4_noise", "director_s4_shift_noise"]
 
 
@@ -31,6 +31,9 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         "ood_images": 40, "ablations": [], "distil_seeds": [], "latency_images": 3, "latency_repeats": 1,
         "bootstrap": 20,
     }
+    # the KEP-SVGP row: fine-tuned by the evaluation from the fitted backbone (attention over real tokens)
+    raw["kep_svgp"] = {"rank": 4, "rank_multi": 2, "epochs": 1, "batch_size": 32, "warmup_steps": 2,
+                       "val_images": 60, "val_samples": 2, "in_evaluation": True}
     config = tmp / "tiny-text.yaml"
     config.write_text(yaml.safe_dump(raw))
     assert main(["fit-backbone", "--config", str(config)]) == 0
@@ -71,6 +74,15 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
         low, high = pair[metric]["ci95"]
         assert low <= high
     assert rows["director_s4"]["test"]["accuracy_ci95"][0] <= rows["director_s4"]["test"]["accuracy"]
+
+
+def test_kep_svgp_sits_beside_director_on_texts(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    config, results = evaluated
+    row = results["test_and_ood"]["kep_svgp"]
+    assert row["n_samples"] == 4 and row["label"] == "KEP-SVGP (S=4, last 1 layer(s))"
+    assert row["test"]["mean_mutual_information"] > 0.0 and "fortunes_quotes" in row["ood"]
+    assert "director_s4 - kep_svgp" in results["paired"] and "kep_svgp" in results["shift"]
+    assert "### The method paper's claim on this task" in (config.parent / "docs" / "tiny-reviews.md").read_text()
 
 
 def test_texts_fit_the_noise_shape_on_validation_and_its_typos(evaluated: tuple[Path, dict[str, Any]]) -> None:

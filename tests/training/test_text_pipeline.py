@@ -267,5 +267,6 @@ def test_text_deterministic_baseline_exports_compactly_and_loads_in_the_server(e
         rows = artifact.module.sample_rows(ids, mask, torch.tensor([1, 1, 1]))  # [3, C]
         expected = load_backbone(cfg.run_dir)(ids, mask)  # [3, C]
     torch.testing.assert_close(rows, expected, atol=0.05, rtol=0)  # int8 table and float16 layers
-    with pytest.raises(ValueError, match="deterministic only"):
-        main(["export-baseline", *args, "--method", "mc_dropout"])
+    for method in ("mc_dropout", "kep_svgp"):  # refused before anything is fine-tuned
+        with pytest.raises(ValueError, match="deterministic only"):
+            main(["export-baseline", *args, "--method", method])

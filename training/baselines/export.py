@@ -34,6 +34,10 @@ def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = N
     DIRECTOR (``method`` says which), so the server serves and benchmarks it side by side. Like DIRECTOR it is served
     with a temperature when that wins on held-out validation (the backbone + temperature scaling a user would
     otherwise deploy)."""
+    if cfg.modality == "text" and method != "deterministic":
+        raise ValueError(f"text baselines export as artifacts for method deterministic only, not {method!r}: "
+                         "transformers modules do not script, and only the plain backbone is rebuilt from plain "
+                         "modules (the evaluation still measures MC dropout, ensembles and KEP-SVGP on texts)")
     set_threads(cfg.threads)
     ecfg = cfg.export
     backbone = load_backbone(cfg.run_dir)

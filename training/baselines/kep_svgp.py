@@ -1,4 +1,5 @@
-"""The KEP-SVGP baseline (``models.kep_svgp``) fine-tuned from the run's fitted backbone.
+"""The KEP-SVGP baseline (``models.kep_svgp``, ``models.text_kep_svgp``) fine-tuned from the run's fitted backbone, a
+ViT or a BERT-family text classifier.
 
 The backbone's last ``kep_svgp.layers`` attention layers are replaced by KEP-SVGP attention (queries, keys and output
 projection start from the backbone's) and trained with the method's objective, the negative ELBO with the KSVD
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,12 @@ from tqdm import tqdm
 
 from models.backbones import ImageClassifier
 from models.kep_svgp import KepSvgpClassifier
+from models.text_backbones import TextClassifier
+from models.text_kep_svgp import TextKepSvgpClassifier
 from training.config import KepSvgpConfig, PipelineConfig, config_dict, load_config
-from training.data.image_task import load_image_dataset
-from training.data.images import Split, augment, batches
-from training.loading import load_backbone
+from training.data.images import augment, batches
+from training.data.tokens import TokenSplit, bucketed_indices, token_batches
+from training.loading import AnySplit, load_backbone, load_data
 from training.metrics import classification_report
 from training.runtime import (
     load_checkpoint,
@@ -46,17 +50,25 @@ def kep_svgp_dir(cfg: PipelineConfig) -> Path:
     return Path(cfg.run_dir) / "baselines" / "kep_svgp"
 
 
-def build_kep_svgp(backbone: ImageClassifier, kcfg: KepSvgpConfig) -> KepSvgpClassifier:
-    return KepSvgpClassifier(backbone, kcfg.layers, kcfg.rank, kcfg.rank_multi)
+KepSvgpModel = KepSvgpClassifier | TextKepSvgpClassifier
+Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (model inputs, labels)
 
 
-def load_kep_svgp(cfg: PipelineConfig, device: torch.device | str = "cpu") -> KepSvgpClassifier:
+def build_kep_svgp(cfg: PipelineConfig, backbone: torch.nn.Module, kcfg: KepSvgpConfig) -> KepSvgpModel:
+    """The run's backbone with KEP-SVGP attention in its last ``kcfg.layers`` layers: a timm ViT, or a BERT-family
+    text classifier (attention over each text's real tokens, ``cfg.text.max_length`` at most)."""
+    if isinstance(backbone, ImageClassifier):
+        return KepSvgpClassifier(backbone, kcfg.layers, kcfg.rank, kcfg.rank_multi)
+    if isinstance(backbone, TextClassifier):
+        return TextKepSvgpClassifier(backbone, kcfg.layers, kcfg.rank, kcfg.rank_multi, cfg.text.max_length)
+    raise ValueError(f"KEP-SVGP is built for ViT and BERT-family text classifiers, not {type(backbone).__name__}")
+
+
+def load_kep_svgp(cfg: PipelineConfig, device: torch.device | str = "cpu") -> KepSvgpModel:
     """The fine-tuned KEP-SVGP classifier of a run (eval mode, frozen), built as it was trained."""
     payload = load_checkpoint(kep_svgp_dir(cfg) / KEP_SVGP_FILE)
     kcfg = KepSvgpConfig(**payload["kep_svgp_config"])
-    backbone = load_backbone(cfg.run_dir)
-    assert isinstance(backbone, ImageClassifier), "KEP-SVGP is built for the vision backbone"
-    model = build_kep_svgp(backbone, kcfg)
+    model = build_kep_svgp(cfg, load_backbone(cfg.run_dir), kcfg)
     model.load_state_dict(payload["state_dict"])
     return model.to(device).eval().requires_grad_(False)
 
@@ -65,7 +77,7 @@ def load_kep_svgp(cfg: PipelineConfig, device: torch.device | str = "cpu") -> Ke
 class Training:
     """Where one fine-tuning stands: what a checkpoint saves and a resumed run starts from."""
 
-    model: KepSvgpClassifier
+    model: KepSvgpModel
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     steps_per_epoch: int
@@ -88,25 +100,38 @@ class Training:
                                                              state["history"])
 
 
-def trainable_parameters(model: KepSvgpClassifier, train_prefix: bool) -> list[torch.nn.Parameter]:
+def trainable_parameters(model: KepSvgpModel, train_prefix: bool) -> list[torch.nn.Parameter]:
     """The replaced layers, the final norms and the head (and the frozen part too with ``train_prefix``)."""
-    model.requires_grad_(False)
-    parts = [model.blocks, model.norm, model.fc_norm, model.head]
-    if train_prefix:
-        parts += [model.embedding, model.prefix]
-    for part in parts:
-        part.requires_grad_(True)
+    model.requires_grad_(True)
+    if not train_prefix:
+        for part in model.frozen_parts():
+            part.requires_grad_(False)
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def prepare(cfg: PipelineConfig, train_size: int, device: torch.device, resume: bool) -> Training:
+def epoch_steps(cfg: PipelineConfig, train: AnySplit) -> int:
+    """Mini-batches per epoch (texts: each window of similar lengths ends in a partial batch)."""
     kcfg = cfg.kep_svgp
-    backbone = load_backbone(cfg.run_dir)
-    assert isinstance(backbone, ImageClassifier), "KEP-SVGP is built for the vision backbone"
-    model = build_kep_svgp(backbone, kcfg).to(device)
+    if isinstance(train, TokenSplit):
+        return len(bucketed_indices(train.lengths, kcfg.batch_size, False, bucket=cfg.text.bucket))
+    return -(-len(train) // kcfg.batch_size)
+
+
+def train_batches(cfg: PipelineConfig, train: AnySplit, gen: torch.Generator) -> Iterator[Batch]:
+    """One epoch's shuffled mini-batches: images (augmented with ``kep_svgp.augment``), or texts of similar length."""
+    kcfg = cfg.kep_svgp
+    if isinstance(train, TokenSplit):
+        yield from token_batches(train, kcfg.batch_size, True, gen, bucket=cfg.text.bucket)
+        return
+    for images, labels in batches(train, kcfg.batch_size, shuffle=True, generator=gen):
+        yield ((augment(images, gen) if kcfg.augment else images),), labels
+
+
+def prepare(cfg: PipelineConfig, steps_per_epoch: int, device: torch.device, resume: bool) -> Training:
+    kcfg = cfg.kep_svgp
+    model = build_kep_svgp(cfg, load_backbone(cfg.run_dir), kcfg).to(device)
     params = trainable_parameters(model, kcfg.train_prefix)
     optimizer = torch.optim.AdamW(params, lr=kcfg.lr, weight_decay=kcfg.weight_decay)
-    steps_per_epoch = -(-train_size // kcfg.batch_size)
     total = steps_per_epoch * kcfg.epochs if kcfg.max_steps is None else min(kcfg.max_steps,
                                                                              steps_per_epoch * kcfg.epochs)
     training = Training(model, optimizer, warmup_cosine(optimizer, kcfg.warmup_steps, total), steps_per_epoch, total)
@@ -117,22 +142,20 @@ def prepare(cfg: PipelineConfig, train_size: int, device: torch.device, resume: 
     return training
 
 
-def train_epoch(cfg: PipelineConfig, training: Training, train: Split, device: torch.device) -> dict[str, float]:
+def train_epoch(cfg: PipelineConfig, training: Training, train: AnySplit, device: torch.device) -> dict[str, float]:
     """One epoch of ``CE + kl_weight * KL + ksvd_weight * KSVD``; the epoch's mean of each term."""
     kcfg, model = cfg.kep_svgp, training.model
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + training.epoch)  # the epoch alone fixes its order
     model.train()
-    model.embedding.train(kcfg.train_prefix)
-    model.prefix.train(kcfg.train_prefix)
+    for part in model.frozen_parts():
+        part.train(kcfg.train_prefix)
     sums = torch.zeros(3, device=device)  # CE, KL, KSVD summed over steps
     steps = 0
     t0 = time.perf_counter()
-    bar = tqdm(batches(train, kcfg.batch_size, shuffle=True, generator=gen), total=training.steps_per_epoch,
+    bar = tqdm(train_batches(cfg, train, gen), total=training.steps_per_epoch,
                desc=f"kep-svgp epoch {training.epoch + 1}/{kcfg.epochs}", leave=False)
-    for images, labels in bar:
-        if kcfg.augment:
-            images = augment(images, gen)
-        logits, ksvd = model.forward_terms(images.to(device))  # [B, C], []
+    for inputs, labels in bar:
+        logits, ksvd = model.forward_terms(*(x.to(device) for x in inputs))  # [B, C], []
         ce = F.cross_entropy(logits, labels.to(device))
         kl = model.kl()
         loss = ce + kcfg.kl_weight * kl + kcfg.ksvd_weight * ksvd
@@ -154,11 +177,11 @@ def train_epoch(cfg: PipelineConfig, training: Training, train: Split, device: t
 
 
 @torch.no_grad()
-def evaluate_sampled(model: KepSvgpClassifier, split: Split, n_samples: int, device: torch.device,
+def evaluate_sampled(model: KepSvgpModel, split: AnySplit, n_samples: int, device: torch.device,
                      chunk: int = 256) -> dict[str, float]:
     """Accuracy, NLL, ECE, ... of the mean of ``n_samples`` sampled softmaxes per input."""
     model.eval()
-    probs = split.map(lambda pixels: model(pixels, n_samples).softmax(-1).mean(0).cpu(), chunk, device)  # [N, C]
+    probs = split.map(lambda *inputs: model(*inputs, n_samples).softmax(-1).mean(0).cpu(), chunk, device)  # [N, C]
     return classification_report(probs, split.labels)
 
 
@@ -169,8 +192,8 @@ def train_kep_svgp(cfg: PipelineConfig, resume: bool = True) -> Path:
     set_threads(cfg.threads)
     seed_everything(cfg.seed)
     device = select_device(cfg.device)
-    data = load_image_dataset(cfg)
-    training = prepare(cfg, len(data.train), device, resume)
+    data = load_data(cfg)
+    training = prepare(cfg, epoch_steps(cfg, data.train), device, resume)
     val = data.val.head(kcfg.val_images)
     while training.epoch < kcfg.epochs and training.step < training.total_steps:
         record = train_epoch(cfg, training, data.train, device)
@@ -185,9 +208,9 @@ def train_kep_svgp(cfg: PipelineConfig, resume: bool = True) -> Path:
     replaced = [i + 1 for i in model.replaced]  # 1-based layer numbers
     save_checkpoint(out_dir / KEP_SVGP_FILE, {
         "state_dict": model.state_dict(), "kep_svgp_config": config_dict(cfg)["kep_svgp"], "config": config_dict(cfg),
-        "replaced_layers": replaced, "num_layers": len(model.prefix) + len(model.blocks),
+        "replaced_layers": replaced, "num_layers": model.num_layers,
         "seconds": training.elapsed, "history": training.history})
-    print(f"KEP-SVGP (layers {replaced} of {len(model.prefix) + len(model.blocks)} replaced) written to "
+    print(f"KEP-SVGP (layers {replaced} of {model.num_layers} replaced) written to "
           f"{out_dir / KEP_SVGP_FILE} after {training.elapsed / 60:.1f} min of training")
     return out_dir / KEP_SVGP_FILE
 

@@ -56,8 +56,10 @@ class BaselineModel:
 
 
 def text_baseline(cfg: PipelineConfig, method: str, train_missing: bool) -> BaselineModel:
-    """The plain text backbone rebuilt from plain modules (the only text baseline that scripts)."""
-    del train_missing
+    """The plain text backbone rebuilt from plain modules (the only text baseline that scripts), or the KEP-SVGP
+    classifier (eager; fine-tuned first when the run has none)."""
+    if method == "kep_svgp":
+        return kep_svgp_baseline(cfg, train_missing)
     if method != "deterministic":
         raise ValueError(f"text baselines export as artifacts for method deterministic only, not {method!r}: "
                          "transformers modules do not script, and only the plain backbone is rebuilt from plain "
@@ -79,12 +81,18 @@ def image_baseline(cfg: PipelineConfig, method: str, train_missing: bool) -> Bas
     if method == "ensemble":
         members = ensemble_members(cfg, cfg.evaluate.ensemble_members, train_missing)
         return BaselineModel(EnsembleModel(members).eval(), len(members), len(members))
-    if method == "kep_svgp":  # fine-tuned first when the run has none (``training.baselines.kep_svgp``)
-        if train_missing and not (kep_svgp_dir(cfg) / KEP_SVGP_FILE).exists():
-            train_kep_svgp(cfg)
-        samples = cfg.evaluate.samples  # as DIRECTOR's evaluation samples it
-        return BaselineModel(load_kep_svgp(cfg), samples, max(samples, cfg.export.max_samples))
+    if method == "kep_svgp":
+        return kep_svgp_baseline(cfg, train_missing)
     raise ValueError(f"unknown baseline {method!r}; choose from {BASELINES}")
+
+
+def kep_svgp_baseline(cfg: PipelineConfig, train_missing: bool) -> BaselineModel:
+    """The run's KEP-SVGP classifier (``training.baselines.kep_svgp``), fine-tuned first when the run has none, sampled
+    with the evaluation's S as DIRECTOR is."""
+    if train_missing and not (kep_svgp_dir(cfg) / KEP_SVGP_FILE).exists():
+        train_kep_svgp(cfg)
+    samples = cfg.evaluate.samples
+    return BaselineModel(load_kep_svgp(cfg), samples, max(samples, cfg.export.max_samples))
 
 
 BASELINE_BUILDERS = {"image": image_baseline, "text": text_baseline}

@@ -220,8 +220,6 @@ def add_kep_svgp_source(evaluation: Evaluation) -> None:
     """The KEP-SVGP baseline (``training.baselines.kep_svgp``), fine-tuned first when the run has none; sampled with
     DIRECTOR's S."""
     cfg = evaluation.cfg
-    if cfg.modality != "image":
-        raise ValueError("kep_svgp.in_evaluation: KEP-SVGP is built for the vision backbone only so far")
     model = build_baseline(cfg, "kep_svgp").module  # fine-tuned first when missing
     model_id = f"kep-{fingerprint(evaluation.run_dir / BACKBONE_FILE, kep_svgp_dir(cfg) / KEP_SVGP_FILE)}"
     evaluation.add_source("kep_svgp", model, model_id, evaluation.ev.samples)
