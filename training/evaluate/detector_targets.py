@@ -28,7 +28,8 @@ class DetectorTargets:
 
 
 DETECTOR_TARGETS = (
-    DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 4, 16),
+    DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 5, 16),
+    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 5, 16),
     DetectorTargets("writing-source-detectors", None, "writing-source-minilm", 1, 16),
 )
 
@@ -53,17 +54,18 @@ def detector_checks(results: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def mutual_information_checks(results: dict[str, Any], samples: int) -> list[Check]:
-    """Mutual information's AUROC at S against the energy score's, DIRECTOR's own samples, on every reported set."""
-    row = results["test_and_ood"].get(f"director_s{samples}")
+def mutual_information_checks(results: dict[str, Any], key: str, label: str) -> list[Check]:
+    """Mutual information's AUROC against the energy score's, both from DIRECTOR row ``key``'s own samples, on every
+    reported set."""
+    row = results["test_and_ood"].get(key)
     if row is None:
-        return [Check(f"MI AUROC at S = {samples} >= energy's", "-", "-", None)]
+        return [Check(f"MI AUROC ({label}) >= energy's", "-", "-", None)]
     checks = []
     for set_name, scores in row["ood"].items():
         if "mutual_information" not in scores:
             continue
         mine, energy = scores["mutual_information"]["auroc"], scores["energy"]["auroc"]
-        checks.append(Check(f"MI AUROC on {set_name} at S = {samples} >= energy's", f"{mine:.3f}", f"{energy:.3f}",
+        checks.append(Check(f"MI AUROC on {set_name} ({label}) >= energy's", f"{mine:.3f}", f"{energy:.3f}",
                             at_least(mine, energy)))
     return checks
 
@@ -101,12 +103,17 @@ def detector_sections(results_dir: Path) -> list[tuple[str, str, list[Check]]]:
         if not path.exists():
             continue
         results = json.loads(path.read_text())
-        checks = detector_checks(results) + mutual_information_checks(results, spec.samples)
+        checks = detector_checks(results)
         sources = [f"[`{spec.detectors_task}.md`]({spec.detectors_task}.md) (commit {results.get('git_commit', '?')})"]
         sampling = results_dir / f"{spec.sampling_task}.json" if spec.sampling_task else None
-        if sampling is not None and sampling.exists():
-            shifted = json.loads(sampling.read_text())
-            served = shifted.get("served")
+        shifted = json.loads(sampling.read_text()) if sampling is not None and sampling.exists() else None
+        served = (shifted or {}).get("served")
+        if served and served["default_samples"] > 1:  # MI as a user of the served version reads it
+            label = f"as served, v{served['version']} S={served['default_samples']}"
+            checks += mutual_information_checks(shifted or {}, "director_served", label)
+        else:
+            checks += mutual_information_checks(results, f"director_s{spec.samples}", f"S = {spec.samples}")
+        if shifted is not None:
             checks += (shift_ece_checks(shifted, "director_served", f"DIRECTOR as served (v{served['version']}, "
                                                                    f"S={served['default_samples']})")
                        if served else shift_ece_checks(shifted, "director_s1", "DIRECTOR (S=1, served)"))

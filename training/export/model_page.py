@@ -54,9 +54,9 @@ def _sampling_choice(manifest: Manifest) -> list[str]:
     shifted = (_extras(manifest).get("noise_shape_fit") or {}).get("default_samples_nll_shifted") or {}
     if table:
         reference = max(table)
-        on_shift = (" on validation and on the held-out shift the noise was shaped on is, on each," if shifted
-                    else " on validation is")
-        lines += [f"Default sample count **S={s}**: the smallest S whose NLL{on_shift} within two standard errors "
+        whose = ("NLL on validation and on the held-out shift the noise was shaped on is, on each," if shifted
+                 else "validation NLL is")
+        lines += [f"Default sample count **S={s}**: the smallest S whose {whose} within two standard errors "
                   f"of S={reference}'s (paired per-input differences):", "",
                   "| S | validation NLL | minus the reference | standard error |"
                   + (" shift NLL | minus the reference | standard error |" if shifted else ""),

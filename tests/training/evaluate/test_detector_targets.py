@@ -39,9 +39,9 @@ def test_the_served_score_is_held_against_the_best_feature_detector() -> None:
 
 
 def test_mutual_information_is_held_against_energy() -> None:
-    got = {c.target: c.met for c in mutual_information_checks(detectors_results(), 16)}
-    assert got == {"MI AUROC on letters at S = 16 >= energy's": False, "MI AUROC on quotes at S = 16 >= energy's": True}
-    assert [c.met for c in mutual_information_checks(detectors_results(), 4)] == [None]  # no S = 4 row: not measured
+    got = {c.target: c.met for c in mutual_information_checks(detectors_results(), "director_s16", "S = 16")}
+    assert got == {"MI AUROC on letters (S = 16) >= energy's": False, "MI AUROC on quotes (S = 16) >= energy's": True}
+    assert [c.met for c in mutual_information_checks(detectors_results(), "director_s4", "S = 4")] == [None]
 
 
 def test_ece_under_shift_is_held_against_temperature_scaling_per_severity() -> None:
