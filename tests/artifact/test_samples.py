@@ -76,3 +76,12 @@ def test_committed_defaults_say_that_more_samples_buy_nothing() -> None:
         assert verdict.informative is False, name
         assert manifest.provenance is not None and manifest.provenance.default_samples_nll is not None
         assert f"{manifest.provenance.default_samples_nll[1].nll:.4f}" in verdict.note and "S=32" in verdict.note
+
+
+def test_the_default_vision_model_says_more_samples_help_under_shift() -> None:
+    """fashion-vit v5 chose S=16 on its held-out shift: its note gives that table's figures and says that the samples'
+    disagreement is a weaker OOD signal than its served score."""
+    verdict = samples_verdict(parse_manifest(read_document(REPOSITORY / "fashion-vit" / "5")))
+    assert verdict.informative is True
+    assert "on the held-out shift the noise was shaped on" in verdict.note and "S=16" in verdict.note
+    assert "weaker OOD signal" in verdict.note
