@@ -18,7 +18,7 @@ def test_kep_svgp_row_sits_beside_director(tmp_path: Path) -> None:
     raw["fit"]["epochs"] = 1
     raw["data"].update({"train_limit": 384, "test_limit": 150, "val_size": 150})
     raw["evaluate"].update({"ensemble_members": 1, "stages": ["test_and_ood"], "noise_correlation_grid": [],
-                            "noise_scale_grid": [1.0], "bootstrap": 10})
+                            "noise_scale_grid": [1.0], "bootstrap": 10, "served_version": None})  # nothing exported
     raw["kep_svgp"] = {"rank": 4, "rank_multi": 2, "epochs": 1, "batch_size": 64, "warmup_steps": 2,
                        "val_images": 60, "val_samples": 2, "in_evaluation": True}
     config = tmp_path / "tiny.yaml"
