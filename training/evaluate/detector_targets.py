@@ -29,7 +29,7 @@ class DetectorTargets:
 
 DETECTOR_TARGETS = (
     DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 5, 16),
-    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 5, 16),
+    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 4, 16),
     DetectorTargets("writing-source-detectors", None, "writing-source-minilm", 1, 16),
 )
 
@@ -120,8 +120,9 @@ def detector_sections(results_dir: Path) -> list[tuple[str, str, list[Check]]]:
             samples = shifted["settings"]["samples"]
             checks += shift_ece_checks(shifted, f"director_s{samples}_shift_noise",
                                        f"DIRECTOR (S={samples}) + shift-fitted noise")
-            sources.append(f"[`{spec.sampling_task}.md`]({spec.sampling_task}.md) "
-                           f"(commit {shifted.get('git_commit', '?')})")
+            if spec.sampling_task != spec.detectors_task:
+                sources.append(f"[`{spec.sampling_task}.md`]({spec.sampling_task}.md) "
+                               f"(commit {shifted.get('git_commit', '?')})")
         sections.append((f"{spec.model} version {spec.version} against the free detectors and under shift",
                          "From " + " and ".join(sources), checks))
     return sections
