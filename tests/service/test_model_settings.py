@@ -95,8 +95,11 @@ def test_a_models_config_is_served_shown_and_reloaded(tiny_artifact: Path, tmp_p
         assert worker is not None and worker.max_queue == 3 and len(worker._tasks) == 2
 
         # a typo: the serving version keeps its settings and says why it did not change (as for a broken artifact
-        # file), and the version the policy no longer hides cannot load
-        config.write_text("max_qeue: 3\n")
+        # file), and the version the policy no longer hides cannot load. Written whole (a rename), or a poll between
+        # the truncation and the write could read an empty config that loads every version
+        staged = tmp_path / "config.yaml.new"
+        staged.write_text("max_qeue: 3\n")
+        staged.replace(config)
 
         def refused_with_reason() -> bool:
             listed = httpx.get(f"{running.url}/models/tiny").json()
