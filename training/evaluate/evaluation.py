@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from artifact.contract import MANIFEST, parse_manifest, read_document
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.uncertainty import UncertaintySummary, summarize
 from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir
@@ -165,14 +166,14 @@ def add_served_source(evaluation: Evaluation, director: torch.nn.Module, directo
     temperature, default S and served temperature (``model_repository/<export.name>/<version>``), so that the shift
     and its targets read what a request without ``n_samples`` gets, not a refit."""
     cfg = evaluation.cfg
-    path = Path(cfg.export.repository) / cfg.export.name / str(version) / "manifest.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"evaluate.served_version: no manifest at {path}")
-    manifest = json.loads(path.read_text())
-    sampling = manifest["sampling"]
-    record = {"version": version, "token_correlation": float(sampling.get("token_correlation") or 0.0),
-              "noise_scale": float(sampling["noise_scale"]), "default_samples": int(sampling["default_samples"]),
-              "temperature": float(manifest.get("temperature", 1.0))}
+    folder = Path(cfg.export.repository) / cfg.export.name / str(version)
+    if not (folder / MANIFEST).is_file():
+        raise FileNotFoundError(f"evaluate.served_version: no manifest at {folder / MANIFEST}")
+    manifest = parse_manifest(read_document(folder))
+    sampling = manifest.sampling
+    record = {"version": version, "token_correlation": sampling.token_correlation or 0.0,
+              "noise_scale": sampling.noise_scale if sampling.noise_scale is not None else 1.0,
+              "default_samples": sampling.default_samples, "temperature": manifest.temperature}
     served = copy.deepcopy(director)
     served.rollout.set_token_correlation(record["token_correlation"])
     served.rollout.noise_scale.fill_(record["noise_scale"])

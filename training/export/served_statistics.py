@@ -50,44 +50,51 @@ def fit_noise_scale(director: Director, split: AnySplit, grid: list[float], n_sa
     return best, scores
 
 
-def fit_noise_shape(director: Director, clean: AnySplit, shifted: AnySplit | None, correlations: list[float],
+def fit_noise_shape(director: Director, clean: AnySplit, shifted: AnySplit, correlations: list[float],
                     scales: list[float], n_samples: int, seed: int
-                    ) -> tuple[float, float, dict[str, dict[str, float | None]]]:
+                    ) -> tuple[float, float, dict[str, dict[str, float]]]:
     """The token correlation and noise temperature (``models.director.StochasticRollout``) set on ``director``'s
     buffers: among the grid points whose NLL on ``clean`` validation inputs is within noise of the best clean one
-    (the paired per-input difference has a mean of at most two standard errors, the rule ``choose_default_samples``
-    uses), the one with the lowest NLL on ``shifted`` (a held-out shift of them); without a shift, the best clean
-    one. A shift alone would be a poor objective: its NLL is several times the clean one's and asks for all the noise
-    the grid offers, at the price of in-distribution calibration. Returns (rho, scale, every grid point's figures
-    keyed "rho=<r> scale=<s>")."""
+    (``within_noise``), the one with the lowest NLL on ``shifted`` (a held-out shift of them). A shift alone would be
+    a poor objective: its NLL is several times the clean one's and asks for all the noise the grid offers, at the
+    price of in-distribution calibration. Returns (rho, scale, every grid point's figures keyed "rho=<r> scale=<s>")."""
     rollout = director.rollout
     clean_nll: dict[str, torch.Tensor] = {}  # label -> [N]
-    grid: dict[str, dict[str, float | None]] = {}
+    grid: dict[str, dict[str, float]] = {}
     for rho in correlations:
         for scale in scales:
             rollout.set_token_correlation(rho)
             rollout.noise_scale.fill_(scale)
             label = f"rho={rho:g} scale={scale:g}"
             clean_nll[label] = per_input_nll(sample_split(director, clean, n_samples, seed), clean.labels)
-            shifted_nll = None
-            if shifted is not None:
-                shifted_nll = float(per_input_nll(sample_split(director, shifted, n_samples, seed), shifted.labels)
-                                    .mean())
+            shifted_nll = per_input_nll(sample_split(director, shifted, n_samples, seed), shifted.labels)
             grid[label] = {"rho": rho, "scale": scale, "clean_nll": float(clean_nll[label].mean()),
-                           "shifted_nll": shifted_nll}
+                           "shifted_nll": float(shifted_nll.mean())}
     if not grid:
         raise ValueError("the grid of token correlations and noise scales is empty")
     best_clean = min(grid, key=lambda label: float(clean_nll[label].mean()))
+    eligible = []
     for label, point in grid.items():
-        diff = clean_nll[label] - clean_nll[best_clean]  # [N] paired
-        point["clean_minus_best"] = float(diff.mean())
-        point["stderr"] = float(diff.std() / math.sqrt(diff.shape[0])) if diff.shape[0] > 1 else 0.0
-    eligible = [label for label, p in grid.items() if p["clean_minus_best"] <= 2.0 * p["stderr"] + 1e-6]
-    chosen = best_clean if shifted is None else min(eligible, key=lambda label: grid[label]["shifted_nll"])
+        point["clean_minus_best"], point["stderr"] = paired_difference(clean_nll[label] - clean_nll[best_clean])
+        if within_noise(point["clean_minus_best"], point["stderr"]):
+            eligible.append(label)
+    chosen = min(eligible, key=lambda label: grid[label]["shifted_nll"])
     rho, scale = float(grid[chosen]["rho"]), float(grid[chosen]["scale"])
     rollout.set_token_correlation(rho)
     rollout.noise_scale.fill_(scale)
     return rho, scale, grid
+
+
+def paired_difference(diff: torch.Tensor) -> tuple[float, float]:
+    """The mean of paired per-input differences [N] and its standard error."""
+    stderr = float(diff.std() / math.sqrt(diff.shape[0])) if diff.shape[0] > 1 else 0.0
+    return float(diff.mean()), stderr
+
+
+def within_noise(mean: float, stderr: float) -> bool:
+    """The export's one rule for "no measurably worse": a paired mean difference of at most two standard errors (plus
+    float rounding: a noise-free model gives equal NLLs)."""
+    return mean <= 2.0 * stderr + 1e-6
 
 
 def per_input_nll(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -101,8 +108,8 @@ NllTable = dict[str, dict[str, float]]  # "<S>" -> NLL, its paired difference fr
 
 def choose_default_samples(model: torch.nn.Module, split: AnySplit, counts: list[int], reference: int, seed: int,
                            shifted: AnySplit | None = None) -> tuple[int, NllTable, NllTable]:
-    """The smallest S in ``counts`` whose validation NLL is within noise of S = ``reference``'s: the paired
-    per-input difference NLL_S - NLL_ref has a mean of at most two standard errors. With ``shifted`` (the held-out
+    """The smallest S in ``counts`` whose validation NLL is within noise of S = ``reference``'s (``within_noise`` on
+    the paired per-input difference NLL_S - NLL_ref). With ``shifted`` (the held-out
     shift the noise was shaped on) S must also be within noise of the reference's there: noise shaped for shifted
     inputs pays off only at the S that averages it. Returns S, the validation table and the shift's (empty without
     one)."""
@@ -113,10 +120,10 @@ def choose_default_samples(model: torch.nn.Module, split: AnySplit, counts: list
         within = True
         for s, ref, table in zip(sets, refs, tables, strict=True):
             # another seed: the draws at S are not a prefix of the reference's draws
-            diff = per_input_nll(sample_split(model, s, n_samples, seed + 1), s.labels) - ref  # [N]
-            mean, stderr = float(diff.mean()), float(diff.std() / math.sqrt(diff.shape[0]))
+            mean, stderr = paired_difference(
+                per_input_nll(sample_split(model, s, n_samples, seed + 1), s.labels) - ref)  # of [N]
             table[str(n_samples)] = {"nll": float(ref.mean()) + mean, "minus_reference": mean, "stderr": stderr}
-            within &= mean <= 2.0 * stderr + 1e-6  # (plus float rounding: a noise-free model gives equal NLLs)
+            within &= within_noise(mean, stderr)
         if within:
             for ref, table in zip(refs, tables, strict=True):
                 table[str(reference)] = {"nll": float(ref.mean()), "minus_reference": 0.0, "stderr": 0.0}
@@ -147,11 +154,7 @@ def temperature_on_shift(temperature: float, clean: torch.Tensor, clean_labels: 
     clean_nll = {k: per_input_nll(clean, clean_labels, t) for k, t in candidates.items()}  # each [N]
     shift_nll = {k: float(per_input_nll(shifted, shifted_labels, t).mean()) for k, t in candidates.items()}
     best = min(clean_nll, key=lambda k: float(clean_nll[k].mean()))
-    eligible = []
-    for key, nll in clean_nll.items():
-        diff = nll - clean_nll[best]  # [N] paired
-        if float(diff.mean()) <= 2.0 * float(diff.std() / math.sqrt(diff.shape[0])) + 1e-6:
-            eligible.append(key)
+    eligible = [k for k, nll in clean_nll.items() if within_noise(*paired_difference(nll - clean_nll[best]))]
     chosen = min(eligible, key=shift_nll.get)
     record = {"shift_nll_fitted": shift_nll["fitted"], "shift_nll_t1": shift_nll["t1"],
               "clean_nll_fitted": float(clean_nll["fitted"].mean()), "clean_nll_t1": float(clean_nll["t1"].mean())}

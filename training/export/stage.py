@@ -67,6 +67,7 @@ class SamplingChoice:
     default_samples_nll: dict[str, dict[str, float]]
     token_correlation: float = 0.0
     noise_shape_fit: dict[str, Any] | None = None  # every grid point's NLLs and what they were measured on
+    shift: HeldOutShift | None = None  # the held-out shift the noise was shaped on, if it was
 
 
 def fit_sampling_noise(director: Director, val: AnySplit, cfg: PipelineConfig, n_samples: int,
@@ -95,27 +96,26 @@ def calibrate_sampling(director: Director, parts: ExportParts, cfg: PipelineConf
     shift = held_out_shift(cfg, val) if len(ecfg.noise_correlation_grid) > 1 else None
     noise_scale, noise_nll, rho, shape_fit = fit_sampling_noise(director, val, cfg, reference, shift)
     if ecfg.default_samples is not None:
-        return SamplingChoice(noise_scale, noise_nll, ecfg.default_samples, {}, rho, shape_fit)
+        return SamplingChoice(noise_scale, noise_nll, ecfg.default_samples, {}, rho, shape_fit, shift)
     default_s, table, shifted_table = choose_default_samples(director, val, ecfg.sample_counts, reference, seed,
                                                              None if shift is None else shift.split)
     if shape_fit is not None:
         shape_fit["default_samples_nll_shifted"] = shifted_table
-    return SamplingChoice(noise_scale, noise_nll, default_s, table, rho, shape_fit)
+    return SamplingChoice(noise_scale, noise_nll, default_s, table, rho, shape_fit, shift)
 
 
 def choose_temperature(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
-                       shaped_on_shift: bool) -> tuple[float, dict[str, float]]:
+                       shift: HeldOutShift | None) -> tuple[float, dict[str, float]]:
     """The served temperature on the sampled logits: kept when it wins on held-out validation (else 1), and, when
-    the noise was shaped on the held-out shift, when it does not undo that there (``temperature_on_shift``)."""
+    the noise was shaped on the held-out ``shift``, when it does not undo that there (``temperature_on_shift``)."""
     ecfg, seed = cfg.export, cfg.seed
     if not ecfg.temperature_scaling:
         return 1.0, {}
     val = parts.data.val
     clean = sample_split(served, val, default_s, seed + 2)  # [S, N, C]
     temperature, record = served_temperature(clean, val.labels)
-    if not shaped_on_shift or temperature == 1.0:
+    if shift is None or temperature == 1.0:
         return temperature, record
-    shift = held_out_shift(cfg, val.head(ecfg.threshold_images))
     shifted = sample_split(served, shift.split, default_s, seed + 2)  # [S, N', C]
     kept, on_shift = temperature_on_shift(temperature, clean, val.labels, shifted, shift.split.labels)
     return kept, {**record, **on_shift, "temperature_clean": temperature}
@@ -306,8 +306,7 @@ def export(cfg: PipelineConfig) -> Path:
     artifact_module, served = stage_artifact(run, tmp_dir)
     progress.update()
     # the served temperature, reference statistics and the OOD score, from the artifact that will be served
-    temperature, temperature_fit = choose_temperature(served, run.parts, cfg, default_s,
-                                                      sampling.noise_shape_fit is not None)
+    temperature, temperature_fit = choose_temperature(served, run.parts, cfg, default_s, sampling.shift)
     served_stats = served_statistics(served, run.parts.data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
                                      run.parts.ood_validation, run.parts.selection_set, temperature)
     progress.update()
