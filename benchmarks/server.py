@@ -40,15 +40,16 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def running_server(repository: Path, default_model: str, threads: int, extra: list[str],
-                   ready_timeout_s: float = 300.0) -> Iterator[str]:
-    """Serve ``repository`` on a free loopback port with torch pinned to ``threads``; yields the base URL."""
-    with server_process(repository, default_model, threads, extra, ready_timeout_s) as (_, url):
+                   ready_timeout_s: float = 300.0, root: Path = ROOT) -> Iterator[str]:
+    """Serve ``repository`` on a free loopback port with torch pinned to ``threads``; yields the base URL. ``root``:
+    the source tree whose ``service`` package serves (another commit's checkout, for an A/B)."""
+    with server_process(repository, default_model, threads, extra, ready_timeout_s, root) as (_, url):
         yield url
 
 
 @contextlib.contextmanager
 def server_process(repository: Path, default_model: str, threads: int, extra: list[str],
-                   ready_timeout_s: float = 300.0) -> Iterator[tuple[subprocess.Popen, str]]:
+                   ready_timeout_s: float = 300.0, root: Path = ROOT) -> Iterator[tuple[subprocess.Popen, str]]:
     """As ``running_server``, yielding the process too (its pid, for resident memory)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="director-bench-") as tmp:
@@ -56,7 +57,7 @@ def server_process(repository: Path, default_model: str, threads: int, extra: li
                str(repository), "--default-model", default_model, "--torch-threads", str(threads),
                "--poll-interval-s", "0", "--log-level", "warning", "--feedback-db", str(Path(tmp) / "feedback.db"),
                *extra]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy(), start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=root, env=os.environ.copy(), start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + ready_timeout_s

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from service.api.json_body import parse_json
 from service.api.protocol import SEED_MAX
 from service.engine.artifact import Artifact
 from service.engine.codecs.base import Codec, PixelValues, RawInput, TensorSpec, Text
@@ -44,7 +45,7 @@ def parse_body(raw: bytes, header_length: str | None) -> tuple[dict[str, Any], b
     else:
         head, tail = raw, b""
     try:
-        body = json.loads(head)
+        body = parse_json(head)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_input(f"infer request is not valid JSON: {exc}") from exc
     except RecursionError as exc:  # Python's parser recurses once per level of nesting

@@ -14,13 +14,13 @@ answers, so the prediction's own spans nest under it; its ids are the ones the r
 from __future__ import annotations
 
 import re
-import secrets
 from dataclasses import dataclass
 
 from opentelemetry import trace
 from starlette.types import Scope
 
 from service.observability.tracing import Tracing
+from service.random_ids import random_hex
 
 REQUEST_KEY = "director.request"  # {"request_id", "trace_id", "span_id"} in the scope
 BAD_REQUEST_ID = "X-Request-ID must be 1-128 characters of letters, digits and ._:~@/+=-"
@@ -41,7 +41,7 @@ def caller_of(header: bytes | None) -> tuple[str, str, str] | None:
 def trace_of(header: bytes | None) -> tuple[str, str]:
     """(trace id, trace flags) of a valid ``traceparent``, else a new trace (sampled flag off)."""
     caller = caller_of(header)
-    return (caller[0], caller[2]) if caller is not None else (secrets.token_hex(16), "00")
+    return (caller[0], caller[2]) if caller is not None else (random_hex(16), "00")
 
 
 def server_span(tracing: Tracing, scope: Scope, caller: tuple[str, str, str] | None) -> trace.Span:
@@ -74,7 +74,7 @@ def request_ids(scope: Scope, headers: dict[bytes, bytes], tracing: Tracing) -> 
     routes (``request_id_of``). With tracing on, the request's server span is started here (the caller ends it)."""
     given = headers.get(b"x-request-id")
     valid = given is None or REQUEST_ID.fullmatch(given.decode("latin-1")) is not None
-    request_id = given.decode("latin-1") if given is not None and valid else secrets.token_hex(16)
+    request_id = given.decode("latin-1") if given is not None and valid else random_hex(16)
     span: trace.Span | None = None
     if tracing.enabled:
         span = server_span(tracing, scope, caller_of(headers.get(b"traceparent")))
@@ -82,7 +82,7 @@ def request_ids(scope: Scope, headers: dict[bytes, bytes], tracing: Tracing) -> 
         trace_id, span_id, flags = f"{ids.trace_id:032x}", f"{ids.span_id:016x}", f"{int(ids.trace_flags):02x}"
     else:
         trace_id, flags = trace_of(headers.get(b"traceparent"))
-        span_id = secrets.token_hex(8)
+        span_id = random_hex(8)
     scope[REQUEST_KEY] = {"request_id": request_id, "trace_id": trace_id, "span_id": span_id}
     echoed = [(b"x-request-id", request_id.encode("latin-1")),
               (b"traceparent", f"00-{trace_id}-{span_id}-{flags}".encode())]

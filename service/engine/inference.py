@@ -1,8 +1,8 @@
 """One batched forward over several requests, whatever the modality: the batch is cut into forwards within the
 budget (``chunks_by_cost``), each forward padded to the device's shape buckets (``service.engine.shapes``) by the
 input codec and run through ``sample_rows`` (or ``scored_rows``, when the OOD score needs a per-input score: the
-kernel error or a feature-space score) with mixed sample counts; rows are split back per input with ``split_rows``
-and summarised per request with ``summarize``. Runs in a worker thread."""
+kernel error or a feature-space score) with mixed sample counts; rows are summarised with ``summarize`` once per
+sample count and split back per request. Runs in a worker thread."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.uncertainty import UncertaintySummary, split_rows, summarize
+from models.uncertainty import UncertaintySummary, summarize
 from service.engine.batch_cost import BatchCost
 from service.engine.device import Device
 from service.engine.shapes import Padding
@@ -75,12 +75,25 @@ def seeded_or_shared(device: Device, seed: int | None) -> Iterator[Callable[[], 
 
 def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float
                        ) -> list[UncertaintySummary]:
-    """Split rows back: per input ``[S_i, 1, C]`` blocks, then one ``[S, n, C]`` summary per request."""
-    repeats = torch.tensor([s for size, s in zip(sizes, samples, strict=True) for _ in range(size)])
-    blocks = split_rows(rows, repeats)  # one [S_i, 1, C] per input
+    """One ``summarize`` per sample count in the batch over all its inputs with that count (one call for a batch whose
+    requests share it), then each request's slice. Summarising request by request cost ten small tensor operations
+    per request, as much again as the forward of a one-row request (docs/benchmarks.md, "Request-path overhead")."""
+    counts = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]  # per input
+    starts = torch.tensor([0, *counts]).cumsum(0)[:-1]  # [n]: each input's first row
+    fields: dict[str, list[torch.Tensor]] = {}
+    order: list[torch.Tensor] = []
+    for s in sorted(set(counts)):
+        inputs = torch.tensor([i for i, c in enumerate(counts) if c == s])  # [m]
+        picked = rows[(starts[inputs, None] + torch.arange(s)).reshape(-1)]  # [m * S, C], input by input
+        summary = summarize(picked.view(len(inputs), s, -1).transpose(0, 1), temperature)  # [S, m, C] -> [m]
+        for name, value in vars(summary).items():
+            fields.setdefault(name, []).append(value)
+        order.append(inputs)
+    back = torch.argsort(torch.cat(order))  # [n]: input i's position among the grouped ones
+    whole = {name: torch.cat(parts)[back] for name, parts in fields.items()}  # each [n] (probabilities [n, C])
     out, start = [], 0
     for size in sizes:
-        out.append(summarize(torch.cat(blocks[start:start + size], dim=1), temperature))  # [S, n, C] -> [n]
+        out.append(UncertaintySummary(**{name: value[start:start + size] for name, value in whole.items()}))
         start += size
     return out
 

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from service.observability.drift import DriftMonitor
 from service.observability.metrics import DRAINING, QUEUE_FULL, TIMEOUT, Metrics
 from service.observability.statistics import Statistics
 from service.observability.tracing import Tracing
+from service.random_ids import random_hex
 
 log = logging.getLogger("service.engine.predictor")
 # a request's raw inputs, or what produces them in the decode pool (a protocol whose parsing is CPU-bound too)
@@ -177,7 +177,7 @@ class Predictor:
         named = entry.artifact.named_scores(batch.input_scores)
         scores = ood_score(batch.summary, rule.score, named, rule.terms).tolist()
         flags = [score > rule.threshold for score in scores]
-        outcome = Outcome(uuid.uuid4().hex, entry, n_samples, rule, batch.summary, scores, flags, batch,
+        outcome = Outcome(random_hex(16), entry, n_samples, rule, batch.summary, scores, flags, batch,
                           inputs.extras, request_id)
         self.record(outcome)
         # One batch wakes all its requests at once; without a yield here the loop would build and send every one of
@@ -228,13 +228,13 @@ class Predictor:
         entry, summary = outcome.entry, outcome.summary
         manifest = entry.artifact.manifest
         labels = manifest.labels
-        rows = [(int(c), labels[int(c)], float(p)) for c, p in zip(summary.prediction, summary.confidence,
-                                                                   strict=True)]  # what the log keeps
+        confidence = summary.confidence.tolist()
+        rows = [(c, labels[c], p) for c, p in zip(summary.prediction.tolist(), confidence, strict=True)]  # the log's
         self.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood)
         if outcome.n_samples == manifest.sampling.default_samples:  # the reference's sample count
             monitor = self.drift_monitor(entry)
             if monitor is not None:
-                drift = monitor.observe(summary.confidence.tolist())
+                drift = monitor.observe(confidence)
                 if drift is not None:
                     self.metrics.drift_ks.labels(entry.name, entry.version).set(drift.ks)
                     self.metrics.drift_psi.labels(entry.name, entry.version).set(drift.psi)

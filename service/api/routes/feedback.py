@@ -5,11 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from service.api.deps import AppStateDep, require_api_key
+from service.api.json_body import JsonRoute
 from service.api.protocol import FeedbackRequest, FeedbackResponse
 from service.errors import ERROR_RESPONSES, invalid, not_found, overloaded, shown
 from service.feedback.store import FeedbackUnavailable
 
-router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES,
+                   route_class=JsonRoute)
 
 
 @router.post("/feedback", response_model=FeedbackResponse, summary="Report the true label of a prediction")

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, File, Form, Request, Response, UploadFil
 
 from service.api.admission import ticket_of
 from service.api.deps import AppStateDep, require_api_key
+from service.api.json_body import JsonRoute
 from service.api.protocol import PredictRequest, PredictResponse, raw_inputs
 from service.api.request_context import request_id_of
 from service.api.routes.client_gone import unless_client_leaves
@@ -17,7 +18,8 @@ from service.engine.codecs.base import EncodedImage
 from service.engine.predictor import Outcome
 from service.errors import ERROR_RESPONSES, too_large
 
-router = APIRouter(tags=["predict"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["predict"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES,
+                   route_class=JsonRoute)
 
 
 class JsonBody(Response):

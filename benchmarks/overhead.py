@@ -1,0 +1,215 @@
+"""The server's HTTP + batching overhead: requests per second that 32 closed-loop clients get from the server, against
+the inputs per second the artifact's own forward computes alone, at S = 1 and S = 16, for one or more source trees
+(two commits, for an A/B) interleaved round by round.
+
+    .venv/bin/python -m benchmarks.overhead --tree /tmp/before --tree . --rounds 3 \\
+        --out docs/benchmarks-overhead.json --markdown docs/benchmarks-overhead.md
+
+- Served: each tree's ``python -m service`` (its own ``service`` package: the tree is the server's working directory)
+  on a repository holding only ``--model``/``--version`` of this checkout, torch pinned to ``--threads``, default
+  batching (``max_batch_samples`` 128, no delay); ``benchmarks.loadgen``'s closed loop (pre-encoded requests on raw
+  asyncio streams: the cheapest client this project has, since it shares the cores with the server) sends one image
+  as a JSON pixel list per request, ``return_probabilities`` false.
+- Raw: the forward the server calls for that version (``scored_rows`` when its OOD score reads per-input scores, else
+  ``sample_rows``), loaded in this process with the same thread count, at the batch sizes the served run can form
+  (1, 8 and 32 inputs; at most ``max_batch_samples`` rows); the best inputs/s of them, measured in every round.
+- Overhead = raw inputs/s over served requests/s, minus 1, per round; the page reports each tree's median and range,
+  and the median of the paired ratios (tree over the first tree, round by round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from datetime import date
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from artifact.contract import ARTIFACT, parse_manifest, read_document
+from benchmarks.loadgen import closed_loop, encode_post
+from benchmarks.report import ANALYSIS_MARKER
+from benchmarks.server import ROOT, running_server
+from benchmarks.timing import seconds_per_call
+from service.engine.artifact import uses_input_scores
+
+MAX_BATCH_SAMPLES = 128  # the server's CPU default
+
+
+def commit_of(tree: Path) -> str:
+    """``tree``'s commit (with ``+changes`` when its working tree differs from it)."""
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
+
+
+def one_version_repository(folder: Path, model: str, version: str, into: Path) -> Path:
+    """A repository holding only a copy of ``model``/``version`` (the server refuses symlinks out of its repository):
+    the servers load nothing else."""
+    shutil.copytree(folder, into / model / version)
+    return into
+
+
+def raw_forward(folder: Path, n_samples: int, threads: int, min_seconds: float) -> dict[str, Any]:
+    """The best inputs/s of the server's forward over the batch sizes a served run of 32 clients can form."""
+    torch.set_num_threads(threads)
+    manifest = parse_manifest(read_document(folder))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        module = torch.jit.load(str(folder / ARTIFACT)).eval()
+    method = "scored_rows" if uses_input_scores(manifest) else "sample_rows"
+    shape = (manifest.input.channels, manifest.input.height, manifest.input.width)  # type: ignore[union-attr]
+    rates = {}
+    with torch.inference_mode():
+        for batch in (1, 8, 32):
+            if batch * n_samples > MAX_BATCH_SAMPLES and batch > 1:
+                continue
+            pixels = torch.rand(batch, *shape)  # [B, C, H, W]
+            counts = torch.full((batch,), n_samples, dtype=torch.long)  # [B]
+            seconds = seconds_per_call(partial(getattr(module, method), pixels, counts), 5, min_seconds)
+            rates[batch] = batch / seconds
+    best = max(rates, key=rates.__getitem__)
+    return {"method": method, "inputs_per_s": round(rates[best], 1), "batch": best,
+            "by_batch": {str(b): round(r, 1) for b, r in rates.items()}}
+
+
+def served(tree: Path, repository: Path, model: str, body: dict[str, Any], samples: list[int], clients: int,
+           seconds: float, threads: int) -> dict[int, dict[str, Any]]:
+    """Closed-loop requests/s of ``tree``'s server at each sample count (one server start for all of them)."""
+    out = {}
+    with running_server(repository, model, threads, [], root=tree) as url:
+        for s in samples:
+            raw = encode_post(url, "/predict", {**body, "n_samples": s})
+            asyncio.run(closed_loop(url, raw, clients, 10**9, 2.0))  # warm-up: connections, caches, the first batches
+            run = asyncio.run(closed_loop(url, raw, clients, 10**9, seconds))
+            out[s] = {key: run[key] for key in ("throughput_rps", "p50_ms", "p99_ms", "codes", "transport_errors")}
+    return out
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3)}
+
+
+def summarise(results: dict[str, Any]) -> None:
+    """Per tree and sample count: overhead per round, its median and range; paired ratios against the first tree."""
+    trees = results["trees"]
+    first = trees[0]["label"]
+    summary: dict[str, Any] = {}
+    for tree in trees:
+        label = tree["label"]
+        for s in results["samples"]:
+            key = str(s)
+            rounds = results["rounds"]
+            rps = [r["served"][label][key]["throughput_rps"] for r in rounds]
+            raw = [r["raw"][key]["inputs_per_s"] for r in rounds]
+            overhead = [a / b - 1 for a, b in zip(raw, rps, strict=True)]
+            paired = [r["served"][label][key]["throughput_rps"] / r["served"][first][key]["throughput_rps"]
+                      for r in rounds]
+            summary.setdefault(label, {})[key] = {"served_rps": spread(rps), "raw_inputs_per_s": spread(raw),
+                                                  "overhead": spread(overhead), "vs_first": spread(paired)}
+    results["summary"] = summary
+
+
+def markdown(results: dict[str, Any]) -> list[str]:
+    s_list = results["samples"]
+    lines = ["# Request-path overhead (CPU, this machine)", "", "```bash", results["command"], "```", "",
+             f"Model `{results['model']}` version {results['version']}, one image per request as a JSON pixel list, "
+             f"{results['clients']} closed-loop clients for {results['seconds']:g} s per point, "
+             f"{len(results['rounds'])} rounds with the trees in alternating order, server torch threads "
+             f"{results['threads']}, "
+             f"{results['cpu_count']} CPU cores shared by the server and the load generator, torch "
+             f"{results['torch']}, {results['date']}. Raw: `{results['rounds'][0]['raw'][str(s_list[0])]['method']}` "
+             "alone in the benchmark's process (same threads), the best of 1, 8 and 32 inputs per forward (at most "
+             f"{MAX_BATCH_SAMPLES} rows). Overhead = raw inputs/s / served requests/s - 1, per round.", "",
+             "| tree | S | served rps, median [min, max] | raw inputs/s | overhead, median [min, max] | "
+             "vs the first tree (paired) |", "| --- | --- | --- | --- | --- | --- |"]
+    for tree in results["trees"]:
+        for s in s_list:
+            row = results["summary"][tree["label"]][str(s)]
+            rps, raw, over, vs = row["served_rps"], row["raw_inputs_per_s"], row["overhead"], row["vs_first"]
+            lines.append(f"| {tree['label']} | {s} | {rps['median']:.1f} [{rps['min']:.1f}, {rps['max']:.1f}] | "
+                         f"{raw['median']:.1f} | {over['median']:.0%} [{over['min']:.0%}, {over['max']:.0%}] | "
+                         f"{vs['median']:.2f}x [{vs['min']:.2f}, {vs['max']:.2f}] |")
+    return lines
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    kept = ""
+    if path.exists() and ANALYSIS_MARKER in path.read_text():
+        kept = path.read_text().split(ANALYSIS_MARKER, 1)[1]
+    text = "\n".join(markdown(results)) + f"\n\n{ANALYSIS_MARKER}\n" + (kept.lstrip("\n") or "\n(analysis)\n")
+    path.write_text(text if text.endswith("\n") else text + "\n")
+
+
+def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    folder = args.repository / args.model / args.version
+    manifest = parse_manifest(read_document(folder))
+    shape = (manifest.input.channels, manifest.input.height, manifest.input.width)  # type: ignore[union-attr]
+    pixels = np.random.default_rng(0).random(shape).round(4).tolist()
+    body = {"model": args.model, "inputs": [{"pixels": pixels}], "return_probabilities": False}
+    trees = [{"label": f"{i}:{commit_of(t)}", "path": str(t.resolve())} for i, t in enumerate(args.tree)]
+    results: dict[str, Any] = {
+        "command": " ".join(["python -m benchmarks.overhead", *sys.argv[1:]]), "model": args.model,
+        "version": args.version, "samples": args.samples, "clients": args.clients, "seconds": args.seconds,
+        "threads": args.threads, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+        "date": date.today().isoformat(), "trees": trees, "rounds": []}
+    with tempfile.TemporaryDirectory(prefix="director-overhead-") as tmp:
+        repository = one_version_repository(folder, args.model, args.version, Path(tmp))
+        for r in range(args.rounds):
+            order = trees if r % 2 == 0 else list(reversed(trees))
+            entry: dict[str, Any] = {"served": {}, "raw": {}}
+            for tree in order:
+                entry["served"][tree["label"]] = {str(s): v for s, v in served(
+                    Path(tree["path"]), repository, args.model, body, args.samples, args.clients, args.seconds,
+                    args.threads).items()}
+                progress(f"round {r + 1} {tree['label']}: " + json.dumps(entry["served"][tree["label"]]))
+            for s in args.samples:
+                entry["raw"][str(s)] = raw_forward(folder, s, args.threads, args.raw_seconds)
+            progress(f"round {r + 1} raw: " + json.dumps(entry["raw"]))
+            results["rounds"].append(entry)
+    summarise(results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", type=Path, action="append", help="source tree to serve from (repeat; default: .)")
+    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument("--model", default="fashion-vit")
+    parser.add_argument("--version", default="5")
+    parser.add_argument("--samples", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per served point")
+    parser.add_argument("--raw-seconds", type=float, default=1.0, help="seconds per raw batch size")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="server torch threads (pinned), and the raw forward's")
+    parser.add_argument("--out", type=Path, default=None, help="write the results JSON here")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the page here (its analysis is kept)")
+    args = parser.parse_args(argv)
+    args.tree = args.tree or [ROOT]
+    results = run(args)
+    print(json.dumps(results["summary"], indent=1))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if args.markdown is not None:
+        write_markdown(results, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
