@@ -26,6 +26,8 @@ CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 def authorized(key: SecretStr | None, scope: Scope) -> bool:
     """True without a key, or when the request's ``Authorization: Bearer`` token equals it."""
+    if key is None:
+        return True
     header = next((value for name, value in scope.get("headers", []) if name == b"authorization"), b"")
     return bearer_matches(key, header)
 
