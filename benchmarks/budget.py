@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 from loadgen import closed_loop, encode_post, open_loop
+from report import repeated
 from server import ROOT, running_server
 
 
@@ -151,8 +152,11 @@ def measure_subject(url: str, subject: Subject, shape: tuple[int, int, int], bud
 
 def run_budget(repository: Path, model: str, deterministic: Path | None, config: str, threads: int,
                samples: list[int], max_batch_samples: int, budget_ms: float, seconds: float, steps: int,
-               peak_clients: int, peak_requests: int, server_args: list[str] | None = None) -> dict[str, Any]:
-    """``server_args`` go to every server started (e.g. ``--device cuda --bf16``)."""
+               peak_clients: int, peak_requests: int, server_args: list[str] | None = None,
+               repeats: int = 1) -> dict[str, Any]:
+    """``server_args`` go to every server started (e.g. ``--device cuda --bf16``). With ``repeats`` > 1 every search
+    runs that many times, a fresh server per mode and repeat, the subjects' order reversed every other repeat; the
+    rows carry their repeat and ``repeated`` summarises them."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="director-budget-") as tmp:
@@ -170,16 +174,20 @@ def run_budget(repository: Path, model: str, deterministic: Path | None, config:
         }
         rows: list[dict[str, Any]] = []
         peak: list[dict[str, Any]] = []
-        for mode, (extra, subjects) in servers.items():
-            # a queue long enough that the search meets the latency budget, never a refusal
-            with running_server(repo, director, threads, [*extra, "--max-queue", "4096", *(server_args or [])]) as url:
-                for subject in subjects:
-                    rows.append(measure_subject(url, subject, shape, budget_ms, seconds, steps))
-                raw = encode_post(url, "/predict", body_for(shape, director, 1))
-                result = asyncio.run(closed_loop(url, raw, peak_clients, peak_requests, max(seconds, 5.0)))
-                result.update({"label": "DIRECTOR", "n_samples": 1, "batching": mode})
-                print("peak", mode, json.dumps(result), flush=True)
-                peak.append(result)
+        for repeat in range(repeats):
+            for mode, (extra, subjects) in servers.items():
+                # a queue long enough that the search meets the latency budget, never a refusal
+                with running_server(repo, director, threads,
+                                    [*extra, "--max-queue", "4096", *(server_args or [])]) as url:
+                    for subject in (subjects if repeat % 2 == 0 else subjects[::-1]):
+                        rows.append({**measure_subject(url, subject, shape, budget_ms, seconds, steps),
+                                     "repeat": repeat})
+                    raw = encode_post(url, "/predict", body_for(shape, director, 1))
+                    result = asyncio.run(closed_loop(url, raw, peak_clients, peak_requests, max(seconds, 5.0)))
+                    result.update({"label": "DIRECTOR", "n_samples": 1, "batching": mode, "repeat": repeat})
+                    print("peak", mode, json.dumps(result), flush=True)
+                    peak.append(result)
     return {"budget_ms": budget_ms, "point_seconds": seconds, "search_steps": steps, "threads": threads,
             "max_batch_samples": max_batch_samples, "models": {"director": director, "deterministic": plain},
-            "rows": rows, "peak": peak, "peak_clients": peak_clients}
+            "rows": rows, "peak": peak, "peak_clients": peak_clients, "repeats": repeats,
+            "repeated": repeated(rows)}

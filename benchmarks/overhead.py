@@ -12,9 +12,11 @@ the inputs per second the artifact's own forward computes alone, at S = 1 and S 
   as a JSON pixel list per request, ``return_probabilities`` false.
 - Raw: the forward the server calls for that version (``scored_rows`` when its OOD score reads per-input scores, else
   ``sample_rows``), loaded in this process with the same thread count, at the batch sizes the served run can form
-  (1, 8 and 32 inputs; at most ``max_batch_samples`` rows); the best inputs/s of them, measured in every round.
-- Overhead = raw inputs/s over served requests/s, minus 1, per round; the page reports each tree's median and range,
-  and the median of the paired ratios (tree over the first tree, round by round).
+  (1, 8 and 32 inputs; at most ``max_batch_samples`` rows); the best inputs/s of them, measured right after each
+  served run (this machine's speed drifts by tens of percent over minutes).
+- Overhead = raw inputs/s over served requests/s, minus 1, per round and tree (each with its own raw figure); the
+  page reports each tree's median and range, and the median of the paired ratios (tree over the first tree, round by
+  round).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +41,8 @@ import torch
 
 from artifact.contract import ARTIFACT, parse_manifest, read_document
 from benchmarks.loadgen import closed_loop, encode_post
-from benchmarks.report import ANALYSIS_MARKER
-from benchmarks.server import ROOT, running_server
+from benchmarks.report import spread, write_keeping_analysis
+from benchmarks.server import ROOT, server_process
 from benchmarks.timing import seconds_per_call
 from service.engine.artifact import uses_input_scores
 
@@ -91,18 +92,22 @@ def served(tree: Path, repository: Path, model: str, body: dict[str, Any], sampl
            seconds: float, threads: int) -> dict[int, dict[str, Any]]:
     """Closed-loop requests/s of ``tree``'s server at each sample count (one server start for all of them)."""
     out = {}
-    with running_server(repository, model, threads, [], root=tree) as url:
+    with server_process(repository, model, threads, [], root=tree) as (proc, url):
         for s in samples:
             raw = encode_post(url, "/predict", {**body, "n_samples": s})
             asyncio.run(closed_loop(url, raw, clients, 10**9, 2.0))  # warm-up: connections, caches, the first batches
+            before = cpu_seconds(proc.pid)
             run = asyncio.run(closed_loop(url, raw, clients, 10**9, seconds))
+            spent = cpu_seconds(proc.pid) - before
             out[s] = {key: run[key] for key in ("throughput_rps", "p50_ms", "p99_ms", "codes", "transport_errors")}
+            out[s]["server_cpu_ms_per_request"] = round(spent * 1000 / max(run["ok"], 1), 4)
     return out
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3)}
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used, all its threads (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def summarise(results: dict[str, Any]) -> None:
@@ -116,12 +121,17 @@ def summarise(results: dict[str, Any]) -> None:
             key = str(s)
             rounds = results["rounds"]
             rps = [r["served"][label][key]["throughput_rps"] for r in rounds]
-            raw = [r["raw"][key]["inputs_per_s"] for r in rounds]
+            raw = [r["raw"][label][key]["inputs_per_s"] for r in rounds]
             overhead = [a / b - 1 for a, b in zip(raw, rps, strict=True)]
             paired = [r["served"][label][key]["throughput_rps"] / r["served"][first][key]["throughput_rps"]
                       for r in rounds]
+            cpu = [r["served"][label][key]["server_cpu_ms_per_request"] for r in rounds]
+            raw_ms = [1000 / x for x in raw]  # the forward's own CPU per input (one thread)
             summary.setdefault(label, {})[key] = {"served_rps": spread(rps), "raw_inputs_per_s": spread(raw),
-                                                  "overhead": spread(overhead), "vs_first": spread(paired)}
+                                                  "overhead": spread(overhead), "vs_first": spread(paired),
+                                                  "server_cpu_ms_per_request": spread(cpu),
+                                                  "cpu_beyond_forward": spread([c / f - 1 for c, f in
+                                                                                zip(cpu, raw_ms, strict=True)])}
     results["summary"] = summary
 
 
@@ -133,27 +143,26 @@ def markdown(results: dict[str, Any]) -> list[str]:
              f"{len(results['rounds'])} rounds with the trees in alternating order, server torch threads "
              f"{results['threads']}, "
              f"{results['cpu_count']} CPU cores shared by the server and the load generator, torch "
-             f"{results['torch']}, {results['date']}. Raw: `{results['rounds'][0]['raw'][str(s_list[0])]['method']}` "
-             "alone in the benchmark's process (same threads), the best of 1, 8 and 32 inputs per forward (at most "
-             f"{MAX_BATCH_SAMPLES} rows). Overhead = raw inputs/s / served requests/s - 1, per round.", "",
+             f"{results['torch']}, {results['date']}. Raw: `{results['method']}` alone in the benchmark's process "
+             "(same threads), measured right after each server stopped, the best of 1, 8 and 32 inputs per forward "
+             f"(at most {MAX_BATCH_SAMPLES} rows). Overhead = raw inputs/s / served requests/s - 1, per round.", "",
+             "Server CPU: user + system seconds of the server process (all threads) over the run, per request "
+             "answered; beyond the forward = that over the raw forward's time per input, minus 1 (the server's own "
+             "CPU cost, less sensitive than a rate to what else the two shared cores ran).", "",
              "| tree | S | served rps, median [min, max] | raw inputs/s | overhead, median [min, max] | "
-             "vs the first tree (paired) |", "| --- | --- | --- | --- | --- | --- |"]
+             "vs the first tree (paired) | server CPU ms / request | CPU beyond the forward |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for tree in results["trees"]:
         for s in s_list:
             row = results["summary"][tree["label"]][str(s)]
             rps, raw, over, vs = row["served_rps"], row["raw_inputs_per_s"], row["overhead"], row["vs_first"]
+            cpu, beyond = row["server_cpu_ms_per_request"], row["cpu_beyond_forward"]
             lines.append(f"| {tree['label']} | {s} | {rps['median']:.1f} [{rps['min']:.1f}, {rps['max']:.1f}] | "
                          f"{raw['median']:.1f} | {over['median']:.0%} [{over['min']:.0%}, {over['max']:.0%}] | "
-                         f"{vs['median']:.2f}x [{vs['min']:.2f}, {vs['max']:.2f}] |")
+                         f"{vs['median']:.2f}x [{vs['min']:.2f}, {vs['max']:.2f}] | "
+                         f"{cpu['median']:.3f} [{cpu['min']:.3f}, {cpu['max']:.3f}] | "
+                         f"{beyond['median']:.0%} [{beyond['min']:.0%}, {beyond['max']:.0%}] |")
     return lines
-
-
-def write_markdown(results: dict[str, Any], path: Path) -> None:
-    kept = ""
-    if path.exists() and ANALYSIS_MARKER in path.read_text():
-        kept = path.read_text().split(ANALYSIS_MARKER, 1)[1]
-    text = "\n".join(markdown(results)) + f"\n\n{ANALYSIS_MARKER}\n" + (kept.lstrip("\n") or "\n(analysis)\n")
-    path.write_text(text if text.endswith("\n") else text + "\n")
 
 
 def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -173,15 +182,18 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> di
         for r in range(args.rounds):
             order = trees if r % 2 == 0 else list(reversed(trees))
             entry: dict[str, Any] = {"served": {}, "raw": {}}
-            for tree in order:
-                entry["served"][tree["label"]] = {str(s): v for s, v in served(
+            for tree in order:  # the raw forward right after each tree's server: the machine's speed drifts
+                label = tree["label"]
+                entry["served"][label] = {str(s): v for s, v in served(
                     Path(tree["path"]), repository, args.model, body, args.samples, args.clients, args.seconds,
                     args.threads).items()}
-                progress(f"round {r + 1} {tree['label']}: " + json.dumps(entry["served"][tree["label"]]))
-            for s in args.samples:
-                entry["raw"][str(s)] = raw_forward(folder, s, args.threads, args.raw_seconds)
-            progress(f"round {r + 1} raw: " + json.dumps(entry["raw"]))
+                entry["raw"][label] = {str(s): raw_forward(folder, s, args.threads, args.raw_seconds)
+                                       for s in args.samples}
+                progress(f"round {r + 1} {label}: " + json.dumps({s: (v["throughput_rps"], entry["raw"][label][s][
+                    "inputs_per_s"]) for s, v in entry["served"][label].items()}))
             results["rounds"].append(entry)
+    first = results["rounds"][0]["raw"]
+    results["method"] = next(iter(next(iter(first.values())).values()))["method"]
     summarise(results)
     return results
 
@@ -207,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     if args.markdown is not None:
-        write_markdown(results, args.markdown)
+        write_keeping_analysis(args.markdown, markdown(results))
     return 0
 
 

@@ -6,6 +6,7 @@ rewritten (a file without the marker gets one, with a placeholder, after the tab
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,31 @@ def targets_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def repeated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per subject over the repeats: the median and range of its max rps, and of its ratio to the deterministic model
+    measured in the same repeat and mode (paired, so a machine that slows between repeats slows both)."""
+    plain = {(r["repeat"], r["batching"]): r.get("max_rps") for r in rows if r["method"] == "deterministic"}
+    out = []
+    for key in dict.fromkeys((r["label"], r["n_samples"], r["batching"]) for r in rows):
+        mine = [r for r in rows if (r["label"], r["n_samples"], r["batching"]) == key]
+        rates = [r["max_rps"] for r in mine if r.get("max_rps")]
+        ratios = [r["max_rps"] / plain[(r["repeat"], r["batching"])] for r in mine
+                  if r.get("max_rps") and plain.get((r["repeat"], r["batching"]))]
+        out.append({"label": key[0], "n_samples": key[1], "batching": key[2], "repeats": len(mine),
+                    "max_rps": spread(rates), "vs_deterministic": spread(ratios)})
+    return out
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3)}
+
+
 def budget_section(budget: dict[str, Any]) -> list[str]:
     rows = budget["rows"]
-    base = {r["batching"]: r.get("max_rps") for r in rows if r["method"] == "deterministic"}
+    base = {(r.get("repeat", 0), r["batching"]): r.get("max_rps") for r in rows if r["method"] == "deterministic"}
     lines = [
         f"## Requests per second under a {budget['budget_ms']:g} ms p99 budget", "", "```bash", budget["command"],
         "```", "",
@@ -123,11 +146,22 @@ def budget_section(budget: dict[str, Any]) -> list[str]:
         "vs deterministic (same mode) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
-        plain = base.get(r["batching"])
+    for r in rows:  # with repeats: every search, in the order run; the ratio is to the same repeat's
+        plain = base.get((r.get("repeat", 0), r["batching"]))
         ratio = f"{r['max_rps'] / plain:.2f}x" if plain and r.get("max_rps") else "-"
         rps = r["max_rps"] if r.get("max_rps") is not None else "none passed"
         lines.append(f"| {r['label']} | {r['n_samples']} | {r['batching']} | {rps} | {_ms(r)} | {ratio} |")
+    if budget.get("repeats", 1) > 1:
+        lines += ["", f"Over the {budget['repeats']} repeats (each a full search on a fresh server; the ratio is "
+                  "paired with the deterministic model's search of the same repeat and mode):", "",
+                  "| model | S | mode | max rps: median [min, max] | spread (max / min) | vs deterministic: median "
+                  "[min, max] |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in budget["repeated"]:
+            rps, vs = r["max_rps"], r["vs_deterministic"]
+            rate = f"{rps['median']} [{rps['min']}, {rps['max']}]" if rps else "none passed"
+            width = f"{rps['max'] / rps['min']:.2f}x" if rps else "-"
+            ratio = f"{vs['median']:.2f}x [{vs['min']:.2f}, {vs['max']:.2f}]" if vs else "-"
+            lines.append(f"| {r['label']} | {r['n_samples']} | {r['batching']} | {rate} | {width} | {ratio} |")
     peak = budget.get("peak") or []
     if peak:
         lines += ["", f"Batching at S = 1, peak throughput with {budget['peak_clients']} closed-loop clients:", "",

@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-samples", type=int, nargs="+", default=[1, 4, 16], help="budget mode: DIRECTOR S")
     parser.add_argument("--point-seconds", type=float, default=10.0, help="budget mode: seconds per offered rate")
     parser.add_argument("--search-steps", type=int, default=4, help="budget mode: bisection steps")
+    parser.add_argument("--repeats", type=int, default=1, help="budget mode: searches per subject (median, range)")
     parser.add_argument("--peak-clients", type=int, default=32, help="budget mode: clients of the S=1 peak run")
     parser.add_argument("--deterministic", type=Path, default=None,
                         help="budget mode: an exported deterministic artifact version folder (default: export one "
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         results["budget"] = run_budget(
             args.repository, args.model, args.deterministic, args.config, args.threads, args.budget_samples,
             args.max_batch_samples, args.budget_ms, args.point_seconds, args.search_steps, args.peak_clients,
-            args.requests * 4, server_device_args(args))
+            args.requests * 4, server_device_args(args), args.repeats)
         results["budget"].update({"command": invocation, "torch": torch.__version__, "cpu_count": os.cpu_count(),
                                   "device": args.device, "bf16": args.bf16})
     results.pop("invocation")

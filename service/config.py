@@ -69,10 +69,6 @@ class Settings(BaseSettings):
                                     "summed over its encoded images (413 above; bounds one request's decoding time)")
     decode_threads: int = Field(2, ge=1, description="threads that decode images, convert pixels and tokenize texts "
                                 "off the event loop")
-    inline_decode_bytes: int = Field(64 * 1024, ge=0, description="a /predict body up to this size whose inputs are "
-                                     "pixel lists is converted on the event loop: a hop to the decode pool "
-                                     "costs more than converting it (docs/benchmarks-overhead.md); larger bodies and "
-                                     "every encoded image go to the pool (0: always the pool)")
     max_text_chars: int = Field(5000, ge=1, description="longest text input in characters (413 above; a text "
                                 "model's own input.max_characters applies when lower)")
     api_key: SecretStr | None = Field(None, description="if set, every route but health and metrics needs "

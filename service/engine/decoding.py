@@ -5,11 +5,6 @@ Why: on the event loop one large request (256 PNGs under the pixel limit) held e
 ``/health/live`` included, long enough to fail a liveness probe. In the pool it waits for a thread instead, and the
 loop keeps reading sockets and answering probes. Pillow and the tokenizers release the GIL while they decode.
 
-One exception: a ``/predict`` body of at most ``DIRECTOR_INLINE_DECODE_BYTES`` (64 KiB) that holds only pixel lists is
-converted on the event loop (``Predictor.inline``): the loop has already parsed that JSON, converting it costs about as
-much again (tens of microseconds for an image of 784 values), and the hop here and back cost more than that under load
-(docs/benchmarks-overhead.md).
-
 Bounded: ``DIRECTOR_DECODE_THREADS`` threads; the work waiting for them is bounded by admission (a prediction holds a
 queue slot while its inputs are prepared, so at most ``DIRECTOR_MAX_QUEUE`` per model version wait) and the work of
 each by ``DIRECTOR_MAX_REQUEST_PIXELS`` (``service.engine.images.PixelBudget``) and the body limit."""

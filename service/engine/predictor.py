@@ -18,7 +18,7 @@ from models.uncertainty import UncertaintySummary, ood_score
 from service.config import Settings
 from service.engine.artifact import ArtifactError, OodRule, ood_rule
 from service.engine.batching import BatchResult, Draining, QueueFull, Ticket
-from service.engine.codecs.base import InputBatch, InputLimits, PixelValues, RawInput, Text
+from service.engine.codecs.base import InputBatch, InputLimits, RawInput, Text
 from service.engine.decoding import DecodePool
 from service.engine.device import DeviceOutOfMemory
 from service.engine.repository import ModelRepository, ReadyVersion, VersionState
@@ -95,28 +95,16 @@ class Predictor:
         return count
 
     async def predict(self, entry: ReadyVersion, inputs: RawInputs, n_samples: int, seed: int | None,
-                      ticket: Ticket | None = None, request_id: str | None = None, body_bytes: int | None = None
-                      ) -> Outcome:
+                      ticket: Ticket | None = None, request_id: str | None = None) -> Outcome:
         """Decode ``inputs`` with the model's codec on a queue slot of the version (the one admission reserved, if
-        it is this version's) and run them; ``request_id`` (the client's) is logged with the predictions. Inputs that
-        came in a body of ``body_bytes`` are decoded on the event loop when ``inline`` says they are cheap."""
+        it is this version's) and run them; ``request_id`` (the client's) is logged with the predictions."""
         with self.queue_slot(entry, ticket) as slot:
             try:  # a sample count the manifest has no usable threshold for is refused before anything is decoded
                 rule = ood_rule(entry.artifact.manifest.ood, n_samples)
             except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
                 raise invalid(str(exc), ["body", "n_samples"]) from exc
-            if self.inline(inputs, body_bytes):
-                batch = self.decode(entry, inputs)
-            else:
-                batch = await self.decoder.run(self.decode, entry, inputs)
+            batch = await self.decoder.run(self.decode, entry, inputs)
             return await self.run(entry, batch, n_samples, seed, rule, slot, request_id)
-
-    def inline(self, inputs: RawInputs, body_bytes: int | None) -> bool:
-        """Whether to decode on the event loop: pixel lists from a body of at most ``inline_decode_bytes`` (the loop
-        already parsed that body, and converting it costs about as much again, less than the pool's thread hop).
-        Encoded images never (a small file can hold a large image), nor texts (the tokenizer releases the GIL)."""
-        return (body_bytes is not None and body_bytes <= self.settings.inline_decode_bytes and not callable(inputs)
-                and all(isinstance(item, PixelValues) for item in inputs))
 
     def decode(self, entry: ReadyVersion, inputs: RawInputs) -> InputBatch:
         """The server's size limits (inputs per request, characters per text, whatever the model), then the codec.

@@ -89,27 +89,6 @@ def test_inputs_are_prepared_in_the_pool(server: Running, route: str) -> None:
     wait_for(lambda: pool.pending == 0, "the pool to be idle")
 
 
-def test_a_small_pixel_list_is_converted_on_the_event_loop_and_a_large_one_in_the_pool(server: Running) -> None:
-    """With the pool's only thread held, one image as a pixel list (6 kB of JSON) is served at once; 16 of them (over
-    ``inline_decode_bytes``, 64 KiB) wait for the pool."""
-    pool = server.app_state.decoder
-    assert server.app_state.settings.inline_decode_bytes == 64 * 1024
-    pixels = random_pixels(np.random.default_rng(0))[0]  # [1, 28, 28]
-    gate = threading.Event()
-    pool.submit(gate.wait)
-    try:
-        small = httpx.post(f"{server.url}/predict", json={"inputs": [{"pixels": pixels}], "n_samples": 1}, timeout=60)
-        assert small.status_code == 200, small.text
-        with ThreadPoolExecutor(1) as executor:
-            large = executor.submit(httpx.post, f"{server.url}/predict", timeout=60,
-                                    json={"inputs": [{"pixels": pixels}] * 16, "n_samples": 1})
-            wait_for(lambda: pool.pending == 1, "the large request to wait for the decode pool")
-            gate.set()
-            assert large.result().status_code == 200
-    finally:
-        gate.set()
-
-
 def test_a_request_over_its_pixel_budget_is_413(server: Running) -> None:
     over = {"inputs": [{"image_base64": black_png(SIDE)}] * 16 + [{"image_base64": black_png(2)}]}
     response = httpx.post(f"{server.url}/predict", json=over, timeout=60)

@@ -99,8 +99,7 @@ async def predict(body: PredictRequest, state: AppStateDep, request: Request) ->
     entry = predictor.resolve(body.model, body.version)
     n_samples = predictor.samples(entry, body.n_samples)
     outcome = await unless_client_leaves(request, predictor.predict(
-        entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope), request_id_of(request.scope),
-        body_bytes=len(await request.body())))  # read once already: FastAPI parsed it
+        entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope), request_id_of(request.scope)))
     return to_response(outcome, body.return_probabilities, started)
 
 
