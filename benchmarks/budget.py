@@ -189,5 +189,6 @@ def run_budget(repository: Path, model: str, deterministic: Path | None, config:
                     peak.append(result)
     return {"budget_ms": budget_ms, "point_seconds": seconds, "search_steps": steps, "threads": threads,
             "max_batch_samples": max_batch_samples, "models": {"director": director, "deterministic": plain},
+            "director_version": max((v.name for v in (repository / model).iterdir() if v.name.isdigit()), key=int),
             "rows": rows, "peak": peak, "peak_clients": peak_clients, "repeats": repeats,
             "repeated": repeated(rows)}

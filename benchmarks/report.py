@@ -128,6 +128,10 @@ def spread(values: list[float]) -> dict[str, float] | None:
             "max": round(max(values), 3)}
 
 
+def repeat_of(run: dict[str, Any]) -> str:
+    return f" (repeat {run['repeat'] + 1})" if "repeat" in run else ""
+
+
 def budget_section(budget: dict[str, Any]) -> list[str]:
     rows = budget["rows"]
     base = {(r.get("repeat", 0), r["batching"]): r.get("max_rps") for r in rows if r["method"] == "deterministic"}
@@ -143,14 +147,15 @@ def budget_section(budget: dict[str, Any]) -> list[str]:
         f"budget. `batching`: `max_batch_samples` {budget['max_batch_samples']}, no delay; `batch-1`: "
         "`max_batch_samples` 1 (one request per forward, S = 1 only).", "",
         f"| model | S | mode | max rps (p99 <= {budget['budget_ms']:g} ms) | p50 / p95 / p99 ms there | "
-        "vs deterministic (same mode) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "vs deterministic (same mode) |" + (" repeat |" if budget.get("repeats", 1) > 1 else ""),
+        "| --- | --- | --- | --- | --- | --- |" + (" --- |" if budget.get("repeats", 1) > 1 else ""),
     ]
     for r in rows:  # with repeats: every search, in the order run; the ratio is to the same repeat's
         plain = base.get((r.get("repeat", 0), r["batching"]))
         ratio = f"{r['max_rps'] / plain:.2f}x" if plain and r.get("max_rps") else "-"
         rps = r["max_rps"] if r.get("max_rps") is not None else "none passed"
-        lines.append(f"| {r['label']} | {r['n_samples']} | {r['batching']} | {rps} | {_ms(r)} | {ratio} |")
+        repeat = f" {r['repeat'] + 1} |" if budget.get("repeats", 1) > 1 else ""
+        lines.append(f"| {r['label']} | {r['n_samples']} | {r['batching']} | {rps} | {_ms(r)} | {ratio} |{repeat}")
     if budget.get("repeats", 1) > 1:
         lines += ["", f"Over the {budget['repeats']} repeats (each a full search on a fresh server; the ratio is "
                   "paired with the deterministic model's search of the same repeat and mode):", "",
@@ -166,7 +171,7 @@ def budget_section(budget: dict[str, Any]) -> list[str]:
     if peak:
         lines += ["", f"Batching at S = 1, peak throughput with {budget['peak_clients']} closed-loop clients:", "",
                   "| mode | rps | p50 / p95 / p99 ms |", "| --- | --- | --- |"]
-        lines += [f"| {p['batching']} | {p['throughput_rps']} | {_ms(p)} |" for p in peak]
+        lines += [f"| {p['batching']}{repeat_of(p)} | {p['throughput_rps']} | {_ms(p)} |" for p in peak]
     return lines
 
 

@@ -1,10 +1,10 @@
 """Random hex ids (request, trace, span and prediction ids) from ``os.urandom``, read in blocks.
 
 Why not ``secrets.token_hex`` per id: every ``os.urandom`` call releases the GIL, and on a busy server the event loop
-then waits for the batch worker's thread to give it back, about 50 us per call measured under load, three or four
-calls per request (docs/benchmarks.md, "Request-path overhead"). One 4 KiB read serves about 200 ids and the bytes are
-the same kernel randomness, so an id is as unguessable as before. Safe across threads (a lock) and across ``fork``
-(a child process drops the bytes it inherited, or two workers would hand out the same ids)."""
+then waits for the batch worker's thread to give it back: about 20 us per call under load (profiled), four calls per
+request (docs/benchmarks-overhead.md). One 4 KiB read serves about 250 ids and the bytes are the same kernel
+randomness, so an id is as unguessable as before. Safe across threads (a lock) and across ``fork`` (a child process
+drops the bytes it inherited, or two workers would hand out the same ids)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Request bodies parsed as JSON by pydantic-core's parser (jiter), with the standard library's as the fallback.
 
 Why: the standard library's ``json.loads`` was the largest single cost of a ``/predict`` on the event loop (a
-Fashion-MNIST image as a pixel list, 6 kB: about 100 us, against 40 us here; docs/benchmarks.md, "Request-path
-overhead"). Both parsers give the same values for what they both accept, ``NaN`` / ``Infinity`` and integers past 64
-bits included (orjson turns those into floats, so it is not used). What jiter refuses (malformed JSON, a lone UTF-16
-surrogate escape, nesting past its depth limit) goes to ``json.loads``, so such a body gets the answer it always got:
+Fashion-MNIST image as a pixel list, 6 kB: about 100 us, against 40 us here; docs/benchmarks-overhead.md). Both
+parsers give the same values for what they both accept, ``NaN`` / ``Infinity`` and integers past 64 bits included
+(orjson turns those into floats, so it is not used). What jiter refuses (malformed JSON, a lone UTF-16 surrogate
+escape, nesting past its depth limit) goes to ``json.loads``, so such a body gets the answer it always got:
 parsed as before, or refused with the standard library's error."""
 
 from __future__ import annotations
