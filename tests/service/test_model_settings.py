@@ -101,9 +101,10 @@ def test_a_models_config_is_served_shown_and_reloaded(tiny_artifact: Path, tmp_p
         staged.write_text("max_qeue: 3\n")
         staged.replace(config)
 
-        def refused_with_reason() -> bool:
+        def refused_with_reason() -> bool:  # the whole rescan seen: it publishes the model's error, then each version's
             listed = httpx.get(f"{running.url}/models/tiny").json()
-            return listed["config_error"] is not None and len(listed["versions"]) == 2
+            return (listed["config_error"] is not None and len(listed["versions"]) == 2
+                    and listed["versions"][1]["reload_error"] is not None)
 
         wait_for(refused_with_reason)
         listed = httpx.get(f"{running.url}/models/tiny").json()
