@@ -29,22 +29,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
 from collections.abc import Callable
 from datetime import date
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from artifact.contract import ARTIFACT, parse_manifest, read_document
+from artifact.contract import parse_manifest, read_document
 from benchmarks.loadgen import closed_loop, encode_post
 from benchmarks.report import spread, write_keeping_analysis
 from benchmarks.server import ROOT, server_process
-from benchmarks.timing import seconds_per_call
-from service.engine.artifact import uses_input_scores
+from benchmarks.timing import raw_forward
 
 MAX_BATCH_SAMPLES = 128  # the server's CPU default
 
@@ -65,27 +62,13 @@ def one_version_repository(folder: Path, model: str, version: str, into: Path) -
     return into
 
 
-def raw_forward(folder: Path, n_samples: int, threads: int, min_seconds: float) -> dict[str, Any]:
+def best_raw(folder: Path, n_samples: int, threads: int, min_seconds: float) -> dict[str, Any]:
     """The best inputs/s of the server's forward over the batch sizes a served run of 32 clients can form."""
-    torch.set_num_threads(threads)
-    manifest = parse_manifest(read_document(folder))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        module = torch.jit.load(str(folder / ARTIFACT)).eval()
-    method = "scored_rows" if uses_input_scores(manifest) else "sample_rows"
-    shape = (manifest.input.channels, manifest.input.height, manifest.input.width)  # type: ignore[union-attr]
-    rates = {}
-    with torch.inference_mode():
-        for batch in (1, 8, 32):
-            if batch * n_samples > MAX_BATCH_SAMPLES and batch > 1:
-                continue
-            pixels = torch.rand(batch, *shape)  # [B, C, H, W]
-            counts = torch.full((batch,), n_samples, dtype=torch.long)  # [B]
-            seconds = seconds_per_call(partial(getattr(module, method), pixels, counts), 5, min_seconds)
-            rates[batch] = batch / seconds
-    best = max(rates, key=rates.__getitem__)
-    return {"method": method, "inputs_per_s": round(rates[best], 1), "batch": best,
-            "by_batch": {str(b): round(r, 1) for b, r in rates.items()}}
+    batches = [b for b in (1, 8, 32) if b == 1 or b * n_samples <= MAX_BATCH_SAMPLES]
+    rows = raw_forward(folder, n_samples, batches, threads, min_seconds)
+    best = max(rows, key=lambda row: row["inputs_per_s"])
+    return {"method": best["method"], "inputs_per_s": best["inputs_per_s"], "batch": best["batch"],
+            "by_batch": {str(row["batch"]): row["inputs_per_s"] for row in rows}}
 
 
 def served(tree: Path, repository: Path, model: str, body: dict[str, Any], samples: list[int], clients: int,
@@ -187,7 +170,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> di
                 entry["served"][label] = {str(s): v for s, v in served(
                     Path(tree["path"]), repository, args.model, body, args.samples, args.clients, args.seconds,
                     args.threads).items()}
-                entry["raw"][label] = {str(s): raw_forward(folder, s, args.threads, args.raw_seconds)
+                entry["raw"][label] = {str(s): best_raw(folder, s, args.threads, args.raw_seconds)
                                        for s in args.samples}
                 progress(f"round {r + 1} {label}: " + json.dumps({s: (v["throughput_rps"], entry["raw"][label][s][
                     "inputs_per_s"]) for s, v in entry["served"][label].items()}))

@@ -21,6 +21,8 @@ def _ms(row: dict[str, Any], prefix: str = "") -> str:
 
 def load_section(results: dict[str, Any]) -> list[str]:
     s = results["n_samples"]
+    # the forward timed raw: the one the server calls (runs before it was recorded timed sample_rows)
+    raw_method = next((x["method"] for x in results.get("raw_artifact", []) if "method" in x), "sample_rows")
     lines = [
         "Command (one run measures both modes, the overload and the raw artifact):", "", "```bash",
         results["command"], "```", "",
@@ -28,7 +30,7 @@ def load_section(results: dict[str, Any]) -> list[str]:
         f"{results['cpu_count']} CPU cores. The server's torch threads are pinned to {results['threads']}; the async "
         "load generator runs on the same machine, on loopback. `batching`: `max_batch_samples` "
         f"{results['max_batch_samples']}, `max_batch_delay_ms` {results['max_batch_delay_ms']:g}. `batch-1`: "
-        f"`max_batch_samples` {s} (one request per forward), no delay. Raw: `sample_rows` of the TorchScript "
+        f"`max_batch_samples` {s} (one request per forward), no delay. Raw: `{raw_method}` of the TorchScript "
         "artifact alone, same thread count.", "",
         "| clients | batching rps | p50 / p95 / p99 ms | batch-1 rps | p50 / p95 / p99 ms |",
         "| --- | --- | --- | --- | --- |",
@@ -134,6 +136,7 @@ def repeat_of(run: dict[str, Any]) -> str:
 
 def budget_section(budget: dict[str, Any]) -> list[str]:
     rows = budget["rows"]
+    many = budget.get("repeats", 1) > 1
     base = {(r.get("repeat", 0), r["batching"]): r.get("max_rps") for r in rows if r["method"] == "deterministic"}
     lines = [
         f"## Requests per second under a {budget['budget_ms']:g} ms p99 budget", "", "```bash", budget["command"],
@@ -147,16 +150,16 @@ def budget_section(budget: dict[str, Any]) -> list[str]:
         f"budget. `batching`: `max_batch_samples` {budget['max_batch_samples']}, no delay; `batch-1`: "
         "`max_batch_samples` 1 (one request per forward, S = 1 only).", "",
         f"| model | S | mode | max rps (p99 <= {budget['budget_ms']:g} ms) | p50 / p95 / p99 ms there | "
-        "vs deterministic (same mode) |" + (" repeat |" if budget.get("repeats", 1) > 1 else ""),
-        "| --- | --- | --- | --- | --- | --- |" + (" --- |" if budget.get("repeats", 1) > 1 else ""),
+        "vs deterministic (same mode) |" + (" repeat |" if many else ""),
+        "| --- | --- | --- | --- | --- | --- |" + (" --- |" if many else ""),
     ]
     for r in rows:  # with repeats: every search, in the order run; the ratio is to the same repeat's
         plain = base.get((r.get("repeat", 0), r["batching"]))
         ratio = f"{r['max_rps'] / plain:.2f}x" if plain and r.get("max_rps") else "-"
         rps = r["max_rps"] if r.get("max_rps") is not None else "none passed"
-        repeat = f" {r['repeat'] + 1} |" if budget.get("repeats", 1) > 1 else ""
+        repeat = f" {r['repeat'] + 1} |" if many else ""
         lines.append(f"| {r['label']} | {r['n_samples']} | {r['batching']} | {rps} | {_ms(r)} | {ratio} |{repeat}")
-    if budget.get("repeats", 1) > 1:
+    if many:
         lines += ["", f"Over the {budget['repeats']} repeats (each a full search on a fresh server; the ratio is "
                   "paired with the deterministic model's search of the same repeat and mode):", "",
                   "| model | S | mode | max rps: median [min, max] | spread (max / min) | vs deterministic: median "

@@ -34,8 +34,6 @@ import json
 import os
 import sys
 import time
-import warnings
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,7 @@ from budget import run_budget
 from loadgen import closed_loop, encode_post, open_loop
 from report import write_markdown
 from server import ROOT, running_server
-from timing import seconds_per_call
+from timing import raw_forward
 
 
 async def drive(url: str, body: dict[str, Any], concurrency: int, max_requests: int, max_seconds: float
@@ -79,29 +77,6 @@ async def drive(url: str, body: dict[str, Any], concurrency: int, max_requests: 
             "p99_ms": round(float(np.percentile(ms, 99)), 2),
             "refused_p99_ms": round(float(np.percentile(np.asarray(refused_latencies) * 1000, 99)), 2)
             if refused_latencies else None}
-
-
-def raw_artifact(folder: Path, n_samples: int, batch_sizes: list[int], threads: int, min_seconds: float = 0.5,
-                 device: str = "cpu", bf16: bool = False) -> list[dict[str, Any]]:
-    """Time of the artifact alone (``sample_rows``) per input at the same batch sizes: at least 5 forwards and
-    ``min_seconds`` per batch size, on ``device`` (bf16 autocast on CUDA when asked, as the server does)."""
-    torch.set_num_threads(threads)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        module = torch.jit.load(str(folder / "director.ts"), map_location=device)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    shape = (manifest["input"]["channels"], manifest["input"]["height"], manifest["input"]["width"])
-    cuda = device.startswith("cuda")
-    out = []
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and bf16):
-        for batch in batch_sizes:
-            pixels = torch.rand(batch, *shape, device=device)
-            counts = torch.full((batch,), n_samples, dtype=torch.long, device=device)
-            seconds = seconds_per_call(partial(module.sample_rows, pixels, counts), 5, min_seconds,
-                                       torch.cuda.synchronize if cuda else lambda: None)
-            out.append({"batch": batch, "n_samples": n_samples, "rows": batch * n_samples,
-                        "ms_per_forward": round(seconds * 1000, 3), "inputs_per_s": round(batch / seconds, 1)})
-    return out
 
 
 def server_device_args(args: argparse.Namespace) -> list[str]:
@@ -151,7 +126,7 @@ def run_load(args: argparse.Namespace, results: dict[str, Any]) -> None:
         print("flood", json.dumps(flood), flush=True)
     # S = 1 too: the ceiling of what batching can gain where a request is one row (budget mode's peak runs)
     results["raw_artifact"] = [row for s in sorted({args.n_samples, 1}, reverse=True)
-                               for row in raw_artifact(folder, s, [1, 8, 32, 128], args.threads, device=args.device,
+                               for row in raw_forward(folder, s, [1, 8, 32, 128], args.threads, device=args.device,
                                                        bf16=args.bf16)]
     print("raw", json.dumps(results["raw_artifact"]))
 
