@@ -26,8 +26,9 @@ from pydantic import (
     model_validator,
 )
 
-# a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone)
-FORMAT_VERSION = "1.3"
+# a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone;
+# 1.4 temperature_by_score)
+FORMAT_VERSION = "1.4"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -199,6 +200,17 @@ class Ood(Section):
         return self
 
 
+class TemperatureByScore(Section):
+    """A temperature per input (1.4): ``temperature * exp(slope * max(0, z))``, z the sum of the terms over the
+    artifact's per-input scores (``scored_rows``), so inputs that look off-distribution get softer probabilities
+    (``models.uncertainty.ScoreTemperature``). Absent: one temperature for every input."""
+
+    slope: float = Field(ge=0)
+    terms: list[ScoreTermSection] = Field(min_length=1)
+    fitted_on: str | None = None  # what the slope was chosen on (validation and a held-out shift)
+    fit: dict[str, Any] | None = None  # every slope tried, its NLLs and the rule's verdict
+
+
 class Reference(Section):
     """Validation statistics at the default sample count, the baseline of the drift gauges."""
 
@@ -265,6 +277,7 @@ class Manifest(Section):
     sampling: Sampling
     variance: Variance | None = None
     temperature: float = Field(1.0, gt=0)  # divides every sampled logit row
+    temperature_by_score: TemperatureByScore | None = None  # the temperature per input, when it grows with a score
     ood: Ood
     reference: Reference | None = None
     artifact: ArtifactInfo | None = None

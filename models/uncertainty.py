@@ -25,10 +25,15 @@ class UncertaintySummary:
     energy: torch.Tensor
 
 
-def summarize(logits: torch.Tensor, temperature: float = 1.0) -> UncertaintySummary:
-    """Summarise sampled logits ``[S, B, C]`` (temperature divides every sample's logits first)."""
+def summarize(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> UncertaintySummary:
+    """Summarise sampled logits ``[S, B, C]``; the temperature divides every sample's logits first: one for all
+    inputs, or one per input (``[B]``, a ``ScoreTemperature``'s)."""
     if logits.dim() != 3:
         raise ValueError(f"expected logits [S, B, C], got {tuple(logits.shape)}")
+    if isinstance(temperature, torch.Tensor):
+        if temperature.shape != logits.shape[1:2]:
+            raise ValueError(f"expected one temperature per input [{logits.shape[1]}], got {tuple(temperature.shape)}")
+        temperature = temperature.to(logits.device, torch.float32)[None, :, None]  # [1, B, 1]
     z = logits.float() / temperature  # [S, B, C]
     n_samples = z.shape[0]
     log_p_s = torch.log_softmax(z, dim=-1)  # [S, B, C]
@@ -126,6 +131,41 @@ def ood_score(summary: UncertaintySummary, name: str, inputs: Mapping[str, torch
             raise ValueError("a combined score needs terms, none of them combined")
         return torch.stack([term(ood_score(summary, term.score, inputs)) for term in terms]).sum(0)  # [B]
     raise ValueError(f"unknown OOD score {name!r}; choose from {SERVED_SCORES}")
+
+
+@dataclass(frozen=True)
+class ScoreTemperature:
+    """A temperature per input that grows with how far off-distribution the input looks:
+    ``base * exp(slope * max(0, z))``, z the sum of standardised per-input score terms (the served OOD score's, 0 at
+    the in-distribution validation mean). Inputs that look like validation keep ``base``; shifted ones get softer
+    probabilities. The slope is fitted post hoc on validation and a held-out shift (docs/method.md, "A temperature
+    that follows the OOD score"). Its terms read only ``scored_rows``' per-input scores, never the logits it divides."""
+
+    base: float
+    slope: float
+    terms: tuple[ScoreTerm, ...]
+
+    def __post_init__(self) -> None:
+        if not self.terms or any(term.score not in INPUT_SCORES for term in self.terms):
+            raise ValueError(f"a score temperature reads per-input scores only ({INPUT_SCORES}), got "
+                             f"{[term.score for term in self.terms]}")
+
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        z = torch.stack([term(inputs[term.score]) for term in self.terms]).sum(0)  # [B]
+        return self.base * torch.exp(self.slope * z.clamp_min(0.0))  # [B]
+
+
+Temperature = float | ScoreTemperature  # what a served model divides its logits by
+
+
+def temperature_for(temperature: Temperature, inputs: Mapping[str, torch.Tensor] | None) -> float | torch.Tensor:
+    """The temperature ``summarize`` takes: the scalar itself, or a score temperature's value per input ([B]) from
+    ``scored_rows``' per-input scores."""
+    if isinstance(temperature, ScoreTemperature):
+        if inputs is None:
+            raise ValueError("a score temperature needs the per-input scores of the artifact's scored_rows")
+        return temperature(inputs)
+    return temperature
 
 
 def needs_input_scores(name: str, terms: tuple[ScoreTerm, ...] = ()) -> bool:

@@ -142,6 +142,9 @@ class ExportConfig:
     # the share of each sample's noise drawn once for every token (``models.director.StochasticRollout``); more than
     # one value: fitted with the noise temperature on validation and a held-out shift of it (images)
     noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0])
+    # a temperature per input that grows with the served OOD score (models.uncertainty.ScoreTemperature): more than
+    # one slope is fitted on validation and a held-out shift of it; [0.0]: one temperature for every input
+    temperature_slope_grid: list[float] = field(default_factory=lambda: [0.0])
     docs_dir: str = "docs/results"
     # the feature-space OOD scores' statistics (models.feature_scores), fitted on the training split's backbone
     # features and carried in the artifact; knn_bank: the training features kept for KNN (its rows in the artifact)

@@ -51,7 +51,8 @@ def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
         "modality": manifest.modality,
         "n_samples_default": entry.default_samples,
         "n_samples_max": entry.max_samples,
-        "temperature": artifact.temperature,
+        "temperature": manifest.temperature,
+        **({"temperature_slope": manifest.temperature_by_score.slope} if manifest.temperature_by_score else {}),
         "ood_score": ood_rule(manifest.ood, entry.default_samples).score,  # at the default sample count
         "ood_thresholds": json.dumps({str(k): v.threshold for k, v in sorted(manifest.ood.thresholds.items())}),
         "labels": json.dumps(artifact.labels),

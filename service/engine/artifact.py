@@ -17,13 +17,23 @@ from artifact.contract import (
     Manifest,
     ManifestError,
     Ood,
+    ScoreTermSection,
     escaping_files,
     parse_manifest,
     read_document,
     verify_files,
 )
 from artifact.formats import AOTI_FORMAT, FORMATS, TORCHSCRIPT_FORMAT, artifact_format, compiled_of
-from models.uncertainty import INPUT_SCORES, KERNEL_ERROR, OOD_SCORES, SERVED_SCORES, ScoreTerm, needs_input_scores
+from models.uncertainty import (
+    INPUT_SCORES,
+    KERNEL_ERROR,
+    OOD_SCORES,
+    SERVED_SCORES,
+    ScoreTemperature,
+    ScoreTerm,
+    Temperature,
+    needs_input_scores,
+)
 from service.engine.codecs import codec_for
 from service.engine.codecs.base import Codec
 from service.engine.device import Device
@@ -68,13 +78,18 @@ def validate_manifest(document: dict[str, Any]) -> Manifest:
         if term.score not in (*OOD_SCORES, *INPUT_SCORES):
             raise ArtifactError(f"bad ood.combination term: score {term.score!r} is not one of "
                                 f"{', '.join((*OOD_SCORES, *INPUT_SCORES))}")
+    by_score = manifest.temperature_by_score.terms if manifest.temperature_by_score is not None else []
+    for term in by_score:
+        if term.score not in INPUT_SCORES:
+            raise ArtifactError(f"bad temperature_by_score term: score {term.score!r} is not one of "
+                                f"{', '.join(INPUT_SCORES)} (a per-input score of scored_rows)")
     given = set(input_score_names(manifest))
     used = {entry.score for entry in manifest.ood.thresholds.values()}
-    used |= {term.score for term in manifest.ood.combination or []}
+    used |= {term.score for term in [*(manifest.ood.combination or []), *by_score]}
     missing = sorted((used & set(INPUT_SCORES)) - given)
     if missing:
-        raise ArtifactError(f"the OOD rules use {', '.join(missing)}, which the artifact's scored_rows does not return "
-                            f"(artifact.input_scores: {sorted(given)})")
+        raise ArtifactError(f"the OOD rules or the temperature use {', '.join(missing)}, which the artifact's "
+                            f"scored_rows does not return (artifact.input_scores: {sorted(given)})")
     return manifest
 
 
@@ -85,15 +100,30 @@ def input_score_names(manifest: Manifest) -> tuple[str, ...]:
     return tuple(given or (KERNEL_ERROR,))
 
 
+def as_terms(sections: list[ScoreTermSection] | None) -> tuple[ScoreTerm, ...]:
+    return tuple(ScoreTerm(t.score, t.weight, t.center, t.scale, t.log) for t in sections or [])
+
+
 def score_terms(ood: Ood) -> tuple[ScoreTerm, ...]:
     """The manifest's combination as ``ScoreTerm``s (empty when it has none)."""
-    return tuple(ScoreTerm(t.score, t.weight, t.center, t.scale, t.log) for t in ood.combination or [])
+    return as_terms(ood.combination)
+
+
+def served_temperature(manifest: Manifest) -> Temperature:
+    """What the logits are divided by: the manifest's temperature, or a temperature per input when
+    ``temperature_by_score`` makes it grow with a per-input score."""
+    by_score = manifest.temperature_by_score
+    if by_score is None:
+        return manifest.temperature
+    return ScoreTemperature(manifest.temperature, by_score.slope, as_terms(by_score.terms))
 
 
 def uses_input_scores(manifest: Manifest) -> bool:
-    """Whether any of the manifest's OOD rules reads a per-input score (the artifact's ``scored_rows``)."""
+    """Whether any of the manifest's OOD rules or its temperature reads a per-input score (the artifact's
+    ``scored_rows``)."""
     terms = score_terms(manifest.ood)
-    return any(needs_input_scores(entry.score, terms) for entry in manifest.ood.thresholds.values())
+    return (manifest.temperature_by_score is not None
+            or any(needs_input_scores(entry.score, terms) for entry in manifest.ood.thresholds.values()))
 
 
 def ood_rule(ood: Ood, n_samples: int) -> OodRule:
@@ -162,8 +192,9 @@ class Artifact:
         return self.manifest.sampling.max_samples
 
     @cached_property
-    def temperature(self) -> float:
-        return self.manifest.temperature
+    def temperature(self) -> Temperature:
+        """One temperature, or a ``ScoreTemperature`` read per input from ``scored_rows``' scores."""
+        return served_temperature(self.manifest)
 
 
 def shown_name(name: str) -> str:
@@ -188,7 +219,8 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
         raise ArtifactError(str(exc)) from exc
     artifact = Artifact(folder, manifest, module, codec)
     if artifact.scored and not hasattr(module, "scored_rows"):
-        raise ArtifactError("the manifest's OOD score needs per-input scores but the artifact has no scored_rows")
+        raise ArtifactError("the manifest's OOD score or temperature needs per-input scores but the artifact has no "
+                            "scored_rows")
     warm_up(artifact, device)
     return artifact
 

@@ -73,12 +73,12 @@ def seeded_or_shared(device: Device, seed: int | None) -> Iterator[Callable[[], 
         yield contextlib.nullcontext
 
 
-def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float
+def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float | torch.Tensor
                        ) -> list[UncertaintySummary]:
     """One ``summarize`` per sample count in the batch over all its inputs with that count (one call for a batch whose
-    requests share it), then each request's slice. Summarising request by request cost a dozen small tensor operations
-    per request in the forward's thread: 1.68 ms for a batch of 32 one-sample requests, 0.49 ms this way (one thread;
-    docs/benchmarks-overhead.md)."""
+    requests share it), then each request's slice; ``temperature`` is one for all or one per input ([n]).
+    Summarising request by request cost a dozen small tensor operations per request in the forward's thread: 1.68 ms
+    for a batch of 32 one-sample requests, 0.49 ms this way (one thread; docs/benchmarks-overhead.md)."""
     counts = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]  # per input
     starts = torch.tensor([0, *counts]).cumsum(0)[:-1]  # [n]: each input's first row
     fields: dict[str, list[torch.Tensor]] = {}
@@ -86,7 +86,8 @@ def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int],
     for s in sorted(set(counts)):
         inputs = torch.tensor([i for i, c in enumerate(counts) if c == s])  # [m]
         picked = rows[(starts[inputs, None] + torch.arange(s)).reshape(-1)]  # [m * S, C], input by input
-        summary = summarize(picked.view(len(inputs), s, -1).transpose(0, 1), temperature)  # [S, m, C] -> [m]
+        scale = temperature[inputs] if isinstance(temperature, torch.Tensor) else temperature  # [m] or one
+        summary = summarize(picked.view(len(inputs), s, -1).transpose(0, 1), scale)  # [S, m, C] -> [m]
         for name, value in vars(summary).items():
             fields.setdefault(name, []).append(value)
         order.append(inputs)

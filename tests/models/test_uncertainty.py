@@ -8,6 +8,7 @@ from models.uncertainty import (
     COMBINED,
     KERNEL_ERROR,
     OOD_SCORES,
+    ScoreTemperature,
     ScoreTerm,
     needs_input_scores,
     ood_score,
@@ -96,3 +97,26 @@ def test_kernel_error_and_combined_scores() -> None:
         ood_score(summary, COMBINED, {KERNEL_ERROR: error})
     assert needs_input_scores(KERNEL_ERROR) and needs_input_scores(COMBINED, terms)
     assert not needs_input_scores(COMBINED, terms[1:]) and not needs_input_scores("energy")
+
+
+def test_a_temperature_per_input_divides_each_input_s_samples_by_its_own() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(4, 3, 5) * 3  # [S, B, C]
+    temperatures = torch.tensor([0.5, 1.0, 2.5])  # [B]
+    together = summarize(logits, temperatures)
+    for i, t in enumerate(temperatures.tolist()):
+        alone = summarize(logits[:, i:i + 1], t)
+        for name, value in vars(together).items():
+            torch.testing.assert_close(value[i:i + 1], getattr(alone, name))
+    with pytest.raises(ValueError, match="one temperature per input"):
+        summarize(logits, torch.ones(2))
+
+
+def test_a_score_temperature_keeps_the_base_below_the_center_and_grows_above_it() -> None:
+    term = ScoreTerm(KERNEL_ERROR, 1.0, math.log(1e-2), 0.5, log=True)
+    temperature = ScoreTemperature(1.2, 0.4, (term,))
+    errors = torch.tensor([1e-4, 1e-2, 1e-2 * math.exp(0.5), 1e-2 * math.exp(1.0)])  # z = -9.2, 0, 1, 2
+    torch.testing.assert_close(temperature({KERNEL_ERROR: errors}),
+                               torch.tensor([1.2, 1.2, 1.2 * math.exp(0.4), 1.2 * math.exp(0.8)]))
+    with pytest.raises(ValueError, match="per-input scores only"):
+        ScoreTemperature(1.0, 0.4, (ScoreTerm("max_softmax", 1.0, 0.0, 1.0),))

@@ -73,3 +73,17 @@ def test_batched_summaries_equal_summaries_request_by_request(sizes: list[int], 
         start += size
         for name, value in vars(want).items():
             torch.testing.assert_close(getattr(summary, name), value, rtol=1e-6, atol=1e-6)
+
+
+def test_batched_summaries_give_each_input_its_own_temperature() -> None:
+    """A temperature per input ([n], a score temperature's) follows its input through the grouping by sample count."""
+    torch.manual_seed(1)
+    sizes, samples = [2, 1, 3], [4, 1, 4]
+    repeats = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]
+    rows = torch.randn(sum(repeats), 10)  # [sum(repeats), C]
+    temperatures = torch.tensor([0.5, 1.0, 2.0, 3.0, 0.7, 1.5])  # [n]
+    got = summarize_requests(rows, sizes, samples, temperatures)
+    blocks = split_rows(rows, torch.tensor(repeats))
+    flat = [value for summary in got for value in summary.confidence.tolist()]
+    want = [float(summarize(block, t).confidence) for block, t in zip(blocks, temperatures.tolist(), strict=True)]
+    assert flat == pytest.approx(want, rel=1e-6)

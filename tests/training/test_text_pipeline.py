@@ -4,6 +4,7 @@ sentences): fit-backbone, distil (and resume), export; the exported artifact, ma
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_file
 from models.text_director import fold_for_artifact
 from tests.conftest import export_tiny, tiny_text_config_dict
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
+from training.cli import main
 from training.config import load_config
 from training.data.tokens import TokenSplit, encode, load_run_tokenizer, token_batches
 from training.data.unlabeled import load_package_descriptions
@@ -270,3 +272,35 @@ def test_text_deterministic_baseline_exports_compactly_and_loads_in_the_server(e
     for method in ("mc_dropout", "kep_svgp"):  # refused before anything is fine-tuned
         with pytest.raises(ValueError, match="deterministic only"):
             main(["export-baseline", *args, "--method", method])
+
+
+def test_a_temperature_slope_is_fitted_on_validation_and_its_typos(exported: tuple[Path, Path],
+                                                                    tmp_path: Path) -> None:
+    """``export.temperature_slope_grid``: every slope's clean and shifted NLL is recorded, and a slope above 0 is
+    written as ``temperature_by_score`` over the served score's terms, which the server's manifest check accepts."""
+    from service.engine.artifact import served_temperature, validate_manifest
+
+    config, _ = exported
+    run = tmp_path / "run"
+    shutil.copytree(Path(load_config(config).run_dir), run)
+    repo = tmp_path / "repo"
+    assert main(["export", "--config", str(config), "--set", f"run_dir={run}", "--set", f"export.repository={repo}",
+                 "--set", f"export.docs_dir={tmp_path / 'docs'}",
+                 "--set", "export.temperature_slope_grid=[0.5, 4.0]"]) == 0
+    (folder,) = (repo / load_config(config).export.name).iterdir()
+    document = json.loads((folder / MANIFEST).read_text())
+    fit = document["provenance"]["temperature_fit"]["by_score"]
+    manifest = validate_manifest(document)
+    terms = {term.score for term in manifest.ood.combination or []} or {manifest.ood.score}
+    if not terms <= {"kernel_error", "mds", "rmds", "knn", "vim"}:  # the served score reads the logits
+        assert fit["slope"] == 0 and "reads the logits" in fit["not_fitted"]
+        assert manifest.temperature_by_score is None
+        return
+    assert fit["fitted_on"] == "validation + validation with typos" and set(fit["fit"]) == {"0", "0.5", "4"}
+    eligible = [slope for slope, row in fit["fit"].items() if row["eligible"]]
+    assert fit["fit"][f"{fit['slope']:g}"]["shift_nll"] == min(fit["fit"][s]["shift_nll"] for s in eligible)
+    if fit["slope"] == 0:
+        assert manifest.temperature_by_score is None
+    else:
+        assert manifest.temperature_by_score is not None and manifest.temperature_by_score.slope == fit["slope"]
+        assert served_temperature(manifest).base == manifest.temperature

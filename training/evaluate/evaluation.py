@@ -15,7 +15,7 @@ import torch
 
 from artifact.contract import MANIFEST, parse_manifest, read_document
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
-from models.uncertainty import UncertaintySummary, summarize
+from models.uncertainty import ScoreTemperature, ScoreTerm, UncertaintySummary, summarize
 from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir
 from training.baselines.models import build_baseline, ensemble_members, member_config
 from training.config import PipelineConfig
@@ -50,6 +50,7 @@ class Method:
     n_samples: int
     temperature: float = 1.0
     family: str = "director"  # deterministic | mc_dropout | ensemble | kep_svgp | director
+    by_score: ScoreTemperature | None = None  # a temperature per input instead (an exported version's), base included
 
 
 @dataclass
@@ -61,8 +62,14 @@ class Source:
     draws: int  # samples drawn per input on every set (test draws max(sweep) for the sweep)
 
 
-def summary_of(logits: torch.Tensor, method: Method) -> UncertaintySummary:
-    return summarize(logits[: method.n_samples], method.temperature)
+def summary_of(logits: torch.Tensor, method: Method, inputs: InputScores | None = None) -> UncertaintySummary:
+    """The method's summary of its sampled logits [S, N, C]; ``inputs`` are DIRECTOR's per-input scores of the same
+    set, which a method with a temperature per input reads."""
+    if method.by_score is None:
+        return summarize(logits[: method.n_samples], method.temperature)
+    if inputs is None:
+        raise ValueError(f"{method.label}: its temperature reads DIRECTOR's per-input scores; none were given")
+    return summarize(logits[: method.n_samples], method.by_score(inputs))
 
 
 class Evaluation:
@@ -174,6 +181,8 @@ def add_served_source(evaluation: Evaluation, director: torch.nn.Module, directo
     record = {"version": version, "token_correlation": sampling.token_correlation or 0.0,
               "noise_scale": sampling.noise_scale if sampling.noise_scale is not None else 1.0,
               "default_samples": sampling.default_samples, "temperature": manifest.temperature}
+    if manifest.temperature_by_score is not None:
+        record["temperature_by_score"] = manifest.temperature_by_score.document()
     served = copy.deepcopy(director)
     served.rollout.set_token_correlation(record["token_correlation"])
     served.rollout.noise_scale.fill_(record["noise_scale"])
@@ -251,8 +260,14 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
 
 
 def served_method(served: dict[str, Any]) -> Method:
-    """The row of ``add_served_source``: the version's default S and served temperature."""
+    """The row of ``add_served_source``: the version's default S and served temperature (per input when the version
+    makes it grow with a score)."""
     s, t = served["default_samples"], served["temperature"]
+    section = served.get("temperature_by_score")
+    by_score = None if section is None else ScoreTemperature(
+        t, section["slope"], tuple(ScoreTerm(x["score"], x["weight"], x["center"], x["scale"], x.get("log", False))
+                                   for x in section["terms"]))
+    shown = f"T={t:.2f}" if by_score is None else f"T={t:.2f} x exp({by_score.slope:g} * score)"
     return Method("director_served", f"DIRECTOR as served (v{served['version']}, S={s}, rho "
-                  f"{served['token_correlation']:g}, noise x{served['noise_scale']:g}, T={t:.2f})",
-                  "director_served", s, t)
+                  f"{served['token_correlation']:g}, noise x{served['noise_scale']:g}, {shown})",
+                  "director_served", s, t, by_score=by_score)

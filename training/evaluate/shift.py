@@ -58,14 +58,14 @@ def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, A
         level = "mean" if shifted.level is None else str(shifted.level)
         pooled_labels.setdefault(level, []).append(shifted.split.labels)
         for method in methods:
-            summary = summary_of(evaluation.logits(method.source, shifted.set_name, shifted.split), method)
+            native = (evaluation.director_input_scores(shifted.set_name, shifted.split)
+                      if method.family == "director" else None)
+            summary = summary_of(evaluation.logits(method.source, shifted.set_name, shifted.split), method, native)
             pooled[method.key].setdefault(level, []).append(summary.probabilities)
             report = classification_report(summary.probabilities, shifted.split.labels)
             entry: dict[str, Any] = {k: report[k] for k in ("accuracy", "ece", "nll")}
             entry["mean_mutual_information"] = float(summary.mutual_information.mean())
             rule, threshold = evaluation.flag_rules[method.key]
-            native = (evaluation.director_input_scores(shifted.set_name, shifted.split)
-                      if method.family == "director" else None)
             flagged = ScoreInputs(summary, native).score(rule.name, rule.terms) > threshold  # [N]
             entry.update(flag_split(flagged, summary.probabilities.argmax(-1) == shifted.split.labels))
             entry["n"] = len(shifted.split)

@@ -81,8 +81,9 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
         def score_inputs(set_name: str, split: AnySplit, draws: int | None = None,
                          method: Method = method, scores_of: dict[str, InputScores] | None = scores_of
                          ) -> ScoreInputs:
-            summary = summary_of(evaluation.logits(method.source, set_name, split, draws), method)
-            return ScoreInputs(summary, None if scores_of is None else scores_of[set_name])
+            native = None if scores_of is None else scores_of[set_name]
+            return ScoreInputs(summary_of(evaluation.logits(method.source, set_name, split, draws), method, native),
+                               native)
 
         draws = draws_test if method.source in ("director", "mc_dropout") else None
         test_inputs = score_inputs("test", test, draws)
@@ -109,6 +110,7 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
             per_set[set_name] = row
         results[method.key] = {
             "label": method.label, "n_samples": method.n_samples, "temperature": method.temperature,
+            **({"temperature_slope": method.by_score.slope} if method.by_score else {}),
             "test": {**calibration_block(test_inputs.summary.probabilities, test.labels, ev.bootstrap),
                      "mean_mutual_information": float(test_inputs.summary.mutual_information.mean())},
             "ood_selection_auroc": selection, "ood_score": choice.label, "ood": per_set,
@@ -275,7 +277,8 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
     test = evaluation.inputs.test
     probs = {m.key: summary_of(evaluation.logits(m.source, "test", test,
                                                   draws_test if m.source in ("director", "mc_dropout") else None),
-                               m).probabilities for m in methods}
+                               m, evaluation.director_input_scores("test", test) if m.by_score else None
+                               ).probabilities for m in methods}
     results["paired"] = paired_differences(methods, probs, test.labels, cfg.evaluate.bootstrap, cfg.seed)
     results["seconds"]["total"] = round(time.perf_counter() - start, 1)
     out_dir = Path(cfg.export.docs_dir)

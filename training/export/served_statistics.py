@@ -12,12 +12,27 @@ from typing import Any
 
 import torch
 
-from models.uncertainty import UncertaintySummary, summarize
+from models.uncertainty import (
+    COMBINED,
+    INPUT_SCORES,
+    ScoreTemperature,
+    ScoreTerm,
+    UncertaintySummary,
+    summarize,
+)
 from training.config import ExportConfig
 from training.data.images import Dataset, Split, photo_patch_images
 from training.data.tokens import TokenDataset
 from training.export.calibration import fit_temperature
-from training.export.ood_selection import InputScoreCache, OodChoice, ScoreInputs, choose_ood_score
+from training.export.ood_selection import (
+    LOG_SCALED,
+    InputScoreCache,
+    InputScores,
+    OodChoice,
+    ScoreInputs,
+    choose_ood_score,
+    standardised,
+)
 from training.loading import AnySplit, Director, split_sampled_logits
 from training.metrics import classification_report
 from training.ood_metrics import threshold_at_tpr
@@ -97,8 +112,9 @@ def within_noise(mean: float, stderr: float) -> bool:
     return mean <= 2.0 * stderr + 1e-6
 
 
-def per_input_nll(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """-log p(label) of ``mean_s softmax(z_s / T)`` for every input [N] (logits [S, N, C])."""
+def per_input_nll(logits: torch.Tensor, labels: torch.Tensor, temperature: float | torch.Tensor = 1.0
+                  ) -> torch.Tensor:
+    """-log p(label) of ``mean_s softmax(z_s / T)`` for every input [N] (logits [S, N, C]; T one or [N])."""
     probs = summarize(logits, temperature).probabilities  # [N, C]
     return -probs.gather(1, labels[:, None]).squeeze(1).clamp_min(1e-12).log()  # [N]
 
@@ -159,6 +175,42 @@ def temperature_on_shift(temperature: float, clean: torch.Tensor, clean_labels: 
     record = {"shift_nll_fitted": shift_nll["fitted"], "shift_nll_t1": shift_nll["t1"],
               "clean_nll_fitted": float(clean_nll["fitted"].mean()), "clean_nll_t1": float(clean_nll["t1"].mean())}
     return candidates[chosen], record
+
+
+def temperature_terms(choice: OodChoice, n_samples: int, val_inputs: InputScores) -> tuple[ScoreTerm, ...]:
+    """What a score temperature reads: the served OOD score at ``n_samples`` when it reads per-input scores only (a
+    per-input score standardised on validation, or a combination of them), else nothing: a score computed from the
+    logits would move with the temperature that divides them."""
+    rule = choice.rule_at(n_samples)
+    if rule.name == COMBINED and all(term.score in INPUT_SCORES for term in rule.terms):
+        return rule.terms
+    if rule.name in INPUT_SCORES:
+        return (standardised(val_inputs[rule.name], rule.name, 1.0, log=rule.name in LOG_SCALED),)
+    return ()
+
+
+def fit_temperature_slope(base: float, terms: tuple[ScoreTerm, ...], grid: list[float], clean: torch.Tensor,
+                          clean_labels: torch.Tensor, clean_inputs: InputScores, shifted: torch.Tensor,
+                          shifted_labels: torch.Tensor, shifted_inputs: InputScores
+                          ) -> tuple[float, dict[str, dict[str, float]]]:
+    """The slope of a score temperature (``models.uncertainty.ScoreTemperature``) by ``fit_noise_shape``'s rule: among
+    the slopes in ``grid`` whose clean validation NLL is within noise of the best (paired per input), the one with the
+    lowest NLL on the held-out shift (sampled logits [S, N, C] of each, their per-input scores). Returns the slope and
+    every slope's figures."""
+    per_slope = {}
+    for slope in grid:
+        temperature = ScoreTemperature(base, slope, terms)
+        per_slope[slope] = (per_input_nll(clean, clean_labels, temperature(clean_inputs)),  # [N]
+                            per_input_nll(shifted, shifted_labels, temperature(shifted_inputs)))  # [N']
+    best = min(per_slope, key=lambda k: float(per_slope[k][0].mean()))
+    table = {}
+    for slope, (clean_nll, shift_nll) in per_slope.items():
+        mean, stderr = paired_difference(clean_nll - per_slope[best][0])
+        table[f"{slope:g}"] = {"clean_nll": float(clean_nll.mean()), "clean_minus_best": mean,
+                               "clean_stderr": stderr, "eligible": float(within_noise(mean, stderr)),
+                               "shift_nll": float(shift_nll.mean())}
+    chosen = min((k for k in per_slope if table[f"{k:g}"]["eligible"]), key=lambda k: table[f"{k:g}"]["shift_nll"])
+    return chosen, table
 
 
 def reference_section(summary: UncertaintySummary, labels: torch.Tensor, n_samples: int) -> dict[str, Any]:

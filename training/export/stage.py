@@ -9,6 +9,7 @@ score and thresholds), measure the test split, write the manifest and the result
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -26,12 +27,13 @@ from artifact.contract import (
     Manifest,
     Provenance,
     Sampling,
+    TemperatureByScore,
     Variance,
     file_digests,
     parse_manifest,
 )
 from artifact.formats import AOTI_FORMAT
-from models.uncertainty import summarize
+from models.uncertainty import ScoreTemperature, Temperature, summarize, temperature_for
 from training.config import PipelineConfig
 from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
@@ -45,10 +47,13 @@ from training.export.served_statistics import (
     choose_default_samples,
     fit_noise_scale,
     fit_noise_shape,
+    fit_temperature_slope,
+    reference_section,
     sample_split,
     served_statistics,
     served_temperature,
     temperature_on_shift,
+    temperature_terms,
 )
 from training.export.writing import git_commit, install_version, source_record, staging_dir, write_manifest
 from training.loading import AnySplit, Director, load_backbone, load_director, run_family
@@ -121,6 +126,44 @@ def choose_temperature(served: torch.nn.Module, parts: ExportParts, cfg: Pipelin
     return kept, {**record, **on_shift, "temperature_clean": temperature}
 
 
+@dataclass
+class ScoreTemperatureFit:
+    temperature: ScoreTemperature | None  # None: the fit kept one temperature (slope 0)
+    record: dict[str, Any]  # the slope, the terms, what it was fitted on, every slope's figures
+
+
+def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
+                                temperature: float, stats: ServedStatistics) -> ScoreTemperatureFit | None:
+    """A temperature per input that grows with the served OOD score, when ``export.temperature_slope_grid`` offers
+    slopes: fitted on validation and its held-out shift (``fit_temperature_slope``), served when its slope is above 0
+    (the reference distributions are then measured again under it). None when no slope is offered; not fitted when
+    the served score reads the logits (``temperature_terms``)."""
+    ecfg, seed, val = cfg.export, cfg.seed, parts.data.val
+    if not any(ecfg.temperature_slope_grid):
+        return None
+    val_scores = stats.input_scores("val", val)
+    terms = temperature_terms(stats.choice, default_s, val_scores or {})
+    if val_scores is None or not terms:
+        return ScoreTemperatureFit(None, {"slope": 0.0, "not_fitted": "the served OOD score reads the logits, which "
+                                          "the temperature divides (or the model returns no per-input scores)"})
+    shift = held_out_shift(cfg, val)
+    clean = sample_split(served, val, default_s, seed + 2)  # [S, N, C]
+    shifted = sample_split(served, shift.split, default_s, seed + 2)  # [S, N', C]
+    shift_scores = stats.input_scores("held_out_shift", shift.split)
+    assert shift_scores is not None  # the served module returned val's
+    slope, table = fit_temperature_slope(temperature, terms, sorted({0.0, *ecfg.temperature_slope_grid}), clean,
+                                         val.labels, val_scores, shifted, shift.split.labels, shift_scores)
+    record = {"slope": slope, "terms": [dataclasses.asdict(term) for term in terms],
+              "fitted_on": shift.description, "fit": table}
+    if slope == 0.0:
+        return ScoreTemperatureFit(None, record)
+    by_score = ScoreTemperature(temperature, slope, terms)
+    val_logits = sample_split(served, val, default_s, seed)  # [S, N, C]: the draws the reference was measured on
+    reference = reference_section(summarize(val_logits, by_score(val_scores)), val.labels, default_s)
+    stats.reference = {**reference, "ood_rate": stats.reference["ood_rate"]}  # the OOD score reads no logits
+    return ScoreTemperatureFit(by_score, record)
+
+
 def test_block(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
     """Test-split metrics of probabilities [N, C] with a bootstrap interval of the ECE."""
     _, low, high = ece_bootstrap(probs, labels)
@@ -136,21 +179,24 @@ class TestFigures:
 
 
 def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts, backbone_parameters: int,
-                 stats: ServedStatistics, default_s: int, temperature: float, seed: int) -> TestFigures:
+                 stats: ServedStatistics, default_s: int, temperature: Temperature, seed: int) -> TestFigures:
     """Backbone, temperature-scaled backbone and the served DIRECTOR on the test split and the reported OOD sets."""
     data, test = parts.data, parts.data.test
     labels = test.labels
     backbone_test = parts.backbone_logits(test)  # [N, C]
     backbone_t = fit_temperature(parts.backbone_logits(data.val), data.val.labels)
-    test_summary = summarize(sample_split(served, test, default_s, seed), temperature)
-    s1_summary = summarize(sample_split(served, test, 1, seed), temperature)
     choice, errors = stats.choice, stats.input_scores
+    test_temperature = temperature_for(temperature, errors("test", test))  # one, or [N] by score
+    test_summary = summarize(sample_split(served, test, default_s, seed), test_temperature)
+    s1_summary = summarize(sample_split(served, test, 1, seed), test_temperature)
     rule, threshold = choice.rule_at(default_s), stats.ood["thresholds"][str(default_s)]["threshold"]
     test_inputs = ScoreInputs(test_summary, errors("test", test))
     test_logvar = mean_logvar_score(director, test, seed)
     ood_metrics: dict[str, Any] = {}
     for name, split in parts.reported_ood.items():
-        inputs = ScoreInputs(summarize(sample_split(served, split, default_s, seed), temperature), errors(name, split))
+        scores = errors(name, split)
+        logits = sample_split(served, split, default_s, seed)  # [S, N, C]
+        inputs = ScoreInputs(summarize(logits, temperature_for(temperature, scores)), scores)
         ood_metrics[name] = {
             "mean_mutual_information": float(inputs.summary.mutual_information.mean()),
             "auroc_vs_test": {label: auroc(test_inputs.score(c.name, c.terms), inputs.score(c.name, c.terms))
@@ -227,7 +273,7 @@ def stage_artifact(run: ExportRun, tmp_dir: Path) -> tuple[torch.nn.Module, torc
     return artifact_module, served
 
 
-def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[str, float], figures: TestFigures,
+def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[str, Any], figures: TestFigures,
                diagnostics: dict[str, Any], export_seconds: float) -> Provenance:
     """Where the version came from and what it measured: the backbone, data, config, commit, stage times, the test
     figures and how the sampling, the temperature and the distillation went."""
@@ -258,7 +304,8 @@ def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[s
 
 
 def director_manifest(run: ExportRun, sampling: SamplingChoice, temperature: float, served_stats: ServedStatistics,
-                      artifact_module: torch.nn.Module, provenance: Provenance, tmp_dir: Path) -> Manifest:
+                      artifact_module: torch.nn.Module, provenance: Provenance, tmp_dir: Path,
+                      by_score: ScoreTemperatureFit | None = None) -> Manifest:
     """The version's manifest (the depth under ``sampling.depth`` alone; older manifests also carry it as
     ``sampling.steps``, which the contract reads as the depth)."""
     cfg, payload = run.cfg, run.payload
@@ -275,6 +322,8 @@ def director_manifest(run: ExportRun, sampling: SamplingChoice, temperature: flo
                           floors=[float(f) for f in payload["floors"]],
                           tau_selection_accuracy=payload["tau_accuracies"]),
         temperature=temperature, ood=served_stats.ood, reference=served_stats.reference,
+        **({"temperature_by_score": TemperatureByScore(**by_score.record)}
+           if by_score is not None and by_score.temperature is not None else {}),
         artifact=artifact_info(run.parts, artifact_module), provenance=provenance, files=file_digests(tmp_dir))
 
 
@@ -309,13 +358,16 @@ def export(cfg: PipelineConfig) -> Path:
     temperature, temperature_fit = choose_temperature(served, run.parts, cfg, default_s, sampling.shift)
     served_stats = served_statistics(served, run.parts.data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
                                      run.parts.ood_validation, run.parts.selection_set, temperature)
+    by_score = choose_temperature_by_score(served, run.parts, cfg, default_s, temperature, served_stats)
+    if by_score is not None:  # kept or not, the slope's fit is recorded
+        temperature_fit = {**temperature_fit, "by_score": by_score.record}
     progress.update()
     figures = test_figures(served, run.director, run.parts, run.backbone_parameters, served_stats, default_s,
-                           temperature, cfg.seed)
+                           by_score.temperature if by_score and by_score.temperature else temperature, cfg.seed)
     diagnostics = split_rollout_trace(run.director, run.parts.data.test.head(500), cfg.seed)
     progress.update()
     record = provenance(run, sampling, temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
-    manifest = director_manifest(run, sampling, temperature, served_stats, artifact_module, record, tmp_dir)
+    manifest = director_manifest(run, sampling, temperature, served_stats, artifact_module, record, tmp_dir, by_score)
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
     progress.update()
@@ -323,7 +375,8 @@ def export(cfg: PipelineConfig) -> Path:
     progress.update()
     progress.close()
     metrics = figures.metrics
-    print(f"exported {out_dir} (depth {manifest.sampling.depth}, S={default_s}, T={temperature:.3f}, OOD score "
+    slope = "" if not by_score or not by_score.temperature else f" x exp({by_score.temperature.slope:g} * score)"
+    print(f"exported {out_dir} (depth {manifest.sampling.depth}, S={default_s}, T={temperature:.3f}{slope}, OOD score "
           f"{manifest.ood.score}); test: backbone acc {metrics['backbone']['accuracy']:.4f} "
           f"ece {metrics['backbone']['ece']:.4f}, DIRECTOR acc {metrics[f'director_s{default_s}']['accuracy']:.4f} "
           f"ece {metrics[f'director_s{default_s}']['ece']:.4f}")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from models.uncertainty import UncertaintySummary
+from models.uncertainty import UncertaintySummary, temperature_for
 from service.engine.artifact import Artifact
 from service.engine.batching.divided import Divided, joined
 from service.engine.batching.items import BatchResult, BatchStats, WorkItem
@@ -39,7 +39,7 @@ class BatchWorker:
                  max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
                  reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048, instances: int = 1) -> None:
         self.artifact = artifact
-        self.temperature = artifact.temperature  # of every sampled logit row (the manifest's; fixed per artifact)
+        self.temperature = artifact.temperature  # of every sampled logit row, or per input (fixed per artifact)
         self.device = device
         self.batch_cost = artifact.codec.batch_cost(max_batch_samples, max_batch_tokens)
         self.max_delay_s = max_batch_delay_ms / 1000.0
@@ -214,5 +214,6 @@ class BatchWorker:
         codec = self.artifact.codec
         inputs = codec.join([item.inputs for item in batch])
         forward = codec.forward(self.artifact.rows, self.device, inputs, repeats, self.batch_cost, seed)
-        return (forward, summarize_requests(forward.rows, sizes, samples, self.temperature),
+        temperature = temperature_for(self.temperature, self.artifact.named_scores(forward.scores))  # float or [n]
+        return (forward, summarize_requests(forward.rows, sizes, samples, temperature),
                 split_scores(forward.scores, sizes))

@@ -5,12 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.uncertainty import COMBINED, KERNEL_ERROR, ScoreTerm
 from training.data.images import Split
+from training.export.ood_selection import Candidate, OodChoice
 from training.export.served_statistics import (
     choose_default_samples,
+    fit_temperature_slope,
     per_input_nll,
     served_temperature,
     temperature_on_shift,
+    temperature_terms,
 )
 
 
@@ -91,3 +95,42 @@ def test_a_temperature_that_sharpens_the_shift_is_not_served_when_validation_can
     noisy_labels = torch.multinomial(clean[0].softmax(-1), 1, generator=gen).squeeze(1)
     kept, _ = temperature_on_shift(3.0, overconfident, noisy_labels, shifted, shifted_labels)
     assert kept == 3.0
+
+
+def _confident(n: int, margin: float, wrong: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [1, n, 2] with ``margin`` for class 0 and labels of which a share ``wrong`` is class 1."""
+    logits = torch.tensor([margin, 0.0]).expand(1, n, 2).clone()
+    return logits, (torch.rand(n, generator=gen) < wrong).long()
+
+
+def test_the_temperature_slope_softens_high_scores_when_validation_cannot_tell() -> None:
+    """Clean inputs all score below the center, so no slope changes their NLL; the shift's inputs score high and are
+    overconfident (margin 4, 30% wrong): a positive slope is chosen, the one with the lowest NLL on the shift. When
+    clean inputs above the center are confident and right, softening them is measurably worse on validation, and the
+    slope stays 0."""
+    gen = torch.Generator().manual_seed(4)
+    term = ScoreTerm(KERNEL_ERROR, 1.0, 0.0, 1.0)
+    clean, clean_labels = _confident(500, 4.0, 0.02, gen)
+    shifted, shifted_labels = _confident(500, 4.0, 0.3, gen)
+    low = {KERNEL_ERROR: -torch.rand(500, generator=gen)}  # z in (-1, 0]
+    high = {KERNEL_ERROR: 2.0 + torch.rand(500, generator=gen)}  # z in [2, 3)
+    grid = [0.0, 0.1, 0.3, 1.0]
+    slope, table = fit_temperature_slope(1.0, (term,), grid, clean, clean_labels, low, shifted, shifted_labels, high)
+    assert slope > 0 and all(table[f"{g:g}"]["eligible"] for g in grid)
+    assert table[f"{slope:g}"]["shift_nll"] == min(row["shift_nll"] for row in table.values())
+    sure, sure_labels = _confident(500, 6.0, 0.0, gen)
+    slope, table = fit_temperature_slope(1.0, (term,), grid, sure, sure_labels, high, shifted, shifted_labels, high)
+    assert slope == 0.0 and not table["1"]["eligible"]
+
+
+def test_the_temperature_reads_the_served_score_only_when_it_reads_no_logits() -> None:
+    val = {KERNEL_ERROR: torch.tensor([1e-3, 1e-2, 1e-1]), "mds": torch.tensor([1.0, 2.0, 3.0])}
+    terms = (ScoreTerm(KERNEL_ERROR, 0.75, -4.0, 1.0, True), ScoreTerm("rmds", 0.25, 0.0, 2.0))
+    combined = OodChoice("c", "c", {"c": Candidate(COMBINED, terms)}, {"c": 0.9})
+    assert temperature_terms(combined, 1, val) == terms
+    (mds,) = temperature_terms(OodChoice("mds", "mds", {"mds": Candidate("mds")}, {"mds": 0.9}), 1, val)
+    assert mds.score == "mds" and mds.log and abs(mds.center - float(val["mds"].double().log().mean())) < 1e-9
+    with_logits = (terms[0], ScoreTerm("energy", 0.25, 0.0, 1.0))
+    choice = OodChoice("c", "c", {"c": Candidate(COMBINED, with_logits)}, {"c": 0.9})
+    assert temperature_terms(choice, 1, val) == ()
+    assert temperature_terms(OodChoice("e", "e", {"e": Candidate("energy")}, {"e": 0.9}), 1, val) == ()
