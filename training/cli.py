@@ -37,6 +37,10 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="a base config to start from (default: configs/calibrate/<modality>.yaml)")
     p.add_argument("--text-column", help="the texts' column (default: text)")
     p.add_argument("--label-column", help="the labels' column (default: label)")
+    p.add_argument("--ood-validation", metavar="PATH",
+                   help="inputs the model should flag, nearer your domain than the built-in sets: a folder of PNG / "
+                        "JPEG images or a text file with one input per line; it chooses the served OOD score and "
+                        "nothing else, so keep it apart from anything you report on")
     p.add_argument("--repository", help="the model repository to export into (default: model_repository)")
     p.add_argument("--version", type=int, help="the version to export (default: one past the highest)")
     p.add_argument("--run-dir", help="where the run's files go (default: runs/<name>)")

@@ -137,6 +137,9 @@ class ExportConfig:
     sample_counts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     threshold_images: int = 2000
     ood_validation_images: int = 2000
+    # the OOD-validation set that chooses the served score: a folder of PNG/JPEG images or a UTF-8 text file, one
+    # input per line (training.data.ood_validation); None: sklearn photo patches / Debian licence sentences
+    ood_validation_data: str | None = None
     eval_samples: int = 16
     noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
     # the share of each sample's noise drawn once for every token (``models.director.StochasticRollout``); more than

@@ -28,6 +28,7 @@ from training.data.images import (
     photo_patch_images,
     uniform_noise_images,
 )
+from training.data.ood_validation import describe, user_ood_images, user_ood_texts
 from training.data.tokens import (
     TEXT_OOD_SELECTION_SET,
     TokenDataset,
@@ -75,16 +76,24 @@ def image_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> Eval
     ood = {"uniform_noise": unlabelled(uniform_noise_images(ev.ood_images, shape, seed + 1)),
            "sklearn_digits": unlabelled(digits_images(shape)[: ev.ood_images]),
            "letters": unlabelled(letter_images(ev.ood_images, shape, seed + 2))}
-    ood_val = unlabelled(photo_patch_images(cfg.export.ood_validation_images, shape, seed))
-    return EvalInputs(data.train, data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
+    user_set = cfg.export.ood_validation_data
+    if user_set is None:
+        ood_val = unlabelled(photo_patch_images(cfg.export.ood_validation_images, shape, seed))
+        return EvalInputs(data.train, data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
+    ood_val = user_ood_images(user_set, cfg.export.ood_validation_images, shape, seed)
+    return EvalInputs(data.train, data.val, data.test, ood, ood_val, describe(user_set), "images")
 
 
 def text_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:
     tokenizer = load_run_tokenizer(cfg.run_dir)
     ood, ood_val = text_ood_splits(tokenizer, cfg.text, cfg.evaluate.ood_images, cfg.export.ood_validation_images,
                                    cfg.seed)
-    return EvalInputs(data.train, data.val, data.test, {**ood, **shifted_domains_as_ood(cfg)}, ood_val,
-                      TEXT_OOD_SELECTION_SET, "texts")
+    name, user_set = TEXT_OOD_SELECTION_SET, cfg.export.ood_validation_data
+    if user_set is not None:
+        name = describe(user_set)
+        ood_val = user_ood_texts(user_set, cfg.export.ood_validation_images, tokenizer, cfg.text.max_characters,
+                                 cfg.seed)
+    return EvalInputs(data.train, data.val, data.test, {**ood, **shifted_domains_as_ood(cfg)}, ood_val, name, "texts")
 
 
 def shifted_domains_as_ood(cfg: PipelineConfig) -> dict[str, TokenSplit]:

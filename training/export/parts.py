@@ -31,6 +31,7 @@ from artifact.formats import TORCHSCRIPT_FORMAT
 from models.text_director import TextDirector
 from training.config import USER_IMAGE_DATASET, PipelineConfig
 from training.data.images import Dataset, Split, digits_images, uniform_noise_images
+from training.data.ood_validation import describe, user_ood_images, user_ood_texts
 from training.data.tokens import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits
 from training.export.feature_statistics import attach_feature_scores
 from training.export.ood_selection import computes_kernel_error, score_names
@@ -77,6 +78,7 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
         return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
 
     labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
+    user_set = cfg.export.ood_validation_data
     count = cfg.evaluate.ood_images  # as many as the text sets (each a forward per image: ViT-B/16 at 224 is costly)
     noise = uniform_noise_images(count, image_shape, cfg.seed + 1)
     digits = digits_images(image_shape)[:count]
@@ -86,8 +88,9 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
         build_artifact=build_artifact,
         reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
                       "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
-        ood_validation=None,
-        selection_set=IMAGE_OOD_SELECTION_SET,
+        ood_validation=None if user_set is None else user_ood_images(user_set, cfg.export.ood_validation_images,
+                                                                     image_shape, cfg.seed),
+        selection_set=IMAGE_OOD_SELECTION_SET if user_set is None else describe(user_set),
         input_section=ImageInput(
             channels=image_shape[0], height=image_shape[1], width=image_shape[2], dtype="float32", range=(0.0, 1.0),
             layout="NCHW",
@@ -149,13 +152,16 @@ def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Mo
 
     reported_ood, ood_validation = text_ood_splits(tokenizer, tcfg, cfg.evaluate.ood_images,
                                                    ecfg.ood_validation_images, cfg.seed)
+    user_set = ecfg.ood_validation_data
+    if user_set is not None:
+        ood_validation = user_ood_texts(user_set, ecfg.ood_validation_images, tokenizer, tcfg.max_characters, cfg.seed)
     return ExportParts(
         data=data,
         backbone_logits=lambda split: split.map(lambda *args: backbone(*args).float(), 256),
         build_artifact=build_artifact,
         reported_ood=reported_ood,
         ood_validation=ood_validation,
-        selection_set=TEXT_OOD_SELECTION_SET,
+        selection_set=TEXT_OOD_SELECTION_SET if user_set is None else describe(user_set),
         input_section=TextInput(
             tokenizer=TOKENIZER, max_length=tcfg.max_length, max_characters=tcfg.max_characters,
             truncation=Truncation(side="right",

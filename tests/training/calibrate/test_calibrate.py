@@ -56,16 +56,24 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fitted), a Hugging Face ViT, a Hugging Face DeiT with its distillation head and a timm ViT on an image folder."""
     tmp = tmp_path_factory.mktemp("calibrate")
     reviews = write_csv(tmp / "reviews.csv", texts(150, 1))
+    far = tmp / "far-texts.txt"  # the user's own OOD-validation set for one of them
+    far.write_text("\n".join(f"def function_{i}(x): return x * {i}" for i in range(40)) + "\n\n")
     for name, kind in TEXT_FAMILIES.items():
         depths = "[1,2]" if kind == "bert" else "[1]"
+        own = ["--ood-validation", str(far)] if kind == "roberta" else []
         calibrate(tmp, name, str(save_text_checkpoint(tmp / "ckpt" / name, kind)), reviews,
-                  "--set", f"distil.depth_candidates={depths}")
+                  "--set", f"distil.depth_candidates={depths}", *own)
     bare = save_text_checkpoint(tmp / "ckpt" / "bare-bert", "bert", head=False)
     calibrate(tmp, "tiny-bare-bert", str(bare), reviews, "--set", "distil.depth_candidates=[1]")
     folder = write_image_folder(tmp / "images", per_class=30)
     calibrate(tmp, "tiny-vit", str(save_vit_checkpoint(tmp / "ckpt" / "vit")), folder)
+    noise = tmp / "far-images" / "noise"  # one subfolder deep: every PNG / JPEG under the folder is read
+    noise.mkdir(parents=True)
+    for i in range(12):
+        rng = np.random.default_rng(100 + i)
+        Image.fromarray(rng.integers(0, 256, (9 + i, 13, 3), dtype=np.uint8)).save(noise / f"{i}.png")
     calibrate(tmp, "tiny-deit", str(save_vit_checkpoint(tmp / "ckpt" / "deit", "deit")), folder,
-              "--set", "distil.depth_candidates=[1]")
+              "--set", "distil.depth_candidates=[1]", "--ood-validation", str(tmp / "far-images"))
     torch.manual_seed(0)
     vit = timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=3)
     torch.save(vit.state_dict(), tmp / "ckpt" / "timm-vit.pth")
@@ -133,6 +141,14 @@ def test_manifests_record_the_family_depth_and_checkpoint(calibrated: Path) -> N
     sources = json.loads((calibrated / "repo" / "tiny-bert" / "1" / MANIFEST).read_text())["provenance"]["sources"]
     assert sources["checkpoint"]["source"] == str(calibrated / "ckpt" / "tiny-bert")
     assert sources["data"]["source"] == str(calibrated / "reviews.csv") and len(sources["data"]["sha256"]) == 64
+    for name, own in [("tiny-roberta", "far-texts.txt"), ("tiny-deit", "far-images"), ("tiny-bert", None)]:
+        ood = parse_manifest(json.loads((calibrated / "repo" / name / "1" / MANIFEST).read_text())).ood
+        assert ood.selection_set is not None
+        if own is None:
+            assert "Debian software licences" in ood.selection_set
+        else:  # the user's set chose the score: named in the manifest, every candidate scored on it
+            assert ood.selection_set.startswith(f"{own} (the user's OOD validation set")
+            assert ood.selection_auroc and all(v is None or 0 <= v <= 1 for v in ood.selection_auroc.values())
     timm_sources = json.loads((calibrated / "repo" / "tiny-timm-vit" / "1" / MANIFEST).read_text())["provenance"][
         "sources"]
     assert timm_sources["checkpoint"] == {"source": "timm:vit_tiny_patch16_224"}
