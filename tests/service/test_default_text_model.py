@@ -1,6 +1,7 @@
 """The committed text models served beside the vision model over real HTTP, as `make serve` serves them:
-movie-reviews-minilm v4 (partial-depth DIRECTOR whose OOD score combines the kernel error with a feature-space score,
-the default), v3 (scored by the kernel error), v2 (max softmax) and v1 (whole-stack), kept for rollback, and the
+movie-reviews-minilm v5 (partial-depth DIRECTOR whose OOD score combines the kernel error with a feature-space score,
+and whose temperature grows with that score: the default), v4 (one temperature), v3 (scored by the kernel error), v2
+(max softmax) and v1 (whole-stack), kept for rollback, and the
 deterministic MiniLM baseline. Real held-out
 movie-review sentences get the right sentiment, reviews are flagged OOD at the rate the threshold was set for while
 Python docstrings are mostly flagged, the default version is the newest, and the artifacts stay under their size
@@ -26,12 +27,14 @@ from tests.service.conftest import (
 )
 
 TEXT_MODEL = REPO_ROOT / "model_repository" / "movie-reviews-minilm"
-TEXT_MODEL_DIR = TEXT_MODEL / "4"
+TEXT_MODEL_DIR = TEXT_MODEL / "5"
 BASELINE_DIR = REPO_ROOT / "model_repository" / "movie-reviews-minilm-deterministic" / "1"
-VERSIONS = {"1": TEXT_MODEL / "1", "2": TEXT_MODEL / "2", "3": TEXT_MODEL / "3", "4": TEXT_MODEL_DIR}
-# v4 carries the feature statistics beside v3's layers: a KNN bank of 5,000 x 384 floats (7.3 MiB) and two 384 x 384
-# whitening matrices
-BUDGET_MIB = {TEXT_MODEL / "1": 25, TEXT_MODEL / "2": 40, TEXT_MODEL / "3": 40, TEXT_MODEL_DIR: 48, BASELINE_DIR: 40}
+VERSIONS = {"1": TEXT_MODEL / "1", "2": TEXT_MODEL / "2", "3": TEXT_MODEL / "3", "4": TEXT_MODEL / "4",
+            "5": TEXT_MODEL_DIR}
+# v4 and v5 carry the feature statistics beside v3's layers: a KNN bank of 5,000 x 384 floats (7.3 MiB) and two
+# 384 x 384 whitening matrices
+BUDGET_MIB = {TEXT_MODEL / "1": 25, TEXT_MODEL / "2": 40, TEXT_MODEL / "3": 40, TEXT_MODEL / "4": 48,
+              TEXT_MODEL_DIR: 48, BASELINE_DIR: 40}
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +64,18 @@ def held_out(n: int) -> tuple[list[str], list[int]]:
     return test.texts, test.labels.tolist()
 
 
-def test_all_committed_models_are_ready_and_v4_is_the_default(text_models: Running) -> None:
+def test_all_committed_models_are_ready_and_v5_is_the_default(text_models: Running) -> None:
     models = {m["name"]: m for m in httpx.get(f"{text_models.url}/models", timeout=10).json()["models"]}
     assert {"fashion-vit", "movie-reviews-minilm", "movie-reviews-minilm-deterministic"} <= set(models)
     assert all(v["state"] == "ready" for m in models.values() for v in m["versions"])
     assert httpx.get(f"{text_models.url}/health/ready", timeout=10).status_code == 200
     answer = predict(text_models, ["a fine film"], seed=0)
     manifest = json.loads((TEXT_MODEL_DIR / "manifest.json").read_text())
-    assert answer["model_version"] == "4" and answer["ood"]["score"] == manifest["ood"]["score"] == "combined"
+    assert answer["model_version"] == "5" and answer["ood"]["score"] == manifest["ood"]["score"] == "combined"
     assert {term["score"] for term in manifest["ood"]["combination"]} <= {"kernel_error", "mds", "rmds", "knn", "vim"}
-    served = {v["version"]: v for v in models["movie-reviews-minilm"]["versions"]}["4"]
+    by_score = manifest["temperature_by_score"]  # the temperature reads the served score's own terms
+    assert by_score["slope"] > 0 and by_score["terms"] == manifest["ood"]["combination"]
+    served = {v["version"]: v for v in models["movie-reviews-minilm"]["versions"]}["5"]
     assert served["samples_informative"] is False and "change nothing measurable" in served["samples_note"]
     baseline = models["movie-reviews-minilm-deterministic"]["versions"][0]
     assert baseline["samples_informative"] is False and "deterministic" in baseline["samples_note"]
@@ -105,7 +110,7 @@ def test_ood_flag_rate_on_reviews_is_what_the_threshold_was_set_for(text_models:
 
 
 def test_python_docstrings_are_mostly_flagged(text_models: Running) -> None:
-    """Not movie reviews at all: v4's combination of the kernel error and relative Mahalanobis flags most of them
+    """Not movie reviews at all: v5's combination of the kernel error and relative Mahalanobis flags most of them
     (87% of 1,000 on its results page; v3's kernel error 91%), where v2's max softmax flagged 4%."""
     from training.data.ood_texts import load_docstring_sentences
 

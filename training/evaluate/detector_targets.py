@@ -29,7 +29,7 @@ class DetectorTargets:
 
 DETECTOR_TARGETS = (
     DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 5, 16),
-    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 4, 16),
+    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 5, 16),
     DetectorTargets("writing-source-detectors", None, "writing-source-minilm", 1, 16),
 )
 
@@ -95,8 +95,35 @@ def shift_ece_checks(results: dict[str, Any], key: str, label: str) -> list[Chec
     return checks
 
 
-def detector_sections(results_dir: Path) -> list[tuple[str, str, list[Check]]]:
-    """(title, source line, checks) for each task whose detectors page exists."""
+COST_BASELINE = "3"  # the version whose served inference the chosen score's cost is compared with
+MAX_COST_RATIO = 1.2
+
+
+def cost_checks(costs: dict[str, Any], spec: DetectorTargets) -> list[Check]:
+    """The version's served inference at S = 1 against version 3's, per batch size, from
+    ``benchmarks/version_cost.py`` (the median of the paired round ratios); none when that model was not measured."""
+    entry = costs.get(spec.model)
+    version = str(spec.version)
+    if not entry or version not in entry.get("summary", {}) or COST_BASELINE not in entry["summary"]:
+        return []
+    first = next(iter(entry["versions"]))
+    checks = []
+    for batch, row in entry["summary"][version].items():
+        if first != COST_BASELINE:
+            continue
+        ratio, base = row["vs_first"], entry["summary"][COST_BASELINE][batch]["ms_per_batch"]["median"]
+        checks.append(Check(f"served inference at S = {entry['n_samples']}, {batch} input(s) per batch, <= "
+                            f"{MAX_COST_RATIO:g}x version {COST_BASELINE}'s",
+                            f"{ratio['median']:.2f}x [{ratio['min']:.2f}, {ratio['max']:.2f}]",
+                            f"{base:.2f} ms (v{COST_BASELINE})", ratio["median"] <= MAX_COST_RATIO))
+    return checks
+
+
+def detector_sections(results_dir: Path, cost_file: Path | None = None) -> list[tuple[str, str, list[Check]]]:
+    """(title, source line, checks) for each task whose detectors page exists; ``cost_file`` (the version-cost
+    benchmark's JSON, by default ``docs/benchmarks-version-cost.json`` beside the results folder) adds the cost rows."""
+    cost_file = cost_file or results_dir.parent / "benchmarks-version-cost.json"
+    costs = json.loads(cost_file.read_text()) if cost_file.exists() else {}
     sections = []
     for spec in DETECTOR_TARGETS:
         path = results_dir / f"{spec.detectors_task}.json"
@@ -123,6 +150,11 @@ def detector_sections(results_dir: Path) -> list[tuple[str, str, list[Check]]]:
             if spec.sampling_task != spec.detectors_task:
                 sources.append(f"[`{spec.sampling_task}.md`]({spec.sampling_task}.md) "
                                f"(commit {shifted.get('git_commit', '?')})")
+        cost = cost_checks(costs, spec)
+        if cost:
+            checks += cost
+            measured = costs[spec.model]["date"]
+            sources.append(f"[`benchmarks-version-cost.md`](../benchmarks-version-cost.md) ({measured})")
         sections.append((f"{spec.model} version {spec.version} against the free detectors and under shift",
                          "From " + " and ".join(sources), checks))
     return sections

@@ -76,13 +76,32 @@ def _sampling_choice(manifest: Manifest) -> list[str]:
                   f"standard errors of the better validation NLL (validation {fit['clean_nll_fitted']:.4f} against "
                   f"{fit['clean_nll_t1']:.4f}, shift {fit['shift_nll_fitted']:.4f} against {fit['shift_nll_t1']:.4f})"
                   ": a temperature fitted on clean inputs alone would sharpen what the noise was shaped to soften.", ""]
-    elif fit:
+    elif "temperature_first_half" in fit:
         kept = manifest.temperature
         lines += [f"Served temperature **{kept:.3f}**: fitted on the first half of validation "
                   f"(T={fit['temperature_first_half']:.3f}), it moved the second half's NLL from {fit['nll_t1']:.4f} "
                   f"to {fit['nll_fitted']:.4f}, so it is " + ("kept (refitted on all of validation)." if kept != 1.0
                                                                else "not served."), ""]
-    return lines
+    return lines + _temperature_by_score(manifest, fit.get("by_score"))
+
+
+def _temperature_by_score(manifest: Manifest, fit: dict[str, Any] | None) -> list[str]:
+    """How the slope of the temperature per input was chosen, every slope's NLLs (none when it was not tried)."""
+    if not fit:
+        return []
+    if "not_fitted" in fit:
+        return [f"No temperature per input: {fit['not_fitted']}.", ""]
+    terms = " + ".join(f"{t['weight']:g} x z({'log ' if t['log'] else ''}{t['score']})" for t in fit["terms"])
+    verdict = (f"served: each input's logits are divided by {manifest.temperature:.3f} x exp({fit['slope']:g} x "
+               f"max(0, {terms}))" if fit["slope"] else "not served: no slope beat 0 there")
+    lines = [f"Temperature per input ({fit['fitted_on']}; docs/method.md, \"A temperature that follows the OOD "
+             f"score\"): among the slopes whose validation NLL is within two standard errors of the best, the one "
+             f"with the lowest NLL on the shift, **{fit['slope']:g}**, {verdict}.", "",
+             "| slope | validation NLL | minus the best | standard error | shift NLL |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {k} | {v['clean_nll']:.4f} | {v['clean_minus_best']:+.4f} | {v['clean_stderr']:.4f} | "
+              f"{v['shift_nll']:.4f} |" for k, v in fit["fit"].items()]
+    return [*lines, ""]
 
 
 def _served_against_features(manifest: Manifest) -> list[str]:

@@ -69,3 +69,18 @@ def test_committed_page_matches_the_committed_results() -> None:
     """`python -m training.evaluate.targets` was run after the last evaluation and benchmark: the page says what they
     say."""
     assert Path("docs/results/targets.md").read_text() == targets_page()
+
+
+def test_the_cost_rows_read_the_paired_round_ratios_against_version_3() -> None:
+    from training.evaluate.detector_targets import DETECTOR_TARGETS, cost_checks
+
+    spec = next(s for s in DETECTOR_TARGETS if s.model == "movie-reviews-minilm")
+    entry = {"versions": {"3": {}, str(spec.version): {}}, "n_samples": 1, "date": "d", "summary": {
+        "3": {"1": {"ms_per_batch": {"median": 10.0}, "vs_first": {"median": 1.0, "min": 1.0, "max": 1.0}}},
+        str(spec.version): {"1": {"ms_per_batch": {"median": 13.0}, "vs_first": {"median": 1.25, "min": 1.1,
+                                                                                  "max": 1.3}}}}}
+    (check,) = cost_checks({spec.model: entry}, spec)
+    assert check.met is False and check.director == "1.25x [1.10, 1.30]" and check.reference == "10.00 ms (v3)"
+    entry["summary"][str(spec.version)]["1"]["vs_first"]["median"] = 1.2
+    assert cost_checks({spec.model: entry}, spec)[0].met is True
+    assert cost_checks({}, spec) == []  # not measured: no row

@@ -24,3 +24,17 @@ def test_a_committed_results_page_renders_from_its_manifest(name: str) -> None:
     command = "\n".join(lines[start:lines.index("```", start)])
     manifest = parse_manifest(read_document(ROOT / "model_repository" / name / version.group(1)))
     assert render_results(manifest, command, f"{name}-reliability.png") == page
+
+
+def test_the_page_says_how_the_temperature_per_input_was_chosen() -> None:
+    """movie-reviews-minilm v5's page gives the slope's rule, what was served and every slope's NLLs."""
+    document = read_document(ROOT / "model_repository" / "movie-reviews-minilm" / "5")
+    fit = document["provenance"]["temperature_fit"]["by_score"]
+    page = render_results(parse_manifest(document), "c", None)
+    assert f"the one with the lowest NLL on the shift, **{fit['slope']:g}**, served" in page
+    lines = page.splitlines()
+    table = lines[lines.index("| slope | validation NLL | minus the best | standard error | shift NLL |") + 2:]
+    rows = table[:table.index("")]
+    assert [row.split(" | ")[0][2:] for row in rows] == list(fit["fit"])
+    untried = {**document, "provenance": {**document["provenance"], "temperature_fit": {}}}
+    assert "Temperature per input" not in render_results(parse_manifest(untried), "c", None)
