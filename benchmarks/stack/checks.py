@@ -22,7 +22,7 @@ from benchmarks.stack.images import SERVICE_IMAGE
 from benchmarks.stack.traffic import Traffic
 
 IMAGE_MODEL, TEXT_MODEL = "fashion-vit", "movie-reviews-minilm"
-SMOKE_CONFIG, SMOKE_VERSION = "configs/fashion_vit_smoke.yaml", "6"
+SMOKE_CONFIG, SMOKE_VERSION = "configs/fashion_vit_smoke.yaml", "7"
 HUNG_AFTER_S = 40.0  # a drain still going this long after SIGTERM is hung: its stacks go into the report
 TRAINING_STACK = ("timm", "transformers", "torchvision")
 
