@@ -79,7 +79,7 @@ def test_committed_defaults_say_that_more_samples_buy_nothing() -> None:
         assert f"{manifest.provenance.default_samples_nll[1].nll:.4f}" in verdict.note and "S=32" in verdict.note
 
 
-def test_the_default_vision_model_says_more_samples_help_under_shift() -> None:
+def test_the_shaped_noise_version_says_more_samples_help_under_shift() -> None:
     """fashion-vit v5 chose S=16 on its held-out shift: its note gives that table's figures and says that the samples'
     disagreement is a weaker OOD signal than its served score."""
     verdict = samples_verdict(parse_manifest(read_document(REPOSITORY / "fashion-vit" / "5")))
