@@ -18,6 +18,7 @@ import torch
 import torchvision.transforms.v2.functional as tvf
 
 from training.config import PipelineConfig
+from training.data.image_file import ImageFile
 from training.data.images import Split
 from training.data.tokens import TokenSplit, encode, load_run_tokenizer
 
@@ -44,17 +45,25 @@ def held_out_shift(cfg: PipelineConfig, split: Split | TokenSplit) -> HeldOutShi
 
 def rotated(split: Split, seed: int, degrees: tuple[float, float] = ROTATION_DEGREES) -> Split:
     """``split``'s images [N, C, H, W] each rotated about its centre by its own angle (sign and size drawn under
-    ``seed``), the uncovered corners filled with the image's own border mean; labels unchanged."""
+    ``seed``), the uncovered corners filled with the image's own border mean; labels unchanged. A user's images kept
+    on disk (``ImageFile``) are rotated into another such file, one image in memory at a time."""
     generator = torch.Generator().manual_seed(seed)
     low, high = degrees
     sizes = low + (high - low) * torch.rand(len(split), generator=generator)  # [N]
     signs = torch.randint(0, 2, (len(split),), generator=generator) * 2 - 1  # [N] in {-1, 1}
-    out = torch.empty_like(split.images)
-    for i, (image, angle) in enumerate(zip(split.images, (sizes * signs).tolist(), strict=True)):
+    source = split.images
+    on_disk = isinstance(source, ImageFile)
+    out = ImageFile.create(None, len(split), source.image_shape) if on_disk else torch.empty_like(source)
+    for i, angle in enumerate((sizes * signs).tolist()):
+        image = source[i]  # [C, H, W]
         border = torch.cat([image[:, 0], image[:, -1], image[:, :, 0], image[:, :, -1]], dim=1).mean(1)  # [C]
-        out[i] = tvf.rotate(image, angle, interpolation=tvf.InterpolationMode.BILINEAR,
-                            fill=[float(v) for v in border])
-    return Split(out.clamp(0, 1), split.labels)
+        turned = tvf.rotate(image, angle, interpolation=tvf.InterpolationMode.BILINEAR,
+                            fill=[float(v) for v in border]).clamp(0, 1)  # [C, H, W]
+        if on_disk:
+            out.write(i, turned)
+        else:
+            out[i] = turned
+    return Split(out, split.labels)
 
 
 def with_typos(texts: list[str], seed: int, rate: float = TYPO_RATE) -> list[str]:

@@ -59,3 +59,19 @@ def test_image_shift_rotates_and_keeps_labels() -> None:
     assert shift.description == "validation + rotated validation"
     assert torch.equal(shift.split.images, rotated(Split(images, labels), 2).images)
     assert torch.equal(shift.split.labels, labels) and not torch.equal(shift.split.images, images)
+
+
+def test_images_on_disk_rotate_into_a_file_like_images_in_memory() -> None:
+    """A user's validation images kept on disk (``ImageFile``) rotate into another file, one image at a time, to what
+    the in-memory path gives (8-bit storage: within half a level of 1/255)."""
+    from training.data.image_file import ImageFile
+
+    images = (torch.rand(6, 3, 10, 12, generator=torch.Generator().manual_seed(0)) * 255).round() / 255
+    stored = ImageFile.create(None, 6, (3, 10, 12))
+    for i, image in enumerate(images):
+        stored.write(i, image)
+    labels = torch.arange(6)
+    on_disk = rotated(Split(stored, labels), seed=5)
+    in_memory = rotated(Split(images, labels), seed=5)
+    assert isinstance(on_disk.images, ImageFile) and torch.equal(on_disk.labels, labels)
+    torch.testing.assert_close(on_disk.images[torch.arange(6)], in_memory.images, atol=0.5 / 255 + 1e-6, rtol=0)
