@@ -7,6 +7,10 @@ at the same sample count, on the same inputs.
     .venv/bin/python -m benchmarks.version_cost --model movie-reviews-minilm --versions 3 5 --rounds 5 \\
         --out docs/benchmarks-version-cost.json --markdown docs/benchmarks-version-cost.md
 
+A version of another model with the same inputs can be named as ``MODEL/VERSION``: the deterministic backbone served
+beside DIRECTOR (``--versions fashion-vit-deterministic/1 6``) gives what DIRECTOR's own steps cost over the plain
+model's, the ratio the budget search measures through HTTP with far more noise.
+
 Inputs: image models get seeded random pixels; text models get sentences of the movie-review test split (the
 corpus the text models were trained on; ``training.data.texts``). Each round times every version (their order
 alternating between rounds) at each batch size: at least 5 calls and ``--seconds`` each, torch pinned to
@@ -53,6 +57,12 @@ def raw_inputs(artifact: Artifact, count: int, seed: int) -> list[RawInput]:
     return [PixelValues(rng.random(shape).round(4).tolist(), ["body", "inputs", i]) for i in range(count)]
 
 
+def version_folder(repository: Path, model: str, version: str) -> Path:
+    """``version`` of ``model``, or ``other-model/version`` (a baseline served beside it, such as the deterministic
+    backbone: its inputs are the same kind)."""
+    return repository / (version if "/" in version else f"{model}/{version}")
+
+
 def infer(artifact: Artifact, device: Device, items: list[RawInput], n_samples: int) -> None:
     """One batch through the worker's steps: decode, forward, scores, temperature, summaries."""
     codec = artifact.codec
@@ -68,7 +78,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     device = Device(torch.device("cpu"))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
-        artifacts = {v: load_artifact(Path(args.repository) / args.model / v, device) for v in args.versions}
+        artifacts = {v: load_artifact(version_folder(Path(args.repository), args.model, v), device)
+                     for v in args.versions}
     inputs = {b: raw_inputs(next(iter(artifacts.values())), b, args.seed) for b in args.batches}
     rounds = []
     for r in range(args.rounds):
@@ -106,16 +117,26 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def shown(version: str) -> str:
+    return version if "/" in version else f"v{version}"
+
+
+def entry_key(model: str, versions: list[str]) -> str:
+    """The JSON entry of a run: the model's name, or with its baseline when that is another model's version."""
+    return model if "/" not in versions[0] else f"{model} against {versions[0]}"
+
+
 def markdown(results: dict[str, Any]) -> list[str]:
     first = next(iter(results["versions"]))
-    lines = [f"# What a version's served inference costs: {results['model']}", "", "```bash",
+    lines = [f"# What a version's served inference costs: {entry_key(results['model'], list(results['versions']))}",
+             "", "```bash",
              results["command"], "```", "",
              f"{results['model']}, S = {results['n_samples']}, {results['threads']} torch thread(s), torch "
              f"{results['torch']}, {len(results['rounds'])} rounds on {results['date']}. The worker's steps for one "
-             "batch (decode, forward, per-input scores, temperature, summaries), without HTTP. `vs v"
-             f"{first}`: the time over version {first}'s in the same round (median [min, max]).", "",
+             f"batch (decode, forward, per-input scores, temperature, summaries), without HTTP. `vs {shown(first)}`: "
+             f"the time over {shown(first)}'s in the same round (median [min, max]).", "",
              "| version | OOD score | per-input temperature | inputs per batch | ms per batch | ms per input | "
-             f"vs v{first} |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             f"vs {shown(first)} |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for version, about in results["versions"].items():
         for batch, row in results["summary"][version].items():
             ms, ratio = row["ms_per_batch"], row["vs_first"]
@@ -130,7 +151,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repository", default="model_repository")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--versions", nargs="+", required=True, help="the first is the baseline of the ratios")
+    parser.add_argument("--versions", nargs="+", required=True,
+                        help="versions of --model, or MODEL/VERSION of another model with the same inputs; the first "
+                             "is the baseline of the ratios")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--n-samples", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
@@ -145,7 +168,7 @@ def main() -> None:
     print("\n".join(markdown(results)))
     if args.out is not None:
         stored = json.loads(args.out.read_text()) if args.out.exists() else {}
-        stored[args.model] = results
+        stored[entry_key(args.model, args.versions)] = results
         args.out.write_text(json.dumps(stored, indent=2) + "\n")
         if args.markdown is not None:
             lines = [line for model in stored.values() for line in [*markdown(model), ""]]

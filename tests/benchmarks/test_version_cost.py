@@ -37,3 +37,14 @@ def test_one_real_round_over_two_committed_versions() -> None:
         for batch in ("1", "2"):
             assert summary[version][batch]["ms_per_batch"]["median"] > 0
     assert summary["3"]["1"]["vs_first"]["median"] == pytest.approx(1.0)
+
+
+def test_a_baseline_of_another_model_is_named_by_its_folder() -> None:
+    from benchmarks.version_cost import entry_key, version_folder
+
+    assert version_folder(Path("r"), "fashion-vit", "6") == Path("r/fashion-vit/6")
+    assert version_folder(Path("r"), "fashion-vit", "fashion-vit-deterministic/1") == Path(
+        "r/fashion-vit-deterministic/1")
+    assert entry_key("fashion-vit", ["3", "6"]) == "fashion-vit"  # the entry the targets page reads
+    assert entry_key("fashion-vit", ["fashion-vit-deterministic/1", "6"]) == (
+        "fashion-vit against fashion-vit-deterministic/1")
