@@ -39,6 +39,7 @@ from service.engine.codecs.base import InputLimits, PixelValues, RawInput, Text
 from service.engine.device import Device
 from service.engine.inference import summarize_requests
 
+PAGE_TITLE = "# What a version's served inference costs (CPU, this machine)"
 LIMITS = InputLimits(max_text_chars=100_000, max_image_pixels=10**8, max_request_pixels=10**9)
 
 
@@ -128,8 +129,7 @@ def entry_key(model: str, versions: list[str]) -> str:
 
 def markdown(results: dict[str, Any]) -> list[str]:
     first = next(iter(results["versions"]))
-    lines = [f"# What a version's served inference costs: {entry_key(results['model'], list(results['versions']))}",
-             "", "```bash",
+    lines = [f"## {entry_key(results['model'], list(results['versions']))}", "", "```bash",
              results["command"], "```", "",
              f"{results['model']}, S = {results['n_samples']}, {results['threads']} torch thread(s), torch "
              f"{results['torch']}, {len(results['rounds'])} rounds on {results['date']}. The worker's steps for one "
@@ -171,7 +171,7 @@ def main() -> None:
         stored[entry_key(args.model, args.versions)] = results
         args.out.write_text(json.dumps(stored, indent=2) + "\n")
         if args.markdown is not None:
-            lines = [line for model in stored.values() for line in [*markdown(model), ""]]
+            lines = [PAGE_TITLE, "", *(line for model in stored.values() for line in [*markdown(model), ""])]
             write_keeping_analysis(args.markdown, lines[:-1])
 
 
