@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from artifact.contract import parse_manifest, read_document
+from artifact.samples import samples_verdict
 from training.evaluate.target_checks import Check, at_least, pct
 
 FEATURE_DETECTORS = ("mds", "rmds", "knn", "vim")
@@ -70,6 +72,18 @@ def mutual_information_checks(results: dict[str, Any], key: str, label: str) -> 
     return checks
 
 
+def models_note_check(repository: Path, spec: DetectorTargets) -> Check:
+    """The issue's alternative to MI beating energy: the version's own note (``GET /models``' ``samples_note``, from
+    ``artifact.samples``) says plainly that the samples' disagreement is not its OOD score."""
+    folder = repository / spec.model / str(spec.version)
+    if not folder.is_dir():
+        return Check("or: GET /models says MI is not this version's OOD signal", "-", "-", None)
+    note = samples_verdict(parse_manifest(read_document(folder))).note
+    says = "mutual_information" in note and ("is not its OOD score" in note or "weaker OOD signal" in note)
+    shown = next((part.strip() for part in note.split(";") if "mutual_information" in part), note)
+    return Check("or: GET /models says MI is not this version's OOD signal", f"\"{shown}\"", "samples_note", says)
+
+
 def shift_ece_checks(results: dict[str, Any], key: str, label: str) -> list[Check]:
     """ECE of method ``key`` against temperature scaling's on every shifted level (images: per severity over the
     corruption types; texts: the mean over the domains)."""
@@ -119,9 +133,11 @@ def cost_checks(costs: dict[str, Any], spec: DetectorTargets) -> list[Check]:
     return checks
 
 
-def detector_sections(results_dir: Path, cost_file: Path | None = None) -> list[tuple[str, str, list[Check]]]:
+def detector_sections(results_dir: Path, cost_file: Path | None = None, repository: Path = Path("model_repository")
+                      ) -> list[tuple[str, str, list[Check]]]:
     """(title, source line, checks) for each task whose detectors page exists; ``cost_file`` (the version-cost
-    benchmark's JSON, by default ``docs/benchmarks-version-cost.json`` beside the results folder) adds the cost rows."""
+    benchmark's JSON, by default ``docs/benchmarks-version-cost.json`` beside the results folder) adds the cost rows,
+    ``repository`` the version's own note on MI when MI misses a set."""
     cost_file = cost_file or results_dir.parent / "benchmarks-version-cost.json"
     costs = json.loads(cost_file.read_text()) if cost_file.exists() else {}
     sections = []
@@ -140,6 +156,8 @@ def detector_sections(results_dir: Path, cost_file: Path | None = None) -> list[
             checks += mutual_information_checks(shifted or {}, "director_served", label)
         else:
             checks += mutual_information_checks(results, f"director_s{spec.samples}", f"S = {spec.samples}")
+        if any(c.met is False for c in checks if c.target.startswith("MI AUROC")):
+            checks.append(models_note_check(repository, spec))
         if shifted is not None:
             checks += (shift_ece_checks(shifted, "director_served", f"DIRECTOR as served (v{served['version']}, "
                                                                    f"S={served['default_samples']})")

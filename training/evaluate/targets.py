@@ -163,7 +163,7 @@ def targets_page(results_dir: Path = RESULTS, repository: Path = REPOSITORY, ben
         results = json.loads(path.read_text())
         samples = default_samples(spec, repository)
         sections.append((spec, samples, results, task_checks(spec, results, samples, bench)))
-    return render(sections) + "\n" + render_detectors(detector_sections(results_dir))
+    return render(sections) + "\n" + render_detectors(detector_sections(results_dir, repository=repository))
 
 
 def write_targets(results_dir: Path = RESULTS, repository: Path = REPOSITORY, benchmark: Path = BENCHMARK) -> Path:

@@ -84,3 +84,13 @@ def test_the_cost_rows_read_the_paired_round_ratios_against_version_3() -> None:
     entry["summary"][str(spec.version)]["1"]["vs_first"]["median"] = 1.2
     assert cost_checks({spec.model: entry}, spec)[0].met is True
     assert cost_checks({}, spec) == []  # not measured: no row
+
+
+def test_the_mi_alternative_reads_the_version_s_own_note() -> None:
+    """Where MI misses a set, the row for the issue's alternative quotes what GET /models says of MI for the version."""
+    from training.evaluate.detector_targets import DETECTOR_TARGETS, models_note_check
+
+    spec = next(s for s in DETECTOR_TARGETS if s.model == "fashion-vit")
+    check = models_note_check(Path("model_repository"), spec)
+    assert check.met is True and "is not its OOD score" in check.director
+    assert models_note_check(Path("no-such-repository"), spec).met is None
