@@ -118,13 +118,10 @@ def cost_checks(costs: dict[str, Any], spec: DetectorTargets) -> list[Check]:
     ``benchmarks/version_cost.py`` (the median of the paired round ratios); none when that model was not measured."""
     entry = costs.get(spec.model)
     version = str(spec.version)
-    if not entry or version not in entry.get("summary", {}) or COST_BASELINE not in entry["summary"]:
-        return []
-    first = next(iter(entry["versions"]))
+    if not entry or next(iter(entry["versions"])) != COST_BASELINE or version not in entry.get("summary", {}):
+        return []  # not measured, or its ratios are to another version
     checks = []
     for batch, row in entry["summary"][version].items():
-        if first != COST_BASELINE:
-            continue
         ratio, base = row["vs_first"], entry["summary"][COST_BASELINE][batch]["ms_per_batch"]["median"]
         checks.append(Check(f"served inference at S = {entry['n_samples']}, {batch} input(s) per batch, <= "
                             f"{MAX_COST_RATIO:g}x version {COST_BASELINE}'s",

@@ -236,6 +236,7 @@ class ServedStatistics:
     ood: dict[str, Any]  # the manifest's ``ood`` section
     choice: OodChoice
     input_scores: InputScoreCache  # of the served module: "val", "ood_validation" and whatever export adds
+    val_logits: torch.Tensor  # [S, N, C]: the validation draws at the default S the reference was measured on
 
 
 def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
@@ -277,4 +278,4 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
            "selection_choice": choice.label}
     if choice.terms:
         ood["combination"] = [dataclasses.asdict(term) for term in choice.terms]
-    return ServedStatistics(reference, ood, choice, input_scores)
+    return ServedStatistics(reference, ood, choice, input_scores, val_logits)

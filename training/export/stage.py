@@ -109,15 +109,25 @@ def calibrate_sampling(director: Director, parts: ExportParts, cfg: PipelineConf
     return SamplingChoice(noise_scale, noise_nll, default_s, table, rho, shape_fit, shift)
 
 
+def temperature_draws(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int
+                      ) -> torch.Tensor | None:
+    """The validation draws [S, N, C] at the default S that the served temperature and its slope are fitted on (a
+    seed of their own), or None when neither is fitted."""
+    ecfg = cfg.export
+    if not ecfg.temperature_scaling and not any(ecfg.temperature_slope_grid):
+        return None
+    return sample_split(served, parts.data.val, default_s, cfg.seed + 2)  # [S, N, C]
+
+
 def choose_temperature(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
-                       shift: HeldOutShift | None) -> tuple[float, dict[str, float]]:
-    """The served temperature on the sampled logits: kept when it wins on held-out validation (else 1), and, when
-    the noise was shaped on the held-out ``shift``, when it does not undo that there (``temperature_on_shift``)."""
+                       shift: HeldOutShift | None, clean: torch.Tensor | None) -> tuple[float, dict[str, float]]:
+    """The served temperature on the sampled logits ``clean`` (``temperature_draws``): kept when it wins on held-out
+    validation (else 1), and, when the noise was shaped on the held-out ``shift``, when it does not undo that there
+    (``temperature_on_shift``)."""
     ecfg, seed = cfg.export, cfg.seed
-    if not ecfg.temperature_scaling:
+    if not ecfg.temperature_scaling or clean is None:
         return 1.0, {}
     val = parts.data.val
-    clean = sample_split(served, val, default_s, seed + 2)  # [S, N, C]
     temperature, record = served_temperature(clean, val.labels)
     if shift is None or temperature == 1.0:
         return temperature, record
@@ -133,13 +143,14 @@ class ScoreTemperatureFit:
 
 
 def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
-                                temperature: float, stats: ServedStatistics) -> ScoreTemperatureFit | None:
+                                temperature: float, stats: ServedStatistics, clean: torch.Tensor | None
+                                ) -> ScoreTemperatureFit | None:
     """A temperature per input that grows with the served OOD score, when ``export.temperature_slope_grid`` offers
     slopes: fitted on validation and its held-out shift (``fit_temperature_slope``), served when its slope is above 0
     (the reference distributions are then measured again under it). None when no slope is offered; not fitted when
     the served score reads the logits (``temperature_terms``)."""
     ecfg, seed, val = cfg.export, cfg.seed, parts.data.val
-    if not any(ecfg.temperature_slope_grid):
+    if not any(ecfg.temperature_slope_grid) or clean is None:
         return None
     val_scores = stats.input_scores("val", val)
     terms = temperature_terms(stats.choice, default_s, val_scores or {})
@@ -147,7 +158,6 @@ def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg
         return ScoreTemperatureFit(None, {"slope": 0.0, "not_fitted": "the served OOD score reads the logits, which "
                                           "the temperature divides (or the model returns no per-input scores)"})
     shift = held_out_shift(cfg, val)
-    clean = sample_split(served, val, default_s, seed + 2)  # [S, N, C]
     shifted = sample_split(served, shift.split, default_s, seed + 2)  # [S, N', C]
     shift_scores = stats.input_scores("held_out_shift", shift.split)
     assert shift_scores is not None  # the served module returned val's
@@ -158,8 +168,7 @@ def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg
     if slope == 0.0:
         return ScoreTemperatureFit(None, record)
     by_score = ScoreTemperature(temperature, slope, terms)
-    val_logits = sample_split(served, val, default_s, seed)  # [S, N, C]: the draws the reference was measured on
-    reference = reference_section(summarize(val_logits, by_score(val_scores)), val.labels, default_s)
+    reference = reference_section(summarize(stats.val_logits, by_score(val_scores)), val.labels, default_s)
     stats.reference = {**reference, "ood_rate": stats.reference["ood_rate"]}  # the OOD score reads no logits
     return ScoreTemperatureFit(by_score, record)
 
@@ -355,10 +364,11 @@ def export(cfg: PipelineConfig) -> Path:
     artifact_module, served = stage_artifact(run, tmp_dir)
     progress.update()
     # the served temperature, reference statistics and the OOD score, from the artifact that will be served
-    temperature, temperature_fit = choose_temperature(served, run.parts, cfg, default_s, sampling.shift)
+    clean = temperature_draws(served, run.parts, cfg, default_s)
+    temperature, temperature_fit = choose_temperature(served, run.parts, cfg, default_s, sampling.shift, clean)
     served_stats = served_statistics(served, run.parts.data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
                                      run.parts.ood_validation, run.parts.selection_set, temperature)
-    by_score = choose_temperature_by_score(served, run.parts, cfg, default_s, temperature, served_stats)
+    by_score = choose_temperature_by_score(served, run.parts, cfg, default_s, temperature, served_stats, clean)
     if by_score is not None:  # kept or not, the slope's fit is recorded
         temperature_fit = {**temperature_fit, "by_score": by_score.record}
     progress.update()
