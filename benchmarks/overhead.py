@@ -34,10 +34,13 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from artifact.contract import parse_manifest, read_document
+from artifact.formats import artifact_format
 from benchmarks.loadgen import closed_loop, encode_post
 from benchmarks.report import spread, write_keeping_analysis
 from benchmarks.server import ROOT, server_process
@@ -73,18 +76,51 @@ def best_raw(folder: Path, n_samples: int, threads: int, min_seconds: float) -> 
 
 def served(tree: Path, repository: Path, model: str, body: dict[str, Any], samples: list[int], clients: int,
            seconds: float, threads: int) -> dict[int, dict[str, Any]]:
-    """Closed-loop requests/s of ``tree``'s server at each sample count (one server start for all of them)."""
+    """Closed-loop requests/s of ``tree``'s server at each sample count (one server start for all of them), with the
+    server's CPU per request and what its batch worker did over the same seconds (``worker_figures``)."""
     out = {}
     with server_process(repository, model, threads, [], root=tree) as (proc, url):
         for s in samples:
             raw = encode_post(url, "/predict", {**body, "n_samples": s})
             asyncio.run(closed_loop(url, raw, clients, 10**9, 2.0))  # warm-up: connections, caches, the first batches
-            before = cpu_seconds(proc.pid)
+            before, worker_before = cpu_seconds(proc.pid), worker_totals(url)
             run = asyncio.run(closed_loop(url, raw, clients, 10**9, seconds))
             spent = cpu_seconds(proc.pid) - before
             out[s] = {key: run[key] for key in ("throughput_rps", "p50_ms", "p99_ms", "codes", "transport_errors")}
             out[s]["server_cpu_ms_per_request"] = round(spent * 1000 / max(run["ok"], 1), 4)
+            out[s]["worker"] = worker_figures(worker_before, worker_totals(url), run["seconds"])
     return out
+
+
+WORKER_SERIES = {"director_inference_duration_seconds": "batch_seconds", "director_batch_size": "inputs"}
+
+
+def worker_totals(url: str) -> dict[str, float]:
+    """The server's running totals of its batch worker (``worker_totals_of`` its ``/metrics``)."""
+    return worker_totals_of(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+def worker_totals_of(exposition: str) -> dict[str, float]:
+    """Running totals (all versions) of the batches' forward + summary seconds, inputs and batches in a Prometheus
+    text exposition."""
+    totals = {"batch_seconds": 0.0, "inputs": 0.0, "batches": 0.0}
+    for family in text_string_to_metric_families(exposition):
+        name = WORKER_SERIES.get(family.name)
+        for sample in family.samples if name is not None else ():
+            if sample.name == family.name + "_sum":
+                totals[name] += sample.value
+            elif sample.name == family.name + "_count" and name == "inputs":
+                totals["batches"] += sample.value
+    return totals
+
+
+def worker_figures(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+    """What the batch worker did during a run of ``wall_s`` seconds: the share of the run it spent in batches (forward
+    and summaries), the inputs per batch it formed, and the inputs per second of its own batch time. The served rate
+    over that rate, minus 1, is the run's overhead measured on the same seconds as the rate it is compared with."""
+    batch_s, inputs, batches = (after[key] - before[key] for key in ("batch_seconds", "inputs", "batches"))
+    return {"busy": round(batch_s / wall_s, 4), "inputs_per_batch": round(inputs / max(batches, 1), 2),
+            "batch_inputs_per_s": round(inputs / batch_s, 1) if batch_s > 0 else 0.0}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -110,18 +146,30 @@ def summarise(results: dict[str, Any]) -> None:
                       for r in rounds]
             cpu = [r["served"][label][key]["server_cpu_ms_per_request"] for r in rounds]
             raw_ms = [1000 / x for x in raw]  # the forward's own CPU per input (one thread)
-            summary.setdefault(label, {})[key] = {"served_rps": spread(rps), "raw_inputs_per_s": spread(raw),
-                                                  "overhead": spread(overhead), "vs_first": spread(paired),
-                                                  "server_cpu_ms_per_request": spread(cpu),
-                                                  "cpu_beyond_forward": spread([c / f - 1 for c, f in
-                                                                                zip(cpu, raw_ms, strict=True)])}
+            workers = [(r["served"][label][key]["worker"], r["served"][label][key]["throughput_rps"])
+                       for r in rounds if "worker" in r["served"][label][key]]
+            summary.setdefault(label, {})[key] = {
+                "served_rps": spread(rps), "raw_inputs_per_s": spread(raw), "overhead": spread(overhead),
+                "vs_first": spread(paired), "server_cpu_ms_per_request": spread(cpu),
+                "cpu_beyond_forward": spread([c / f - 1 for c, f in zip(cpu, raw_ms, strict=True)]),
+                "worker_busy": spread([w["busy"] for w, _ in workers]),
+                "inputs_per_batch": spread([w["inputs_per_batch"] for w, _ in workers]),
+                "overhead_in_run": spread([w["batch_inputs_per_s"] / served - 1 for w, served in workers])}
     results["summary"] = summary
+
+
+def formats(results: dict[str, Any]) -> str:
+    """The artifact formats the subjects served, in words."""
+    served = sorted({artifact_format(parse_manifest(read_document(Path(tree["folder"]))).artifact)
+                     for tree in results["trees"] if "folder" in tree}) or ["torchscript"]
+    return " and ".join({"torchscript": "TorchScript", "aoti": "its AOTInductor package"}.get(f, f) for f in served)
 
 
 def markdown(results: dict[str, Any]) -> list[str]:
     s_list = results["samples"]
     lines = ["# Request-path overhead (CPU, this machine)", "", "```bash", results["command"], "```", "",
-             f"Model `{results['model']}` version {results['version']}, one image per request as a JSON pixel list, "
+             f"Model `{results['model']}` version {results['version']} ({formats(results)}), one image per request "
+             "as a JSON pixel list, "
              f"{results['clients']} closed-loop clients for {results['seconds']:g} s per point, "
              f"{len(results['rounds'])} rounds with the trees in alternating order, server torch threads "
              f"{results['threads']}, "
@@ -145,35 +193,66 @@ def markdown(results: dict[str, Any]) -> list[str]:
                          f"{vs['median']:.2f}x [{vs['min']:.2f}, {vs['max']:.2f}] | "
                          f"{cpu['median']:.3f} [{cpu['min']:.3f}, {cpu['max']:.3f}] | "
                          f"{beyond['median']:.0%} [{beyond['min']:.0%}, {beyond['max']:.0%}] |")
+    worker_rows = [(tree["label"], s, results["summary"][tree["label"]][str(s)]) for tree in results["trees"]
+                   for s in s_list if results["summary"][tree["label"]][str(s)].get("worker_busy")]
+    if worker_rows:
+        lines += ["", "What the server's batch worker did over the same seconds (from the server's own `/metrics`: "
+                  "`director_inference_duration_seconds` and `director_batch_size`, read before and after each run): "
+                  "the share of the run it spent in batches (forward and summaries), the inputs per batch the "
+                  "closed loop formed, and the overhead measured against the worker's own batches of that run "
+                  "(their inputs per second of batch time over the served requests per second, minus 1). Unlike the "
+                  "column above, this figure compares two rates of the same seconds, so the machine's drift between "
+                  "a served run and the raw forward after it does not enter it; it leaves out what a batch size "
+                  "other than the one formed would have cost.", "",
+                  "| tree | S | worker busy, median [min, max] | inputs per batch | overhead against its own batches |",
+                  "| --- | --- | --- | --- | --- |"]
+        for label, s, row in worker_rows:
+            busy, size, own = row["worker_busy"], row["inputs_per_batch"], row["overhead_in_run"]
+            lines.append(f"| {label} | {s} | {busy['median']:.0%} [{busy['min']:.0%}, {busy['max']:.0%}] | "
+                         f"{size['median']:.1f} | {own['median']:.0%} [{own['min']:.0%}, {own['max']:.0%}] |")
     return lines
 
 
+def subjects(trees: list[Path], folders: list[Path]) -> list[dict[str, str]]:
+    """Every source tree serving every version folder, labelled by its position and commit, and by the folder's
+    format and version when more than one folder is compared."""
+    out = []
+    for tree in trees:
+        for folder in folders:
+            manifest = parse_manifest(read_document(folder))
+            label = f"{len(out)}:{commit_of(tree)}"
+            if len(folders) > 1:
+                label += f" {artifact_format(manifest.artifact)} v{manifest.version}"
+            out.append({"label": label, "path": str(tree.resolve()), "folder": str(folder.resolve())})
+    return out
+
+
 def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    folder = args.repository / args.model / args.version
-    manifest = parse_manifest(read_document(folder))
+    manifest = parse_manifest(read_document(args.folder[0]))
     shape = (manifest.input.channels, manifest.input.height, manifest.input.width)  # type: ignore[union-attr]
     pixels = np.random.default_rng(0).random(shape).round(4).tolist()
     body = {"model": args.model, "inputs": [{"pixels": pixels}], "return_probabilities": False}
-    trees = [{"label": f"{i}:{commit_of(t)}", "path": str(t.resolve())} for i, t in enumerate(args.tree)]
+    trees = subjects(args.tree, args.folder)
     results: dict[str, Any] = {
         "command": " ".join(["python -m benchmarks.overhead", *sys.argv[1:]]), "model": args.model,
-        "version": args.version, "samples": args.samples, "clients": args.clients, "seconds": args.seconds,
+        "version": manifest.version, "samples": args.samples, "clients": args.clients, "seconds": args.seconds,
         "threads": args.threads, "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "date": date.today().isoformat(), "trees": trees, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="director-overhead-") as tmp:
-        repository = one_version_repository(folder, args.model, args.version, Path(tmp))
+        repositories = {tree["label"]: one_version_repository(Path(tree["folder"]), args.model, manifest.version,
+                                                              Path(tmp) / str(i)) for i, tree in enumerate(trees)}
         for r in range(args.rounds):
             order = trees if r % 2 == 0 else list(reversed(trees))
             entry: dict[str, Any] = {"served": {}, "raw": {}}
             for tree in order:  # the raw forward right after each tree's server: the machine's speed drifts
                 label = tree["label"]
                 entry["served"][label] = {str(s): v for s, v in served(
-                    Path(tree["path"]), repository, args.model, body, args.samples, args.clients, args.seconds,
-                    args.threads).items()}
-                entry["raw"][label] = {str(s): best_raw(folder, s, args.threads, args.raw_seconds)
+                    Path(tree["path"]), repositories[label], args.model, body, args.samples, args.clients,
+                    args.seconds, args.threads).items()}
+                entry["raw"][label] = {str(s): best_raw(Path(tree["folder"]), s, args.threads, args.raw_seconds)
                                        for s in args.samples}
                 progress(f"round {r + 1} {label}: " + json.dumps({s: (v["throughput_rps"], entry["raw"][label][s][
-                    "inputs_per_s"]) for s, v in entry["served"][label].items()}))
+                    "inputs_per_s"], v["worker"]["busy"]) for s, v in entry["served"][label].items()}))
             results["rounds"].append(entry)
     first = results["rounds"][0]["raw"]
     results["method"] = next(iter(next(iter(first.values())).values()))["method"]
@@ -186,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, action="append", help="source tree to serve from (repeat; default: .)")
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     parser.add_argument("--model", default="fashion-vit")
-    parser.add_argument("--version", default="5")
+    parser.add_argument("--version", default="6")
+    parser.add_argument("--folder", type=Path, action="append",
+                        help="version folder to serve (repeat to compare, e.g. a version and its AOTInductor copy; "
+                             "default: the repository's --model/--version)")
     parser.add_argument("--samples", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per served point")
@@ -197,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=None, help="write the page here (its analysis is kept)")
     args = parser.parse_args(argv)
     args.tree = args.tree or [ROOT]
+    args.folder = args.folder or [args.repository / args.model / args.version]
     results = run(args)
     print(json.dumps(results["summary"], indent=1))
     if args.out is not None:

@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
-from artifact.contract import ARTIFACT, parse_manifest, read_document
+from artifact.contract import ARTIFACT, Manifest, parse_manifest, read_document
+from artifact.formats import AOTI_FORMAT, artifact_format, compiled_of
 from service.engine.artifact import uses_input_scores
+from service.engine.exported_artifact import load_compiled
 
 
 def seconds_per_call(call: Callable[[], object], min_calls: int, min_seconds: float,
@@ -29,17 +31,26 @@ def seconds_per_call(call: Callable[[], object], min_calls: int, min_seconds: fl
     return (time.perf_counter() - start) / calls
 
 
+def served_module(folder: Path, manifest: Manifest, device: str) -> Any:
+    """The module the server runs for a version: its AOTInductor package when the manifest names one, else
+    ``director.ts``."""
+    if artifact_format(manifest.artifact) == AOTI_FORMAT:
+        assert manifest.artifact is not None
+        return load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact), torch.device(device))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        return torch.jit.load(str(folder / ARTIFACT), map_location=device).eval()
+
+
 def raw_forward(folder: Path, n_samples: int, batch_sizes: list[int], threads: int, min_seconds: float = 0.5,
                 device: str = "cpu", bf16: bool = False) -> list[dict[str, Any]]:
-    """The TorchScript artifact of an image version alone, per batch size: the forward the server calls for it
+    """The artifact of an image version alone (``served_module``), per batch size: the forward the server calls for it
     (``scored_rows`` when its OOD score reads per-input scores, else ``sample_rows``), at least 5 forwards and
     ``min_seconds`` each, with ``threads`` torch threads on ``device`` (bf16 autocast on CUDA when asked, as the server
     does)."""
     torch.set_num_threads(threads)
     manifest = parse_manifest(read_document(folder))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        module = torch.jit.load(str(folder / ARTIFACT), map_location=device).eval()
+    module = served_module(folder, manifest, device)
     method = "scored_rows" if uses_input_scores(manifest) else "sample_rows"
     shape = (manifest.input.channels, manifest.input.height, manifest.input.width)  # type: ignore[union-attr]
     cuda = device.startswith("cuda")

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.overhead import markdown, summarise
+from benchmarks.overhead import markdown, summarise, worker_figures, worker_totals_of
+from service.observability.metrics import Metrics
 from tests.benchmarks.test_gpu_check import load
 
 report = load("report")
@@ -57,3 +58,29 @@ def test_budget_repeats_pair_each_ratio_with_the_same_repeats_deterministic_sear
                                    "point_seconds": 5, "search_steps": 4, "max_batch_samples": 128})
     assert "| DIRECTOR | 1 | batching | 67.5 [45, 90] | 2.00x | 0.82x [0.75, 0.90] |" in lines
     assert "| DIRECTOR | 1 | batching | 45 | 1.0 / 1.0 / 1.0 | 0.75x |" not in lines  # rows without latencies
+
+
+def test_worker_totals_read_the_servers_own_batch_series() -> None:
+    """The totals come from the exposition the server's real registry writes, summed over versions."""
+    metrics = Metrics()
+    for version, (seconds, inputs) in {"1": (0.25, 16), "2": (0.5, 8)}.items():
+        metrics.inference.labels("m", version).observe(seconds)
+        metrics.batch_size.labels("m", version).observe(inputs)
+    assert worker_totals_of(metrics.expose().decode()) == {"batch_seconds": 0.75, "inputs": 24.0, "batches": 2.0}
+
+
+def test_worker_figures_compare_the_served_rate_with_the_workers_own_batches_of_the_same_seconds() -> None:
+    before = {"batch_seconds": 1.0, "inputs": 100.0, "batches": 10.0}
+    after = {"batch_seconds": 5.8, "inputs": 5_100.0, "batches": 322.5}
+    figures = worker_figures(before, after, wall_s=6.0)
+    assert figures == {"busy": 0.8, "inputs_per_batch": 16.0, "batch_inputs_per_s": 1041.7}
+    results = {"samples": [1], "trees": [{"label": "a"}], "rounds": [
+        {"served": {"a": {"1": {**served(800, 1.5)["1"], "worker": figures}}}, "raw": {"a": raw(1000)}},
+        {"served": {"a": served(700, 1.5)}, "raw": {"a": raw(1000)}},  # a round of an older run: no worker figures
+    ], "command": "c", "model": "m", "version": "1", "clients": 32, "seconds": 6, "threads": 1, "cpu_count": 2,
+        "torch": "t", "date": "d", "method": "scored_rows"}
+    summarise(results)
+    row = results["summary"]["a"]["1"]
+    assert row["overhead_in_run"]["median"] == pytest.approx(1041.7 / 800 - 1, abs=1e-3)
+    assert row["worker_busy"] == {"median": 0.8, "min": 0.8, "max": 0.8}
+    assert "| a | 1 | 80% [80%, 80%] | 16.0 | 30% [30%, 30%] |" in markdown(results)

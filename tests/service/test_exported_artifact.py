@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifact.contract import ARTIFACT, FORMAT_VERSION, MANIFEST, file_digests, sha256_file
+from artifact.contract import (
+    ARTIFACT,
+    FORMAT_VERSION,
+    MANIFEST,
+    file_digests,
+    parse_manifest,
+    read_document,
+    sha256_file,
+)
 from artifact.formats import AOTI_FORMAT, EXPORTED_ARTIFACT
+from benchmarks.timing import raw_forward, served_module
 from models.backbones import VitConfig, build_vit
 from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
@@ -27,6 +36,7 @@ from models.vit_view import VitTransitionView
 from service.engine import trust
 from service.engine.artifact import Artifact, ArtifactError, load_artifact
 from service.engine.device import Device
+from service.engine.exported_artifact import CompiledDirector
 from training.export.torch_export import write_compiled
 from training.export.writing import save_scripted, script_module
 
@@ -179,3 +189,15 @@ def test_with_a_digest_allowlist_the_package_must_be_listed_too(versions: dict[s
         trust.check(root, folder, allowlist)
     allowlist.write_text(f"{sha256_file(scripted)}\n{sha256_file(package)}\n")
     trust.check(root, folder, allowlist)
+
+
+def test_the_benchmarks_time_the_module_the_server_runs(versions: dict[str, Path]) -> None:
+    """``benchmarks.timing`` loads a package version's package, not the director.ts beside it, and times the call
+    the server makes (the version's score reads per-input scores: ``scored_rows``)."""
+    folder = versions["off"]
+    module = served_module(folder, parse_manifest(read_document(folder)), "cpu")
+    assert isinstance(module, CompiledDirector)
+    rows = raw_forward(folder, 2, [1, 3], threads=1, min_seconds=0.01)
+    timed = [(row["method"], row["batch"], row["rows"]) for row in rows]
+    assert timed == [("scored_rows", 1, 2), ("scored_rows", 3, 6)]
+    assert all(row["inputs_per_s"] > 0 for row in rows)
