@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from report import export_table
 from timing import seconds_per_call
 
 from artifact.contract import ARTIFACT, parse_manifest, read_document
@@ -89,18 +90,6 @@ def measure(modules: dict[str, Any], methods: tuple[str, ...], shape: tuple[int,
     return rows
 
 
-def markdown(results: dict[str, Any]) -> str:
-    lines = ["| method | inputs x S | TorchScript ms (min-max) | AOTI ms (min-max) | TorchScript inputs/s | "
-             "AOTI inputs/s | AOTI / TorchScript time (range) |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for row in results["rows"]:
-        ts, ao = row["torchscript"], row["aoti"]
-        lines.append(f"| {row['method']} | {row['inputs']} x {row['n_samples']} | {ts['ms_median']} "
-                     f"({ts['ms_min']}-{ts['ms_max']}) | {ao['ms_median']} ({ao['ms_min']}-{ao['ms_max']}) | "
-                     f"{ts['inputs_per_s']} | {ao['inputs_per_s']} | {row['ratio_median']} "
-                     f"({row['ratio_range'][0]}-{row['ratio_range'][1]}) |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", type=Path, required=True, help="a version folder serving the AOTI package")
@@ -120,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                "rows": measure(modules, methods, shape, args.repeats, args.min_seconds, device)}
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(markdown(results))
+    print("\n".join(export_table(results)))
     print(f"same seed, largest logit difference: {results['same_seed_max_logit_difference']}")
     return 0
 

@@ -7,6 +7,9 @@
 #      fashion-vit if this host's torch loads and runs it, else the model of step 2 exported here
 #   4. the raw artifact's throughput at large batch x samples and its FLOP/s against the device's peak, and fp32
 #      vs bf16 predictions (label agreement, accuracy, ECE, NLL) on the test split (benchmarks/gpu_flops.py)
+#   5. the torch.export artifact on CUDA: step 2's model exported as TorchScript, compiled by AOTInductor for this
+#      GPU (training/export/torch_export_version.py, verified against that director.ts), and both formats' forwards
+#      timed interleaved on the GPU (benchmarks/export_ab.py)
 # It stops at once, writing nothing, when no CUDA device is present. A failing step is recorded with its exit
 # status in the report and the next step runs.
 #
@@ -109,6 +112,20 @@ SERVE=(benchmarks/serve_load.py --mode load --repository "$REPO" --model fashion
 step serve-fp32 75 "$PY" "${SERVE[@]}" --out "$WORK/serve-fp32.json" --markdown "$WORK/serve-fp32.md"
 step serve-bf16 75 "$PY" "${SERVE[@]}" --bf16 --out "$WORK/serve-bf16.json" --markdown "$WORK/serve-bf16.md"
 step raw-flops 60 "$PY" benchmarks/gpu_flops.py --artifact "$REPO/fashion-vit/1" --data "$DATA" --out "$WORK/flops.json"
+
+# the package is compiled from the model of step 2: a TorchScript version of it to verify against, unless step 3
+# served one already
+SOURCE="$WORK/repo"
+if [ "$REPO" != "$SOURCE" ]; then
+  step export 120 "$PY" -m training export "${RUN[@]}" --set "export.repository=$SOURCE" --set export.version=1 \
+    --set "export.docs_dir=$WORK/docs"
+fi
+if [ -f "$SOURCE/fashion-vit/1/director.ts" ] \
+    && step aoti-cuda 240 "$PY" -m training.export.torch_export_version "${RUN[@]}" \
+      --version "$SOURCE/fashion-vit/1" --out "$WORK/aoti/fashion-vit/1" --device cuda --threads 8; then
+  step export-ab 90 "$PY" benchmarks/export_ab.py --version "$WORK/aoti/fashion-vit/1" --device cuda --threads 4 \
+    --repeats 5 --min-seconds 0.2 --out "$WORK/export-ab.json"
+fi
 
 "$PY" benchmarks/gpu_report.py --work "$WORK" --markdown docs/benchmarks-gpu.md --json docs/benchmarks-gpu.json \
   || fail "writing the report failed"

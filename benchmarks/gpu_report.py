@@ -1,16 +1,29 @@
 """Write ``docs/benchmarks-gpu.md`` and ``.json`` from what ``benchmarks/gpu_check.sh`` left in its work folder:
 the GPU tests (JUnit XML), ``serve_load.py`` in fp32 and bf16 (JSON and Markdown tables), the raw artifact's
-throughput and FLOP/s (``gpu_flops.py``) and the distillation epoch's time. A missing piece is reported as missing
-with the step's exit status, never left out silently."""
+throughput and FLOP/s (``gpu_flops.py``), the distillation epoch's time and the AOTInductor package's forwards against
+TorchScript's (``export_ab.py``). A missing piece is reported as missing with the step's exit status, never left out
+silently."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+
+def sibling(name: str) -> ModuleType:
+    """A module of this folder by its path (this script runs from any working directory, and is loaded by path)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 ANALYSIS_MARKER = "<!-- analysis: written by hand below this line; --markdown keeps it -->"
 
@@ -77,6 +90,18 @@ def flops_lines(flops: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def export_lines(export_ab: dict[str, Any] | None) -> list[str]:
+    """The package's forwards against TorchScript's on this GPU (``benchmarks/export_ab.py``'s results)."""
+    if export_ab is None:
+        return ["(missing)"]
+    agreement = ", ".join(f"{method} {value:.1e}" for method, value in
+                          export_ab["same_seed_max_logit_difference"].items())
+    return [f"`{export_ab['command']}` on {export_ab['device']}, torch {export_ab['torch']}, {export_ab['repeats']} "
+            "paired repeats per point (the formats alternating); a ratio is the package's time over TorchScript's "
+            f"in the same repeat. Same seed, largest logit difference: {agreement}.", "",
+            *sibling("report").export_table(export_ab)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True, help="gpu_check.sh's work folder")
@@ -89,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": read_json(work / "host.json"), "steps": steps, "gpu_tests": test_summary(work / "gpu-tests.xml"),
         "serve_fp32": read_json(work / "serve-fp32.json"), "serve_bf16": read_json(work / "serve-bf16.json"),
         "raw_artifact": read_json(work / "flops.json"), "distillation": read_json(work / "distil.json"),
+        "export_ab": read_json(work / "export-ab.json"),
     }
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     host = results["host"] or {}
@@ -116,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lines.append(f"`{distillation['command']}`: {distillation['seconds']} s for the stage (teacher preparation, "
                      f"start states and one epoch); the run's own count: {distillation.get('run_seconds')} s.")
+    lines += ["", "## torch.export (AOTInductor) against TorchScript on CUDA", "", *export_lines(results["export_ab"])]
     args.markdown.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.markdown} and {args.json}")
     return 0

@@ -40,7 +40,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from artifact.contract import parse_manifest, read_document
-from artifact.formats import artifact_format
+from artifact.formats import AOTI_FORMAT, TORCHSCRIPT_FORMAT, artifact_format
 from benchmarks.loadgen import closed_loop, encode_post
 from benchmarks.report import spread, write_keeping_analysis
 from benchmarks.server import ROOT, server_process
@@ -160,9 +160,10 @@ def summarise(results: dict[str, Any]) -> None:
 
 def formats(results: dict[str, Any]) -> str:
     """The artifact formats the subjects served, in words."""
-    served = sorted({artifact_format(parse_manifest(read_document(Path(tree["folder"]))).artifact)
-                     for tree in results["trees"] if "folder" in tree}) or ["torchscript"]
-    return " and ".join({"torchscript": "TorchScript", "aoti": "its AOTInductor package"}.get(f, f) for f in served)
+    served = {artifact_format(parse_manifest(read_document(Path(tree["folder"]))).artifact)
+              for tree in results["trees"] if "folder" in tree} or {TORCHSCRIPT_FORMAT}
+    names = {TORCHSCRIPT_FORMAT: "TorchScript", AOTI_FORMAT: "its AOTInductor package"}
+    return "served as " + " and as ".join(names[f] for f in names if f in served)
 
 
 def markdown(results: dict[str, Any]) -> list[str]:

@@ -202,3 +202,16 @@ def write_keeping_analysis(path: Path, generated: list[str]) -> None:
         if ANALYSIS_MARKER in text:
             kept = text[text.index(ANALYSIS_MARKER):]
     path.write_text("\n".join(generated) + "\n\n" + kept)
+
+
+def export_table(results: dict[str, Any]) -> list[str]:
+    """``benchmarks/export_ab.py``'s results as a table: each point's times in both formats and their paired ratio."""
+    lines = ["| method | inputs x S | TorchScript ms (min-max) | AOTI ms (min-max) | TorchScript inputs/s | "
+             "AOTI inputs/s | AOTI / TorchScript time (range) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in results["rows"]:
+        ts, ao = row["torchscript"], row["aoti"]
+        lines.append(f"| {row['method']} | {row['inputs']} x {row['n_samples']} | {ts['ms_median']} "
+                     f"({ts['ms_min']}-{ts['ms_max']}) | {ao['ms_median']} ({ao['ms_min']}-{ao['ms_max']}) | "
+                     f"{ts['inputs_per_s']} | {ao['inputs_per_s']} | {row['ratio_median']} "
+                     f"({row['ratio_range'][0]}-{row['ratio_range'][1]}) |")
+    return lines

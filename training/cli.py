@@ -7,21 +7,8 @@ import argparse
 import shlex
 import sys
 import warnings
-from typing import Any
 
-import yaml
-
-from training.config import load_config
-
-
-def _overrides(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects key=value, got {pair!r}")
-        out[key] = yaml.safe_load(value)
-    return out
+from training.config import load_config, set_overrides
 
 
 def add_calibrate(sub: argparse._SubParsersAction) -> None:
@@ -82,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*torch.jit.*deprecated.*", category=FutureWarning)
     if args.command == "calibrate":
         return run_calibrate(args)
-    cfg = load_config(args.config, _overrides(args.set))
+    cfg = load_config(args.config, set_overrides(args.set))
     resume = not args.no_resume
     if args.command in ("fit-backbone", "all"):
         from training.fit.backbone import fit_backbone
@@ -116,7 +103,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from training.families.registry import UnsupportedBackbone
 
     try:
-        return calibrate(args, _overrides(args.set))
+        return calibrate(args, set_overrides(args.set))
     except (CalibrateError, CheckpointError, DataError, UnsupportedBackbone) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

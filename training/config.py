@@ -305,6 +305,17 @@ def validated(raw: dict[str, Any]) -> PipelineConfig:
         raise ValueError("config: " + "; ".join(problems)) from exc
 
 
+def set_overrides(pairs: list[str]) -> dict[str, Any]:
+    """The command line's ``--set key=value`` pairs as ``load_config`` overrides (values read as YAML)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects key=value, got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """Read a YAML config; ``overrides`` maps dotted keys (``distil.epochs``) to values."""
     raw = yaml.safe_load(Path(path).read_text()) or {}

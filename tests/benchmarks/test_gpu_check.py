@@ -85,6 +85,12 @@ def test_report_from_a_work_folder(tmp_path: Path) -> None:
     (tmp_path / "flops.json").write_text(json.dumps({
         "device": "NVIDIA H200", "torch": "2.11.0", "datasheet_peak_tflops": {"bf16": 989.5, "fp32": 494.7},
         "measured_matmul_peak_tflops": {"bf16": 790.0, "fp32": 400.0}, "rows": [row]}))
+    timed = {"ms_median": 1.0, "ms_min": 0.9, "ms_max": 1.2, "inputs_per_s": 32000.0}
+    (tmp_path / "export-ab.json").write_text(json.dumps({
+        "command": "export_ab.py --device cuda", "device": "cuda", "torch": "2.11.0", "repeats": 5,
+        "same_seed_max_logit_difference": {"scored_rows": 2e-6},
+        "rows": [{"method": "scored_rows", "inputs": 32, "n_samples": 1, "torchscript": timed,
+                  "aoti": {**timed, "ms_median": 0.8}, "ratio_median": 0.8, "ratio_range": [0.7, 0.9]}]}))
     markdown, data = tmp_path / "gpu.md", tmp_path / "gpu.json"
     assert gpu_report.main(["--work", str(tmp_path), "--markdown", str(markdown), "--json", str(data)]) == 0
     text = markdown.read_text()
@@ -92,3 +98,5 @@ def test_report_from_a_work_folder(tmp_path: Path) -> None:
     assert "skipped: needs two CUDA devices" in text and "| bf16 | 1024 | 16 | 16384 | 12.5 |" in text
     assert "12.1%" in text and "## Serving, bf16 autocast\n\n(missing)" in text
     assert json.loads(data.read_text())["gpu_tests"]["skipped"] == 1
+    assert "same seed, largest logit difference: scored_rows 2.0e-06" in text.lower()
+    assert "| scored_rows | 32 x 1 | 1.0 (0.9-1.2) | 0.8 (0.9-1.2) | 32000.0 | 32000.0 | 0.8 (0.7-0.9) |" in text

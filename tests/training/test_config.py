@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.backbones import build_vit
-from training.config import load_config
+from training.config import load_config, set_overrides
 
 CONFIGS = sorted(Path("configs").glob("*.yaml"))
 
@@ -51,3 +51,11 @@ def test_an_unlabeled_corpus_is_for_text_models_distilled_against_the_teacher() 
         load_config("configs/fashion_vit.yaml", text)
     with pytest.raises(ValueError, match="text for a text model"):
         load_config("configs/movie_reviews_minilm.yaml", {**text, "distil.l2_target": "labels"})
+
+
+def test_set_overrides_read_each_value_as_yaml_and_refuse_a_pair_without_a_value() -> None:
+    """The pipeline's commands and the package compiler read ``--set`` the same way."""
+    assert set_overrides(["distil.epochs=2", "run_dir=/tmp/run", "export.format=aoti", "data.root=null"]) == {
+        "distil.epochs": 2, "run_dir": "/tmp/run", "export.format": "aoti", "data.root": None}
+    with pytest.raises(SystemExit, match="key=value"):
+        set_overrides(["distil.epochs"])

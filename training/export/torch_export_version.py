@@ -5,7 +5,10 @@ write a copy of the version that serves it (``artifact.format: aoti``, the packa
 itself is not touched: the copy is what ``benchmarks/export_ab.py`` measures against it.
 
     python -m training.export.torch_export_version --config configs/fashion_vit.yaml \\
-        --version model_repository/fashion-vit/4 --out /tmp/fashion-vit-aoti/4
+        --version model_repository/fashion-vit/6 --out /tmp/fashion-vit-aoti/6
+
+``--set`` overrides the config as the pipeline's commands do (``--set run_dir=DIR`` for a run kept elsewhere), and
+``--device cuda`` compiles the package for the GPU the version is then served on.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from artifact.contract import ARTIFACT, MANIFEST, file_digests, parse_manifest, read_document
-from training.config import load_config
+from training.config import load_config, set_overrides
 from training.export.parts import export_parts
 from training.export.torch_export import write_compiled
 from training.export.writing import json_safe, load_scripted
@@ -27,10 +31,11 @@ from training.loading import load_backbone, load_director, run_family
 from training.runtime import set_threads
 
 
-def compile_beside(config: Path, version: Path, out: Path, device: str = "cpu") -> dict[str, object]:
+def compile_beside(config: Path, version: Path, out: Path, device: str = "cpu",
+                   overrides: dict[str, Any] | None = None) -> dict[str, object]:
     """Write ``out``: ``version``'s files, its package for ``device`` ("cpu", or "cuda": written for a GPU host, not
     run on one yet) and its manifest naming the package; returns the manifest's ``artifact`` entries that name it."""
-    cfg = load_config(config)
+    cfg = load_config(config, overrides)
     manifest = parse_manifest(read_document(version))
     director, _ = load_director(cfg.run_dir)
     family, _ = run_family(cfg.run_dir)
@@ -60,10 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where the copy serving the package is written")
     parser.add_argument("--device", default="cpu", help="the device the package is compiled for (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set run_dir=/tmp/run (the run the version came from)")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     torch.manual_seed(0)
-    info = compile_beside(args.config, args.version, args.out, args.device)
+    info = compile_beside(args.config, args.version, args.out, args.device, set_overrides(args.set))
     print(f"wrote {args.out}: {json.dumps(info)}")
     return 0
 
