@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -83,11 +84,12 @@ def served(tree: Path, repository: Path, model: str, body: dict[str, Any], sampl
         for s in samples:
             raw = encode_post(url, "/predict", {**body, "n_samples": s})
             asyncio.run(closed_loop(url, raw, clients, 10**9, 2.0))  # warm-up: connections, caches, the first batches
-            before, worker_before = cpu_seconds(proc.pid), worker_totals(url)
+            before, worker_before, generator_before = cpu_seconds(proc.pid), worker_totals(url), own_cpu_seconds()
             run = asyncio.run(closed_loop(url, raw, clients, 10**9, seconds))
-            spent = cpu_seconds(proc.pid) - before
+            spent, generator = cpu_seconds(proc.pid) - before, own_cpu_seconds() - generator_before
             out[s] = {key: run[key] for key in ("throughput_rps", "p50_ms", "p99_ms", "codes", "transport_errors")}
             out[s]["server_cpu_ms_per_request"] = round(spent * 1000 / max(run["ok"], 1), 4)
+            out[s]["generator_cpu_ms_per_request"] = round(generator * 1000 / max(run["ok"], 1), 4)
             out[s]["worker"] = worker_figures(worker_before, worker_totals(url), run["seconds"])
     return out
 
@@ -123,6 +125,13 @@ def worker_figures(before: dict[str, float], after: dict[str, float], wall_s: fl
             "batch_inputs_per_s": round(inputs / batch_s, 1) if batch_s > 0 else 0.0}
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process: during a closed loop, the load generator's cost (it shares the
+    cores with the server)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds the process has used, all its threads (``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -154,7 +163,10 @@ def summarise(results: dict[str, Any]) -> None:
                 "cpu_beyond_forward": spread([c / f - 1 for c, f in zip(cpu, raw_ms, strict=True)]),
                 "worker_busy": spread([w["busy"] for w, _ in workers]),
                 "inputs_per_batch": spread([w["inputs_per_batch"] for w, _ in workers]),
-                "overhead_in_run": spread([w["batch_inputs_per_s"] / served - 1 for w, served in workers])}
+                "overhead_in_run": spread([w["batch_inputs_per_s"] / served - 1 for w, served in workers]),
+                "generator_cpu_ms_per_request": spread([r["served"][label][key]["generator_cpu_ms_per_request"]
+                                                        for r in rounds
+                                                        if "generator_cpu_ms_per_request" in r["served"][label][key]])}
     results["summary"] = summary
 
 
@@ -201,16 +213,21 @@ def markdown(results: dict[str, Any]) -> list[str]:
                   "`director_inference_duration_seconds` and `director_batch_size`, read before and after each run): "
                   "the share of the run it spent in batches (forward and summaries), the inputs per batch the "
                   "closed loop formed, and the overhead measured against the worker's own batches of that run "
-                  "(their inputs per second of batch time over the served requests per second, minus 1). Unlike the "
+                  "(their inputs per second of batch time over the served requests per second, minus 1), and the "
+                  "CPU the load generator itself spent per request (this process, during the run). Unlike the "
                   "column above, this figure compares two rates of the same seconds, so the machine's drift between "
                   "a served run and the raw forward after it does not enter it; it leaves out what a batch size "
                   "other than the one formed would have cost.", "",
-                  "| tree | S | worker busy, median [min, max] | inputs per batch | overhead against its own batches |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| tree | S | worker busy, median [min, max] | inputs per batch | overhead against its own batches | "
+                  "load generator CPU ms / request |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for label, s, row in worker_rows:
             busy, size, own = row["worker_busy"], row["inputs_per_batch"], row["overhead_in_run"]
+            generator = row.get("generator_cpu_ms_per_request")
+            generator_ms = f"{generator['median']:.3f}" if generator else "-"
             lines.append(f"| {label} | {s} | {busy['median']:.0%} [{busy['min']:.0%}, {busy['max']:.0%}] | "
-                         f"{size['median']:.1f} | {own['median']:.0%} [{own['min']:.0%}, {own['max']:.0%}] |")
+                         f"{size['median']:.1f} | {own['median']:.0%} [{own['min']:.0%}, {own['max']:.0%}] | "
+                         f"{generator_ms} |")
     return lines
 
 

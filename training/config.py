@@ -154,7 +154,9 @@ class ExportConfig:
     feature_scores: bool = True
     knn_bank: int = 10_000
     # "aoti": also compile the module with torch.export + AOTInductor into director.pt2 (artifact.formats), verified
-    # against director.ts, and name it the served format; needs a C++ compiler at export, for the exporting device
+    # against director.ts, and name it the served format; needs a C++ compiler at export, for the exporting device.
+    # Served on CPU it answers fewer requests than TorchScript: its runner holds Python's interpreter lock during
+    # each forward (docs/benchmarks-overhead.md)
     format: Literal["torchscript", "aoti"] = "torchscript"
 
 

@@ -75,7 +75,8 @@ def test_worker_figures_compare_the_served_rate_with_the_workers_own_batches_of_
     figures = worker_figures(before, after, wall_s=6.0)
     assert figures == {"busy": 0.8, "inputs_per_batch": 16.0, "batch_inputs_per_s": 1041.7}
     results = {"samples": [1], "trees": [{"label": "a"}], "rounds": [
-        {"served": {"a": {"1": {**served(800, 1.5)["1"], "worker": figures}}}, "raw": {"a": raw(1000)}},
+        {"served": {"a": {"1": {**served(800, 1.5)["1"], "worker": figures, "generator_cpu_ms_per_request": 0.05}}},
+         "raw": {"a": raw(1000)}},
         {"served": {"a": served(700, 1.5)}, "raw": {"a": raw(1000)}},  # a round of an older run: no worker figures
     ], "command": "c", "model": "m", "version": "1", "clients": 32, "seconds": 6, "threads": 1, "cpu_count": 2,
         "torch": "t", "date": "d", "method": "scored_rows"}
@@ -83,4 +84,4 @@ def test_worker_figures_compare_the_served_rate_with_the_workers_own_batches_of_
     row = results["summary"]["a"]["1"]
     assert row["overhead_in_run"]["median"] == pytest.approx(1041.7 / 800 - 1, abs=1e-3)
     assert row["worker_busy"] == {"median": 0.8, "min": 0.8, "max": 0.8}
-    assert "| a | 1 | 80% [80%, 80%] | 16.0 | 30% [30%, 30%] |" in markdown(results)
+    assert "| a | 1 | 80% [80%, 80%] | 16.0 | 30% [30%, 30%] | 0.050 |" in markdown(results)
