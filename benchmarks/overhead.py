@@ -17,6 +17,15 @@ the inputs per second the artifact's own forward computes alone, at S = 1 and S 
 - Overhead = raw inputs/s over served requests/s, minus 1, per round and tree (each with its own raw figure); the
   page reports each tree's median and range, and the median of the paired ratios (tree over the first tree, round by
   round).
+- The worker's side of the same seconds, from the server's own ``/metrics`` read before and after each run: how busy
+  its batch worker was, the batch size the clients formed, and the served rate against the worker's own batches
+  (``worker_figures``); and the load generator's own CPU per request.
+- ``--folder`` (repeat it) serves other version folders instead of ``--model``/``--version``, each as a subject of its
+  own: a version and its AOTInductor copy (``python -m training.export.torch_export_version``), for a served A/B of
+  the two formats:
+
+    .venv/bin/python -m benchmarks.overhead --folder model_repository/fashion-vit/6 \\
+        --folder /tmp/fashion-vit-aoti/6 --rounds 4 --seconds 6
 """
 
 from __future__ import annotations

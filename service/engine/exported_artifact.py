@@ -87,7 +87,9 @@ class CompiledDirector:
     def _call(self, name: str, inputs: tuple[torch.Tensor, ...]) -> Any:
         if self.bounds is not None:
             check_inputs(inputs, self.bounds)
-        return self.methods[name](*inputs)
+        # compiled code reads its inputs with the strides it was compiled for: a view (a mask cut from a wider one)
+        # would be read wrongly, and silently; a contiguous tensor is passed as it is
+        return self.methods[name](*(tensor.contiguous() for tensor in inputs))
 
     def sample_rows(self, *inputs: torch.Tensor) -> torch.Tensor:
         """(model inputs, repeats [B]) -> rows [sum(repeats), C]."""

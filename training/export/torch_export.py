@@ -69,6 +69,9 @@ def example_inputs(module: nn.Module, probe: ForwardArgs) -> tuple[tuple[torch.T
     batch = probe[0].shape[0]
     if batch < 2 or (probe[0].dim() == 2 and probe[0].shape[1] < 2):
         raise ValueError("export needs a probe of at least 2 inputs (of 2 tokens): 1 would specialise the size")
+    # fresh contiguous copies: a view (a validation mask cut to its batch's longest text from the padded table) is
+    # traced with its base, whose width then pins the dynamic length (a guard "length != max_length" that fails)
+    probe = tuple(tensor.clone(memory_format=torch.contiguous_format) for tensor in probe)
     inputs = Dim("inputs", min=1)
     repeats = torch.arange(1, batch + 1, dtype=torch.long, device=probe[0].device)  # [B] mixed sample counts
     length = text_length(module)
@@ -126,12 +129,22 @@ def compiled_section(metadata: dict[str, str], methods: tuple[str, ...], inputs:
             "torch": torch.__version__, "random": "ATen generator (fallback_random): the TorchScript file's draws"}
 
 
+def close(want: torch.Tensor, have: torch.Tensor, scores: bool) -> bool:
+    """Logit rows [R, C] within 1e-4; per-input scores [B, F] within 1e-3 of each score's largest magnitude here."""
+    if not scores:
+        return torch.allclose(want, have, rtol=0.0, atol=1e-4)
+    scale = want.abs().amax(dim=0, keepdim=True)  # [1, F]
+    return bool(((want - have).abs() <= 1e-3 * scale + 1e-6).all())
+
+
 def verify_package(path: Path, served: torch.jit.ScriptModule, probe: ForwardArgs, methods: tuple[str, ...]) -> None:
     """Check the package against the served TorchScript module under one seed, at a batch size other than the
-    export's (the batch must be symbolic) and with mixed sample counts: rows within 1e-4, scores within 1e-3."""
+    export's (the batch must be symbolic) and with mixed sample counts: rows within 1e-4; each score within 1e-3 of the
+    largest magnitude it takes on the probe (relative Mahalanobis is a difference of two distances hundreds of times
+    larger than itself, so float32 rounding in another summation order moves it by ~1e-3 of its own value)."""
     from torch._inductor.package import load_package
 
-    inputs = tuple(tensor[:-1] for tensor in probe)  # one input fewer than exported
+    inputs = tuple(tensor[:-1].contiguous() for tensor in probe)  # one input fewer than exported, as served
     repeats = torch.arange(inputs[0].shape[0], 0, -1, dtype=torch.long, device=inputs[0].device)  # [b]
     for name in methods:
         compiled = load_package(str(path), name)
@@ -141,8 +154,7 @@ def verify_package(path: Path, served: torch.jit.ScriptModule, probe: ForwardArg
         got = compiled(*inputs, repeats)
         pairs = zip(expected, got, strict=True) if name == "scored_rows" else [(expected, got)]
         for i, (want, have) in enumerate(pairs):
-            tolerance = {"rtol": 1e-3, "atol": 1e-6} if i else {"rtol": 0.0, "atol": 1e-4}
-            if want.shape != have.shape or not torch.allclose(want, have, **tolerance):
+            if want.shape != have.shape or not close(want, have, scores=i == 1):
                 raise RuntimeError(f"the compiled {name} differs from the TorchScript artifact's (output {i})")
 
 

@@ -23,7 +23,7 @@ from service.engine.exported_artifact import CompiledDirector
 from tests.models.test_bert_view import _padded_batch, _tiny_classifier
 from tests.models.test_kernel_error import lively_kernel
 from tests.service.test_exported_artifact import loaded, write_version
-from training.export.torch_export import compile_package, export_methods, input_bounds
+from training.export.torch_export import close, compile_package, export_methods, input_bounds
 from training.export.writing import script_module
 
 
@@ -70,7 +70,8 @@ def test_with_the_noise_on_independent_draws_have_torchscripts_distribution(vers
 @pytest.fixture(scope="module")
 def text_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CompiledDirector, torch.jit.ScriptModule]]:
     """A tiny BERT DIRECTOR as the text export stores it (int8 word table, half-precision layers, 16 positions),
-    its teacher layer carried, exported from a probe of 6 texts padded to 9 tokens; only ``scored_rows`` is compiled
+    its teacher layer carried, exported from a probe of 6 texts padded to 9 tokens (views of a batch padded to all 16
+    positions, as the validation split's rows are); only ``scored_rows`` is compiled
     (the image packages cover the rest; a method costs 15-30 s of compiling), behind the loader's shape check."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -79,7 +80,10 @@ def text_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Com
     director = text_director_from_view(view, lively_kernel(view.dim, view.num_heads, 1)).eval()
     director.rollout.set_teacher(view.teacher_steps(1))
     artifact = fold_for_artifact(director, "int8", max_positions=16, layer_dtype="float16")
-    program = export_methods(artifact, _padded_batch([5, 9, 3, 7, 2, 8], 100, seed=2))["scored_rows"]
+    ids, mask = _padded_batch([5, 9, 3, 7, 2, 8], 100, seed=2)  # [6, 9]
+    # the probe as the validation loader gives it: views cut to the longest text from rows padded to the table
+    wide = [torch.nn.functional.pad(tensor, (0, 16 - tensor.shape[1])) for tensor in (ids, mask)]  # [6, 16] each
+    program = export_methods(artifact, (wide[0][:, :9], wide[1][:, :9]))["scored_rows"]
     path = tmp_path_factory.mktemp("text") / EXPORTED_ARTIFACT
     compile_package({"scored_rows": program}, path)
     scored = load_package(str(path), "scored_rows")
@@ -103,6 +107,26 @@ def test_a_text_package_draws_torchscripts_rows_and_scores_at_every_padded_lengt
     torch.testing.assert_close(scores, want_scores, rtol=1e-4, atol=1e-7)
 
 
+def test_a_text_package_reads_a_mask_cut_from_a_wider_one_as_torchscript_does(
+        text_package: tuple[CompiledDirector, torch.jit.ScriptModule]) -> None:
+    """Compiled code assumes the strides it was compiled for; the loader hands it contiguous inputs, so a view (here
+    a mask and ids cut to the longest text from a batch padded to all positions) gives TorchScript's rows, not
+    rows read with the wrong stride."""
+    package, served = text_package
+    ids, mask = _padded_batch([4, 7, 2], 100, seed=4)  # [3, 7]
+    wide = [torch.nn.functional.pad(tensor, (0, 16 - tensor.shape[1])) for tensor in (ids, mask)]  # [3, 16] each
+    cut = (wide[0][:, :7], wide[1][:, :7])
+    assert not cut[0].is_contiguous() and not cut[1].is_contiguous()
+    repeats = torch.tensor([2, 1, 3])
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        rows, scores = package.scored_rows(*cut, repeats)
+        torch.manual_seed(1)
+        want_rows, want_scores = served.scored_rows(ids, mask, repeats)
+    torch.testing.assert_close(rows, want_rows, rtol=0.0, atol=1e-5)
+    torch.testing.assert_close(scores, want_scores, rtol=1e-4, atol=1e-7)
+
+
 def test_a_text_longer_than_the_position_table_is_refused_as_torchscript_refuses_it(
         text_package: tuple[CompiledDirector, torch.jit.ScriptModule]) -> None:
     package, served = text_package
@@ -111,3 +135,13 @@ def test_a_text_longer_than_the_position_table_is_refused_as_torchscript_refuses
         served.scored_rows(ids, mask, torch.tensor([1]))
     with pytest.raises(ValueError, match=r"input 0 dimension 1 is 17; the package takes 1\.\.16"):
         package.scored_rows(ids, mask, torch.tensor([1]))
+
+
+def test_the_package_check_takes_scores_to_their_own_scale_and_rows_to_1e_4() -> None:
+    """A relative Mahalanobis near 0 is a difference of distances in the hundreds: rounding moves it by ~1e-3 of its
+    own size, which the check accepts; a score off by 1% of its scale, or a logit off by 1e-3, it refuses."""
+    want = torch.tensor([[0.04, 253.76, -0.8422], [0.08, 466.57, -0.2722]])  # [B, F] kernel error, mds, rmds
+    assert close(want, want + torch.tensor([[0.0, 0.0, 7e-4], [0.0, 0.05, -2e-4]]), scores=True)
+    assert not close(want, want + torch.tensor([[0.0, 0.0, 0.0], [0.0, 4.7, 0.0]]), scores=True)
+    rows = torch.randn(4, 3)  # [R, C]
+    assert close(rows, rows + 5e-5, scores=False) and not close(rows, rows + 1e-3, scores=False)
