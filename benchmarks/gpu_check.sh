@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: one script a GPU host runs in about 6-8 minutes, from the source tree, that writes
+# The GPU check: one script a GPU host runs in about 8-10 minutes, from the source tree, that writes
 # docs/benchmarks-gpu.md and docs/benchmarks-gpu.json:
 #   1. the GPU tests (tests/gpu: CUDA vs CPU rows, bf16 label agreement, the server on CUDA, a real OOM, NCCL)
 #   2. one distillation epoch of configs/fashion_vit.yaml on this GPU (after a one-epoch backbone fit), timed
@@ -121,9 +121,9 @@ if [ "$REPO" != "$SOURCE" ]; then
     --set "export.docs_dir=$WORK/docs"
 fi
 if [ -f "$SOURCE/fashion-vit/1/director.ts" ] \
-    && step aoti-cuda 240 "$PY" -m training.export.torch_export_version "${RUN[@]}" \
+    && step aoti-cuda 150 "$PY" -m training.export.torch_export_version "${RUN[@]}" \
       --version "$SOURCE/fashion-vit/1" --out "$WORK/aoti/fashion-vit/1" --device cuda --threads 8; then
-  step export-ab 90 "$PY" benchmarks/export_ab.py --version "$WORK/aoti/fashion-vit/1" --device cuda --threads 4 \
+  step export-ab 60 "$PY" benchmarks/export_ab.py --version "$WORK/aoti/fashion-vit/1" --device cuda --threads 4 \
     --repeats 5 --min-seconds 0.2 --out "$WORK/export-ab.json"
 fi
 

@@ -4,6 +4,7 @@ where the device pads to them), and the manifest lookups the server needs (the O
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -39,6 +40,8 @@ from service.engine.codecs.base import Codec
 from service.engine.device import Device
 from service.engine.exported_artifact import CannotRun, CompiledDirector, load_compiled
 from service.engine.shapes import WARM_CALLS, warm_counts
+
+log = logging.getLogger("service.engine.artifact")
 
 
 class ArtifactError(Exception):
@@ -234,9 +237,15 @@ def load_module(folder: Path, manifest: Manifest, device: Device) -> torch.jit.S
             raise ArtifactError(f"files do not list the package {shown_name(manifest.artifact.file)} (it must be "
                                 "sha256-checked)")
         try:
-            return load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact), device.torch_device)
+            package = load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact),
+                                    device.torch_device)
         except (CannotRun, ManifestError) as exc:
             raise ArtifactError(str(exc)) from exc
+        log.warning("%s version %s serves its AOTInductor package: torch's runner holds Python's interpreter lock "
+                    "for each whole forward, so this process reads and answers no request while a batch runs (on CPU "
+                    "0.65-0.70x TorchScript's requests per second at S = 1, docs/benchmarks-overhead.md)",
+                    manifest.name, manifest.version)
+        return package
     if kind != TORCHSCRIPT_FORMAT:
         raise ArtifactError(f"artifact.format {kind[:40]!r} is not a format this server runs ({', '.join(FORMATS)})")
     try:
