@@ -2,11 +2,13 @@
 forwards the server calls (``scored_rows`` where the OOD score reads per-input scores, and ``sample_rows``), both
 formats loaded in one process, interleaved point by point and repeat by repeat (the order alternating), with the
 server's thread pinning. Each ratio is AOTInductor's time over TorchScript's in the same repeat; the page reports
-the median and range of those paired ratios.
+the median and range of those paired ratios. Image versions get random pixels, text versions ``--text-tokens`` random
+word ids per input. It also measures how much Python another thread gets done while each format's forwards run
+(``python_progress``): the server's event loop is such a thread.
 
 The version folder must hold both files: ``python -m training.export.torch_export_version`` writes such a copy.
 
-    .venv/bin/python benchmarks/export_ab.py --version /tmp/fashion-vit-aoti/4 --threads 1 \\
+    .venv/bin/python benchmarks/export_ab.py --version /tmp/fv-aoti/fashion-vit/6 --threads 1 --repeats 11 \\
         --out docs/benchmarks-export.json
 """
 
