@@ -21,20 +21,17 @@ import statistics
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from report import export_table
-from timing import seconds_per_call
+from timing import compiled_module, scripted_module, seconds_per_call
 from tokenizers import Tokenizer
 
-from artifact.contract import ARTIFACT, Manifest, TextInput, parse_manifest, read_document
-from artifact.formats import compiled_of
+from artifact.contract import Manifest, TextInput, parse_manifest, read_document
 from service.engine.artifact import uses_input_scores
-from service.engine.exported_artifact import load_compiled
 
 # (inputs, samples per input): single-input latency, then batched throughput at the server's CPU batch sizes
 POINTS = [(1, 1), (1, 16), (32, 1), (128, 1), (8, 16), (32, 4)]
@@ -63,11 +60,7 @@ def load_both(folder: Path, device: torch.device, text_tokens: int = 32
               ) -> tuple[dict[str, Any], tuple[str, ...], Inputs]:
     """The two formats' modules on ``device``, the methods to time and the inputs they take."""
     manifest = parse_manifest(read_document(folder))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        scripted = torch.jit.load(str(folder / ARTIFACT), map_location=device).eval()
-    assert manifest.artifact is not None
-    compiled = load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact), device)
+    scripted, compiled = scripted_module(folder, device), compiled_module(folder, manifest, device)
     methods = ("scored_rows", "sample_rows") if uses_input_scores(manifest) else ("sample_rows",)
     return {"torchscript": scripted, "aoti": compiled}, methods, inputs_of(folder, manifest, device, text_tokens)
 

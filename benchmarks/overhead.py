@@ -180,9 +180,8 @@ def summarise(results: dict[str, Any]) -> None:
 
 
 def formats(results: dict[str, Any]) -> str:
-    """The artifact formats the subjects served, in words."""
-    served = {artifact_format(parse_manifest(read_document(Path(tree["folder"]))).artifact)
-              for tree in results["trees"] if "folder" in tree} or {TORCHSCRIPT_FORMAT}
+    """The artifact formats the subjects served, in words (a run that recorded none served TorchScript)."""
+    served = {tree.get("format", TORCHSCRIPT_FORMAT) for tree in results["trees"]}
     names = {TORCHSCRIPT_FORMAT: "TorchScript", AOTI_FORMAT: "its AOTInductor package"}
     return "served as " + " and as ".join(names[f] for f in names if f in served)
 
@@ -247,10 +246,11 @@ def subjects(trees: list[Path], folders: list[Path]) -> list[dict[str, str]]:
     for tree in trees:
         for folder in folders:
             manifest = parse_manifest(read_document(folder))
+            kind = artifact_format(manifest.artifact)
             label = f"{len(out)}:{commit_of(tree)}"
             if len(folders) > 1:
-                label += f" {artifact_format(manifest.artifact)} v{manifest.version}"
-            out.append({"label": label, "path": str(tree.resolve()), "folder": str(folder.resolve())})
+                label += f" {kind} v{manifest.version}"
+            out.append({"label": label, "path": str(tree.resolve()), "folder": str(folder.resolve()), "format": kind})
     return out
 
 

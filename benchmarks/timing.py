@@ -14,7 +14,7 @@ import torch
 from artifact.contract import ARTIFACT, Manifest, parse_manifest, read_document
 from artifact.formats import AOTI_FORMAT, artifact_format, compiled_of
 from service.engine.artifact import uses_input_scores
-from service.engine.exported_artifact import load_compiled
+from service.engine.exported_artifact import CompiledDirector, load_compiled
 
 
 def seconds_per_call(call: Callable[[], object], min_calls: int, min_seconds: float,
@@ -31,15 +31,25 @@ def seconds_per_call(call: Callable[[], object], min_calls: int, min_seconds: fl
     return (time.perf_counter() - start) / calls
 
 
+def scripted_module(folder: Path, device: str | torch.device) -> torch.jit.ScriptModule:
+    """A version's ``director.ts`` (TorchScript's deprecation warning silenced: it is the promised format)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        return torch.jit.load(str(folder / ARTIFACT), map_location=device).eval()
+
+
+def compiled_module(folder: Path, manifest: Manifest, device: str | torch.device) -> CompiledDirector:
+    """A version's AOTInductor package, behind the loader the server uses."""
+    assert manifest.artifact is not None
+    return load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact), torch.device(device))
+
+
 def served_module(folder: Path, manifest: Manifest, device: str) -> Any:
     """The module the server runs for a version: its AOTInductor package when the manifest names one, else
     ``director.ts``."""
     if artifact_format(manifest.artifact) == AOTI_FORMAT:
-        assert manifest.artifact is not None
-        return load_compiled(folder / manifest.artifact.file, compiled_of(manifest.artifact), torch.device(device))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        return torch.jit.load(str(folder / ARTIFACT), map_location=device).eval()
+        return compiled_module(folder, manifest, device)
+    return scripted_module(folder, device)
 
 
 def raw_forward(folder: Path, n_samples: int, batch_sizes: list[int], threads: int, min_seconds: float = 0.5,

@@ -243,7 +243,7 @@ def load_module(folder: Path, manifest: Manifest, device: Device) -> torch.jit.S
             raise ArtifactError(str(exc)) from exc
         log.warning("%s version %s serves its AOTInductor package: torch's runner holds Python's interpreter lock "
                     "for each whole forward, so this process reads and answers no request while a batch runs (on CPU "
-                    "0.65-0.70x TorchScript's requests per second at S = 1, docs/benchmarks-overhead.md)",
+                    "it serves fewer requests per second than TorchScript; docs/benchmarks-overhead.md)",
                     manifest.name, manifest.version)
         return package
     if kind != TORCHSCRIPT_FORMAT:
