@@ -292,6 +292,12 @@ class Manifest(Section):
             return value
         return handler(value) if isinstance(value, kind) else kind.model_validate(value)
 
+    def scores_read(self) -> set[str]:
+        """Every score the OOD rules (each sample count's, and the terms of ``combined``) and the temperature read."""
+        by_score = self.temperature_by_score.terms if self.temperature_by_score is not None else []
+        used = {entry.score for entry in self.ood.thresholds.values()}
+        return used | {term.score for term in [*(self.ood.combination or []), *by_score]}
+
     @model_validator(mode="after")
     def _files_listed(self) -> Manifest:
         if ARTIFACT not in self.files:

@@ -10,17 +10,21 @@ out-of-distribution for every score:
 - ``vim``: ViM (Wang et al., 2022), the feature's norm outside the principal subspace (about the head's own origin)
   scaled by alpha, minus the logits' log-sum-exp.
 
-Fitted once on the training split (``fit_feature_scorer``); the module is scriptable and runs in float32.
+Fitted once on the training split (``fit_feature_scorer``); the module is scriptable and runs in float32. An exported
+artifact computes only the scores its manifest reads (``FeatureScorer.keep``): the others cost more than the layer they
+score (KNN compares every input with the whole bank) and would be thrown away by the server.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from models.uncertainty import FEATURE_SCORES
 
-__all__ = ["FEATURE_SCORES", "FeatureScorer", "fit_feature_scorer"]
+__all__ = ["FEATURE_SCORES", "FeatureScorer", "fit_feature_scorer", "served_scores"]
 KNN_K = 50  # neighbours (the k-th nearest decides), as OpenOOD's KNN
 KNN_BANK = 10_000  # training features kept for KNN at most (a seeded sample)
 
@@ -36,9 +40,10 @@ def whitening(centred: torch.Tensor) -> torch.Tensor:
 
 
 class FeatureScorer(nn.Module):
-    """features [B, D] -> scores [B, 4] in ``FEATURE_SCORES`` order. The Mahalanobis distances are Euclidean
-    distances between whitened vectors (``torch.cdist`` on the differences, not the expanded quadratic form, whose
-    cancellation loses float32 precision near the class means)."""
+    """features [B, D] -> scores [B, F]: the scores it serves (all four unless ``keep`` chose fewer), in
+    ``FEATURE_SCORES`` order. The Mahalanobis distances are Euclidean distances between whitened vectors
+    (``torch.cdist`` on the differences, not the expanded quadratic form, whose cancellation loses float32 precision
+    near the class means)."""
 
     def __init__(self, class_means: torch.Tensor, class_whitening: torch.Tensor, background_mean: torch.Tensor,
                  background_whitening: torch.Tensor, bank: torch.Tensor, knn_k: int, head_weight: torch.Tensor,
@@ -57,22 +62,54 @@ class FeatureScorer(nn.Module):
         self.register_buffer("vim_origin", vim_origin.to(f32))  # [D]
         self.register_buffer("vim_residual", vim_residual.to(f32))  # [D, D - r] orthonormal
         self.register_buffer("vim_alpha", torch.tensor(float(vim_alpha)))
+        # plain attributes, kept by a scripted module: the columns forward computes (``served_scores``)
+        self.serves_mds, self.serves_rmds, self.serves_knn, self.serves_vim = True, True, True, True
+
+    @torch.jit.unused
+    def keep(self, names: Sequence[str]) -> None:
+        """Compute only ``names`` (any of ``FEATURE_SCORES``; the columns stay in that order) from now on, and drop
+        the statistics no kept score reads (the KNN bank is most of the module's size)."""
+        unknown = sorted(set(names) - set(FEATURE_SCORES))
+        if unknown:
+            raise ValueError(f"unknown feature scores {unknown}; known: {list(FEATURE_SCORES)}")
+        self.serves_mds, self.serves_rmds = "mds" in names, "rmds" in names
+        self.serves_knn, self.serves_vim = "knn" in names, "vim" in names
+        if not self.serves_knn:
+            self.bank = self.bank[:0].clone()  # [0, D]: a view would save the whole storage
+        if not self.serves_rmds:
+            self.background_whitening = self.background_whitening[:, :0].clone()  # [D, 0]
+        if not self.serves_vim:
+            self.vim_residual = self.vim_residual[:, :0].clone()  # [D, 0]
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         raw = features.float()  # [B, D]
-        centred = raw - self.background_mean  # [B, D]
-        whitened = centred @ self.class_whitening  # [B, D]
-        class_distance = torch.cdist(whitened, self.class_points,
-                                     compute_mode="donot_use_mm_for_euclid_dist").square()  # [B, C]
-        background = (centred @ self.background_whitening).square().sum(1, keepdim=True)  # [B, 1]
-        mds = class_distance.min(dim=1).values  # [B]
-        rmds = (class_distance - background).min(dim=1).values  # [B]
-        unit = raw / torch.linalg.vector_norm(raw, dim=1, keepdim=True).clamp_min(1e-12)  # [B, D]
-        knn = 1.0 - (unit @ self.bank.T).topk(self.knn_k, dim=1).values[:, -1]  # [B]
-        logits = raw @ self.head_weight.T + self.head_bias  # [B, C]
-        residual = torch.linalg.vector_norm((raw - self.vim_origin) @ self.vim_residual, dim=1)  # [B]
-        vim = self.vim_alpha * residual - torch.logsumexp(logits, dim=1)  # [B]
-        return torch.stack([mds, rmds, knn, vim], dim=1)  # [B, 4]
+        columns: list[torch.Tensor] = []  # [B] each, in FEATURE_SCORES order
+        if self.serves_mds or self.serves_rmds:
+            centred = raw - self.background_mean  # [B, D]
+            whitened = centred @ self.class_whitening  # [B, D]
+            class_distance = torch.cdist(whitened, self.class_points,
+                                         compute_mode="donot_use_mm_for_euclid_dist").square()  # [B, C]
+            if self.serves_mds:
+                columns.append(class_distance.min(dim=1).values)  # [B]
+            if self.serves_rmds:
+                background = (centred @ self.background_whitening).square().sum(1, keepdim=True)  # [B, 1]
+                columns.append((class_distance - background).min(dim=1).values)  # [B]
+        if self.serves_knn:
+            unit = raw / torch.linalg.vector_norm(raw, dim=1, keepdim=True).clamp_min(1e-12)  # [B, D]
+            columns.append(1.0 - (unit @ self.bank.T).topk(self.knn_k, dim=1).values[:, -1])  # [B]
+        if self.serves_vim:
+            logits = raw @ self.head_weight.T + self.head_bias  # [B, C]
+            residual = torch.linalg.vector_norm((raw - self.vim_origin) @ self.vim_residual, dim=1)  # [B]
+            columns.append(self.vim_alpha * residual - torch.logsumexp(logits, dim=1))  # [B]
+        if len(columns) == 0:
+            return raw.new_zeros((raw.shape[0], 0))  # [B, 0]
+        return torch.stack(columns, dim=1)  # [B, F]
+
+
+def served_scores(scorer: nn.Module) -> tuple[str, ...]:
+    """The columns a ``FeatureScorer`` (eager or scripted) computes, in order: every score it was not told to drop by
+    ``keep`` (a scorer saved before ``keep`` existed computes all four)."""
+    return tuple(name for name in FEATURE_SCORES if getattr(scorer, f"serves_{name}", True))
 
 
 def vim_dimension(dim: int) -> int:

@@ -87,9 +87,7 @@ def validate_manifest(document: dict[str, Any]) -> Manifest:
             raise ArtifactError(f"bad temperature_by_score term: score {term.score!r} is not one of "
                                 f"{', '.join(INPUT_SCORES)} (a per-input score of scored_rows)")
     given = set(input_score_names(manifest))
-    used = {entry.score for entry in manifest.ood.thresholds.values()}
-    used |= {term.score for term in [*(manifest.ood.combination or []), *by_score]}
-    missing = sorted((used & set(INPUT_SCORES)) - given)
+    missing = sorted((manifest.scores_read() & set(INPUT_SCORES)) - given)
     if missing:
         raise ArtifactError(f"the OOD rules or the temperature use {', '.join(missing)}, which the artifact's "
                             f"scored_rows does not return (artifact.input_scores: {sorted(given)})")

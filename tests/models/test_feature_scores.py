@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from models.backbones import VitConfig, build_vit
 from models.director import ImageDirector, StochasticRollout
-from models.feature_scores import FEATURE_SCORES, fit_feature_scorer
+from models.feature_scores import FEATURE_SCORES, fit_feature_scorer, served_scores
 from models.vit_view import VitTransitionView
 from tests.models.test_kernel_error import lively_kernel
 from training.export.writing import script_module
@@ -87,3 +88,47 @@ def test_a_director_returns_the_backbone_features_scores_beside_the_kernel_error
     assert rows.shape == (8, 10) and scores.shape == (5, 1 + len(FEATURE_SCORES))
     # the scripted path rounds differently; RMDS (a difference of distances) magnifies it
     torch.testing.assert_close(scores[:, 1:], director.feature_scorer(features[:5]), rtol=1e-3, atol=1e-3)
+
+
+def test_a_scorer_keeps_only_the_scores_it_is_asked_for() -> None:
+    """``keep``: the kept columns, in ``FEATURE_SCORES`` order, equal the full scorer's, scripted too; the statistics
+    only dropped scores read are dropped with them (the KNN bank), and an unknown name is refused."""
+    features, labels = clusters(600, seed=0)
+    full = fit_feature_scorer(features, labels, 3, torch.eye(3, 6) * 2, torch.zeros(3), seed=0, bank_size=200, knn_k=5)
+    probe, _ = clusters(20, seed=2)
+    everything = full(probe)  # [20, 4]
+    for kept in (["mds"], ["vim", "rmds"], ["knn"], []):
+        scorer = copy.deepcopy(full)
+        scorer.keep(kept)
+        order = [name for name in FEATURE_SCORES if name in kept]
+        assert served_scores(scorer) == tuple(order) == served_scores(script_module(scorer))
+        columns = [FEATURE_SCORES.index(name) for name in order]
+        torch.testing.assert_close(scorer(probe), everything[:, columns], rtol=0, atol=0)
+        torch.testing.assert_close(script_module(scorer)(probe), everything[:, columns], rtol=1e-5, atol=1e-6)
+        assert scorer.bank.shape[0] == (200 if "knn" in kept else 0)
+    with pytest.raises(ValueError, match="unknown feature scores"):
+        copy.deepcopy(full).keep(["mds", "energy"])
+
+
+def test_a_director_keeping_one_score_returns_that_column() -> None:
+    """A DIRECTOR whose scorer keeps only ``mds`` returns the kernel error and ``mds`` from ``scored_rows``, equal to
+    the columns of the same DIRECTOR computing every score, and its saved file no longer holds the KNN bank."""
+    torch.manual_seed(0)
+    backbone = build_vit(VitConfig(stem_channels=[8, 16], embed_dim=16, depth=3, num_heads=2)).eval()
+    view = VitTransitionView(backbone)
+    director = ImageDirector(view.embedding, StochasticRollout(lively_kernel(16, 2, 1)), view.readout_head,
+                             view.prefix(2)).eval().requires_grad_(False)
+    director.rollout.set_teacher(copy.deepcopy(view.teacher_steps(1)))
+    weight, bias = view.readout_head.final_layer()
+    features = torch.randn(400, 16)
+    director.feature_scorer = fit_feature_scorer(features, torch.arange(400) % 10, 10, weight, bias, seed=0)
+    pixels, repeats = torch.rand(5, 1, 28, 28), torch.tensor([2, 1, 1, 1, 3])
+    with torch.no_grad():
+        torch.manual_seed(1)
+        rows, scores = director.scored_rows(pixels, repeats)  # [8, 10], [5, 5]
+        director.feature_scorer.keep(["mds"])
+        torch.manual_seed(1)
+        kept_rows, kept_scores = script_module(director).scored_rows(pixels, repeats)  # [8, 10], [5, 2]
+    torch.testing.assert_close(kept_rows, rows, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kept_scores, scores[:, :2], rtol=1e-5, atol=1e-6)
+    assert director.feature_scorer.bank.numel() == 0

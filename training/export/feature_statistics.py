@@ -6,10 +6,12 @@ statistics see its stored precisions (a float16 layer, an int8 word table) exact
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
-from models.feature_scores import fit_feature_scorer
+from models.feature_scores import FEATURE_SCORES, FeatureScorer, fit_feature_scorer, served_scores
 from training.data.images import key_padding
 from training.loading import AnySplit
 
@@ -36,3 +38,15 @@ def attach_feature_scores(model: nn.Module, train: AnySplit, num_classes: int, s
     weight, bias = model.readout.final_layer()
     model.feature_scorer = fit_feature_scorer(features, train.labels, num_classes, weight.float(), bias.float(), seed,
                                               bank_size=knn_bank)
+
+
+def keep_scores(model: nn.Module, names: Iterable[str]) -> bool:
+    """Let ``model``'s feature scorer compute only the feature scores among ``names`` (``FeatureScorer.keep``);
+    whether that changed what its ``scored_rows`` returns."""
+    scorer = getattr(model, "feature_scorer", None)
+    wanted = set(names)
+    kept = [name for name in FEATURE_SCORES if name in wanted]
+    if not isinstance(scorer, FeatureScorer) or tuple(kept) == served_scores(scorer):
+        return False
+    scorer.keep(kept)
+    return True

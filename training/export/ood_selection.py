@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from models.feature_scores import served_scores
 from models.uncertainty import (
     COMBINED,
     FEATURE_SCORES,
@@ -146,9 +147,12 @@ def computes_kernel_error(model: torch.nn.Module) -> bool:
 
 
 def score_names(model: torch.nn.Module) -> tuple[str, ...]:
-    """The columns of a DIRECTOR's ``scored_rows`` scores: the kernel error, then the feature scores it carries."""
+    """The columns of a DIRECTOR's ``scored_rows`` scores: the kernel error, then the feature scores it computes (all
+    four, from an artifact scripted before ``FeatureScorer.keep`` existed)."""
     scorer = getattr(model, "feature_scorer", None)
-    return (KERNEL_ERROR, *FEATURE_SCORES) if scorer is not None and hasattr(scorer, "bank") else (KERNEL_ERROR,)
+    if scorer is None or not hasattr(scorer, "bank"):
+        return (KERNEL_ERROR,)
+    return (KERNEL_ERROR, *served_scores(scorer))
 
 
 def split_input_scores(model: torch.nn.Module, split: AnySplit, chunk: int = 256) -> InputScores | None:

@@ -24,6 +24,7 @@ import torch
 
 from artifact.contract import ARTIFACT, MANIFEST, file_digests, parse_manifest, read_document
 from training.config import load_config, set_overrides
+from training.export.feature_statistics import keep_scores
 from training.export.parts import export_parts
 from training.export.torch_export import write_compiled
 from training.export.writing import json_safe, load_scripted
@@ -44,6 +45,8 @@ def compile_beside(config: Path, version: Path, out: Path, device: str = "cpu",
     director.rollout.set_token_correlation(manifest.sampling.token_correlation or 0.0)
     with tempfile.TemporaryDirectory() as scratch:
         module, _ = parts.build_artifact(director, Path(scratch) / ARTIFACT)  # the eager module the export scripted
+    if manifest.artifact is not None and manifest.artifact.input_scores:
+        keep_scores(module, manifest.artifact.input_scores)  # the columns the version's own file returns
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(version, out)
