@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from timm.layers import ConvNormAct, HybridEmbed
+from timm.layers import BatchNormAct2d, ConvNormAct, HybridEmbed
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 
 @dataclass
@@ -46,6 +47,41 @@ def conv_stem(in_chans: int, channels: Sequence[int]) -> nn.Sequential:
         layers.append(ConvNormAct(prev, ch, kernel_size=3, stride=1 if i == 0 else 2, act_layer=nn.GELU))
         prev = ch
     return nn.Sequential(*layers)
+
+
+def fold_batch_norms(model: nn.Module) -> int:
+    """Fold every conv stem layer's batch norm (timm ``ConvNormAct`` with ``BatchNormAct2d``, in eval mode) into its
+    convolution, for an inference artifact: the same function (to float32 rounding) without the normalisation pass,
+    which took a fifth of the stem's time on CPU. Returns how many were folded; ``model`` must not be trained after."""
+    folded = 0
+    for block in model.modules():
+        if isinstance(block, ConvNormAct) and isinstance(block.bn, BatchNormAct2d) and not block.bn.training:
+            if block.bn.running_mean is None or not isinstance(block.conv, nn.Conv2d):
+                continue
+            block.conv = fuse_conv_bn_eval(block.conv, block.bn)  # the conv with the norm's scale and shift
+            block.bn = nn.Sequential(block.bn.drop, block.bn.act)  # what BatchNormAct2d does after normalising
+            folded += 1
+    return folded
+
+
+def unfold_batch_norms(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights ``state`` of a model whose stem ``fold_batch_norms`` folded, in the layout of ``model`` (the same
+    architecture, unfolded): each folded convolution's bias becomes the shift of a batch norm that is otherwise the
+    identity (scale 1, running mean 0, running variance 1 - eps), so the model computes the same function. Keys already
+    in ``model``'s layout pass unchanged."""
+    state = dict(state)
+    for name, block in model.named_modules():
+        bias_key, norm = f"{name}.conv.bias", f"{name}.bn"
+        if not (isinstance(block, ConvNormAct) and isinstance(block.bn, BatchNormAct2d) and bias_key in state
+                and f"{norm}.weight" not in state):
+            continue
+        bias = state.pop(bias_key)  # [C_out]
+        state[f"{norm}.weight"] = torch.ones_like(bias)
+        state[f"{norm}.bias"] = bias
+        state[f"{norm}.running_mean"] = torch.zeros_like(bias)
+        state[f"{norm}.running_var"] = torch.full_like(bias, 1.0 - block.bn.eps)  # sqrt(var + eps) = 1
+        state[f"{norm}.num_batches_tracked"] = torch.zeros((), dtype=torch.long)
+    return state
 
 
 class ImageClassifier(nn.Module):

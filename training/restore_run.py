@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from artifact.contract import ARTIFACT, Manifest, parse_manifest, read_document
+from models.backbones import build_vit, unfold_batch_norms
 from models.kernel import KernelConfig
 from training.config import PipelineConfig, config_dict, load_config
 from training.export.writing import load_scripted
@@ -47,6 +48,7 @@ def backbone_payload(cfg: PipelineConfig, folder: Path, seconds: float) -> dict[
     """``backbone.pt`` from a deterministic baseline artifact of the same backbone."""
     artifact_manifest(folder, "deterministic")
     weights = prefixed(load_scripted(folder / ARTIFACT).state_dict(), "classifier.")
+    weights = unfold_batch_norms(weights, build_vit(cfg.backbone))  # an artifact's stem has its norms folded
     payload = {"backbone_config": config_dict(cfg)["backbone"], "state_dict": weights}
     family_of("vit").build_backbone(payload)  # the weights fit the config's backbone, key for key
     return {**payload, "config": config_dict(cfg), "history": [], "test": {}, "seconds": seconds,

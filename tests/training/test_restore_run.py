@@ -25,13 +25,16 @@ def test_a_restored_run_equals_the_one_that_exported_the_artifacts(tmp_path: Pat
     run = restore_run(restored_cfg, folder, baseline)
 
     pixels = torch.rand(5, 1, 28, 28)  # [5, 1, 28, 28]
+    # the same function to float32 rounding: an artifact's stem has its batch norms folded into its convolutions,
+    # the restored backbone has them back as identity norms with the folded shift
+    close = {"rtol": 1e-5, "atol": 1e-6}
     with torch.no_grad():
-        torch.testing.assert_close(load_backbone(run)(pixels), load_backbone(original.run_dir)(pixels), rtol=0, atol=0)
+        torch.testing.assert_close(load_backbone(run)(pixels), load_backbone(original.run_dir)(pixels), **close)
         a, payload = load_director(run)
         b, source = load_director(original.run_dir)
         a.rollout.noise_scale.fill_(0.0)
         b.rollout.noise_scale.fill_(0.0)
-        torch.testing.assert_close(a(pixels, 1), b(pixels, 1), rtol=0, atol=0)
+        torch.testing.assert_close(a(pixels, 1), b(pixels, 1), **close)
     assert payload["tau"] == source["tau"] and payload["kept_epoch"] == source["kept_epoch"]
     assert payload["history"] == source["history"] and payload["depth"] == source["depth"]
     # re-exported as a new version: the manifest and the results page say how it was made

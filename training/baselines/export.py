@@ -3,6 +3,7 @@ manifest sections as DIRECTOR, so the server serves and benchmarks it side by si
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import shutil
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sampling, file_digests
+from models.backbones import fold_batch_norms
 from training.baselines.models import BaselineModel, build_baseline
 from training.config import PipelineConfig
 from training.export.parts import (
@@ -24,8 +26,11 @@ from training.runtime import set_threads
 
 
 def script_baseline(baseline: BaselineModel, parts: ExportParts, path: Path) -> torch.jit.ScriptModule:
-    """Script the baseline to ``path``, load it back and check it against the eager module on validation inputs."""
-    return script_and_verify(baseline.module, baseline.module, parts.data.val.first_args(8), path,
+    """Script the baseline to ``path`` (a conv stem's batch norms folded into its convolutions, as DIRECTOR's
+    artifact has them), load it back and check it against the eager module, unfolded, on validation inputs."""
+    eager = copy.deepcopy(baseline.module)
+    fold_batch_norms(baseline.module)
+    return script_and_verify(baseline.module, eager, parts.data.val.first_args(8), path,
                              n_samples=baseline.default_samples)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.backbones import ImageClassifier, VitConfig, build_vit
+from models.backbones import ImageClassifier, VitConfig, build_vit, fold_batch_norms
 from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
 from models.vit_view import VitTransitionView
@@ -60,6 +60,7 @@ class VitFamily:
 
     def artifact_module(self, scored: nn.Module, cfg: PipelineConfig) -> nn.Module:
         scored.rollout.fold_conditioning()  # adaLN folded into per-step buffers
+        fold_batch_norms(scored)  # a conv stem's batch norms folded into its convolutions
         return scored
 
     def describe(self, backbone: nn.Module, cfg: PipelineConfig) -> dict[str, Any]:
