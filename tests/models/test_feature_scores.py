@@ -67,13 +67,21 @@ def test_far_inputs_score_higher() -> None:
     assert bool((scorer(far).mean(0) > scorer(near).mean(0)).all())
 
 
-def test_a_director_returns_the_backbone_features_scores_beside_the_kernel_error() -> None:
+def director_with_teacher() -> tuple[ImageDirector, VitTransitionView, torch.nn.Module]:
+    """A tiny frozen DIRECTOR (a 3-layer hybrid ViT, the last transition diffused) carrying the backbone's own last
+    transition, so that its ``scored_rows`` returns the kernel error (and the feature scores once it has a scorer);
+    its view and backbone beside it."""
     torch.manual_seed(0)
     backbone = build_vit(VitConfig(stem_channels=[8, 16], embed_dim=16, depth=3, num_heads=2)).eval()
     view = VitTransitionView(backbone)
     director = ImageDirector(view.embedding, StochasticRollout(lively_kernel(16, 2, 1)), view.readout_head,
                              view.prefix(2)).eval().requires_grad_(False)
     director.rollout.set_teacher(copy.deepcopy(view.teacher_steps(1)))
+    return director, view, backbone
+
+
+def test_a_director_returns_the_backbone_features_scores_beside_the_kernel_error() -> None:
+    director, view, backbone = director_with_teacher()
     pixels = torch.rand(40, 1, 28, 28)
     with torch.no_grad():
         x = view.embed(pixels)
@@ -112,13 +120,8 @@ def test_a_scorer_keeps_only_the_scores_it_is_asked_for() -> None:
 
 def test_a_director_keeping_one_score_returns_that_column() -> None:
     """A DIRECTOR whose scorer keeps only ``mds`` returns the kernel error and ``mds`` from ``scored_rows``, equal to
-    the columns of the same DIRECTOR computing every score, and its saved file no longer holds the KNN bank."""
-    torch.manual_seed(0)
-    backbone = build_vit(VitConfig(stem_channels=[8, 16], embed_dim=16, depth=3, num_heads=2)).eval()
-    view = VitTransitionView(backbone)
-    director = ImageDirector(view.embedding, StochasticRollout(lively_kernel(16, 2, 1)), view.readout_head,
-                             view.prefix(2)).eval().requires_grad_(False)
-    director.rollout.set_teacher(copy.deepcopy(view.teacher_steps(1)))
+    the columns of the same DIRECTOR computing every score, and it no longer holds the KNN bank."""
+    director, view, _ = director_with_teacher()
     weight, bias = view.readout_head.final_layer()
     features = torch.randn(400, 16)
     director.feature_scorer = fit_feature_scorer(features, torch.arange(400) % 10, 10, weight, bias, seed=0)

@@ -20,12 +20,11 @@ import pytest
 from tests.service.conftest import REPO_ROOT, Running, copy_version, flagged_share, png_base64, serve, settings_for
 
 VISION_MODEL = REPO_ROOT / "model_repository" / "fashion-vit"
-BASELINE_DIR = REPO_ROOT / "model_repository" / "fashion-vit-deterministic" / "1"
-FOLDERS = {("fashion-vit", "1"): VISION_MODEL / "1", ("fashion-vit", "2"): VISION_MODEL / "2",
-           ("fashion-vit", "3"): VISION_MODEL / "3", ("fashion-vit", "4"): VISION_MODEL / "4",
-           ("fashion-vit", "5"): VISION_MODEL / "5", ("fashion-vit", "6"): VISION_MODEL / "6",
-           ("fashion-vit-deterministic", "1"): BASELINE_DIR}
-DEFAULT_VERSION = "6"
+BASELINE = REPO_ROOT / "model_repository" / "fashion-vit-deterministic"
+FOLDERS = {**{("fashion-vit", v): VISION_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7")},
+           **{("fashion-vit-deterministic", v): BASELINE / v for v in ("1", "2")}}
+DEFAULT_VERSION = "7"
+DEFAULT_BASELINE = "2"
 BUDGET_MIB = 5
 FEATURE_BANK_MIB = 4  # v4-v6 carry the KNN bank: 10,000 training features x 96 floats (3.7 MiB) beside the model
 
@@ -78,6 +77,29 @@ def test_the_served_mahalanobis_score_is_the_artifacts_own(vision_models: Runnin
     torch.testing.assert_close(served, expected, rtol=1e-4, atol=1e-3)
 
 
+def test_a_re_export_keeping_only_the_served_score_serves_what_v6_serves(vision_models: Running) -> None:
+    """v7 is v6 exported again: only the score its manifest reads (``mds``) left in ``scored_rows``, the stem's batch
+    norms folded. Over HTTP, under one seed, it answers as v6 does (probabilities and OOD score to float32
+    rounding: the folded stem rounds differently), as the deterministic baseline's version 2 answers as version 1."""
+    manifests = {v: json.loads((VISION_MODEL / v / "manifest.json").read_text()) for v in ("6", "7")}
+    assert manifests["6"]["artifact"]["input_scores"] == ["kernel_error", "mds", "rmds", "knn", "vim"]
+    assert manifests["7"]["artifact"]["input_scores"] == ["kernel_error", "mds"]
+    images, _ = held_out(16)
+    for model, old, new in (("fashion-vit", "6", "7"), ("fashion-vit-deterministic", "1", "2")):
+        answers = {}
+        for version in (old, new):
+            body = {"model": model, "version": version, "seed": 3,
+                    "inputs": [{"image_base64": png_base64(img)} for img in images]}
+            response = httpx.post(f"{vision_models.url}/predict", json=body, timeout=300)
+            assert response.status_code == 200, response.text
+            answers[version] = response.json()["predictions"]
+        for a, b in zip(answers[old], answers[new], strict=True):
+            assert a["label"] == b["label"]
+            assert b["ood_score"] == pytest.approx(a["ood_score"], rel=1e-3, abs=1e-3)
+            for label, p in a["probabilities"].items():
+                assert b["probabilities"][label] == pytest.approx(p, abs=1e-4)
+
+
 @pytest.mark.parametrize("folder", sorted(FOLDERS.values(), key=str), ids=lambda p: f"{p.parent.name}-{p.name}")
 def test_artifact_size_budget(folder: Path) -> None:
     total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
@@ -89,7 +111,7 @@ def test_artifact_size_budget(folder: Path) -> None:
 @pytest.mark.parametrize("model", ["fashion-vit", "fashion-vit-deterministic"])
 def test_held_out_images_get_their_labels(vision_models: Running, model: str) -> None:
     images, labels = held_out(200)
-    folder = FOLDERS[(model, DEFAULT_VERSION if model == "fashion-vit" else "1")]
+    folder = FOLDERS[(model, DEFAULT_VERSION if model == "fashion-vit" else DEFAULT_BASELINE)]
     manifest = json.loads((folder / "manifest.json").read_text())
     predictions = [p for start in range(0, 200, 50)
                    for p in predict(vision_models, images[start : start + 50], seed=start, model=model)["predictions"]]

@@ -27,8 +27,8 @@ def test_paper_config_matches_the_paper_backbone() -> None:
 
 
 def test_overrides_and_unknown_keys(tmp_path: Path) -> None:
-    cfg = load_config("configs/fashion_vit.yaml", {"distil.epochs": 1, "export.version": 7})
-    assert cfg.distil.epochs == 1 and cfg.export.version == 7
+    cfg = load_config("configs/fashion_vit.yaml", {"distil.epochs": 1, "export.version": 8})
+    assert cfg.distil.epochs == 1 and cfg.export.version == 8
     bad = tmp_path / "bad.yaml"
     bad.write_text("distil:\n  epoch: 3\n")
     with pytest.raises(ValueError, match="distil.epoch: Unexpected keyword argument"):

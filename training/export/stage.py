@@ -32,15 +32,14 @@ from artifact.contract import (
     file_digests,
     parse_manifest,
 )
-from artifact.formats import AOTI_FORMAT
 from models.uncertainty import ScoreTemperature, Temperature, summarize, temperature_for
 from training.config import PipelineConfig
 from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
 from training.export.calibration import fit_temperature
-from training.export.feature_statistics import keep_scores
+from training.export.final_artifact import finish_artifact
 from training.export.model_page import write_results
-from training.export.ood_selection import ScoreInputs, score_names
+from training.export.ood_selection import ScoreInputs
 from training.export.parts import ExportParts, artifact_info, export_parts
 from training.export.plots import reliability_diagram
 from training.export.served_statistics import (
@@ -56,14 +55,7 @@ from training.export.served_statistics import (
     temperature_on_shift,
     temperature_terms,
 )
-from training.export.writing import (
-    git_commit,
-    install_version,
-    script_and_verify,
-    source_record,
-    staging_dir,
-    write_manifest,
-)
+from training.export.writing import git_commit, install_version, source_record, staging_dir, write_manifest
 from training.loading import AnySplit, Director, load_backbone, load_director, run_family
 from training.metrics import classification_report, ece_bootstrap
 from training.ood_metrics import auroc
@@ -284,33 +276,6 @@ def stage_artifact(run: ExportRun, tmp_dir: Path) -> tuple[torch.nn.Module, torc
     return artifact_module, served
 
 
-def finish_artifact(run: ExportRun, artifact_module: torch.nn.Module, served: torch.jit.ScriptModule,
-                    scores_read: set[str], tmp_dir: Path) -> None:
-    """Write the artifact that is served: scripted again computing only the feature scores the manifest reads
-    (``FeatureScorer.keep``; the others are dropped with their statistics) and checked against ``served``, which the
-    statistics were measured on: the same rows under one seed, the kept columns equal. With ``export.format: aoti``
-    the AOTInductor package is compiled from it and verified against its TorchScript file
-    (``training.export.torch_export``)."""
-    probe = run.parts.data.val.first_args(8)
-    measured = score_names(served)
-    if keep_scores(artifact_module, scores_read):
-        columns = [measured.index(name) for name in score_names(artifact_module)]
-        trimmed = script_and_verify(artifact_module, artifact_module, probe, tmp_dir / ARTIFACT)
-        ones = torch.ones(probe[0].shape[0], dtype=torch.long)  # [b]
-        torch.manual_seed(0)
-        rows, scores = served.scored_rows(*probe, ones)  # [b, C], [b, 1 + F]
-        torch.manual_seed(0)
-        trimmed_rows, trimmed_scores = trimmed.scored_rows(*probe, ones)  # [b, C], [b, 1 + len(kept)]
-        if not (torch.allclose(rows, trimmed_rows, rtol=1e-5, atol=1e-6)
-                and torch.allclose(scores[:, columns], trimmed_scores, rtol=1e-5, atol=1e-7)):
-            raise RuntimeError("the artifact keeping only the served scores differs from the one they were measured on")
-        served = trimmed
-    if run.cfg.export.format == AOTI_FORMAT:
-        from training.export.torch_export import write_compiled
-
-        run.parts.artifact_details.update(write_compiled(artifact_module, served, probe, tmp_dir))
-
-
 def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[str, Any], figures: TestFigures,
                diagnostics: dict[str, Any], export_seconds: float) -> Provenance:
     """Where the version came from and what it measured: the backbone, data, config, commit, stage times, the test
@@ -407,7 +372,7 @@ def export(cfg: PipelineConfig) -> Path:
     progress.update()
     record = provenance(run, sampling, temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
     draft = director_manifest(run, sampling, temperature, served_stats, artifact_module, record, tmp_dir, by_score)
-    finish_artifact(run, artifact_module, served, draft.scores_read(), tmp_dir)
+    finish_artifact(run.parts, run.cfg.export.format, artifact_module, served, draft.scores_read(), tmp_dir)
     manifest = director_manifest(run, sampling, temperature, served_stats, artifact_module, record, tmp_dir, by_score)
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
