@@ -76,14 +76,15 @@ def targets_section(results: dict[str, Any]) -> list[str]:
     runs = results.get("runs", {})
     at = {mode: {r["concurrency"]: r for r in rows} for mode, rows in runs.items()}
     s, max_rows = results["n_samples"], results["max_batch_samples"]
-    checks: list[tuple[int, float | None, float | None]] = [
+    checks: list[tuple[int, float | None, float | None, bool]] = [
         (s, at.get("batching", {}).get(32, {}).get("throughput_rps"),
-         at.get("batch-1", {}).get(32, {}).get("throughput_rps"))]
-    peak = {p["batching"]: p["throughput_rps"] for p in results.get("budget", {}).get("peak") or []}
-    if peak:
-        checks.append((1, peak.get("batching"), peak.get("batch-1")))
-    for n, batched, single in checks:
-        gain = raw_gain(results, n, max_rows)
+         at.get("batch-1", {}).get(32, {}).get("throughput_rps"), True)]
+    budget = results.get("budget", {})
+    peak = {p["batching"]: p["throughput_rps"] for p in budget.get("peak") or []}
+    if peak:  # its peaks beside the raw artifact's figures only when one command measured both
+        checks.append((1, peak.get("batching"), peak.get("batch-1"), budget.get("command") == results.get("command")))
+    for n, batched, single, same_run in checks:
+        gain = raw_gain(results, n, max_rows) if same_run else None
         if batched and single:
             ceiling = f"; the raw artifact itself gains {gain[1]:.2f}x from batch 1 to its best batch" if gain else ""
             lines.append(f"| batching >= 4x batch-1 at 32 clients, S = {n} | {batched / single:.2f}x "
@@ -146,7 +147,10 @@ def budget_section(budget: dict[str, Any]) -> list[str]:
         f"one model repository, served by the same server ({budget['threads']} torch thread). Open loop: Poisson "
         f"arrivals at a fixed rate for {budget['point_seconds']:g} s per point, latency from each scheduled arrival; "
         "the rate is doubled until a point fails, then bisected "
-        f"{budget['search_steps']} times. A point passes when every request got 200 and the p99 is within the "
+        f"{budget['search_steps']} times"
+        + ("; the subjects one server serves take turns, a point each" if budget.get("search") == "interleaved"
+           else "") +
+        ". A point passes when every request got 200 and the p99 is within the "
         f"budget. `batching`: `max_batch_samples` {budget['max_batch_samples']}, no delay; `batch-1`: "
         "`max_batch_samples` 1 (one request per forward, S = 1 only).", "",
         f"| model | S | mode | max rps (p99 <= {budget['budget_ms']:g} ms) | p50 / p95 / p99 ms there | "
