@@ -52,7 +52,8 @@ def conv_stem(in_chans: int, channels: Sequence[int]) -> nn.Sequential:
 def fold_batch_norms(model: nn.Module) -> int:
     """Fold every conv stem layer's batch norm (timm ``ConvNormAct`` with ``BatchNormAct2d``, in eval mode) into its
     convolution, for an inference artifact: the same function (to float32 rounding) without the normalisation pass,
-    which took a fifth of the stem's time on CPU. Returns how many were folded; ``model`` must not be trained after."""
+    which took about a quarter of the stem's time on CPU. Returns how many were folded; ``model`` must not be
+    trained after."""
     folded = 0
     for block in model.modules():
         if isinstance(block, ConvNormAct) and isinstance(block.bn, BatchNormAct2d) and not block.bn.training:

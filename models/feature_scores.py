@@ -73,6 +73,9 @@ class FeatureScorer(nn.Module):
         unknown = sorted(set(names) - set(FEATURE_SCORES))
         if unknown:
             raise ValueError(f"unknown feature scores {unknown}; known: {list(FEATURE_SCORES)}")
+        dropped = sorted(set(names) - set(served_scores(self)))
+        if dropped:
+            raise ValueError(f"feature scores {dropped} were dropped with their statistics; they cannot come back")
         self.serves_mds, self.serves_rmds = "mds" in names, "rmds" in names
         self.serves_knn, self.serves_vim = "knn" in names, "vim" in names
         if not self.serves_knn:

@@ -116,6 +116,10 @@ def test_a_scorer_keeps_only_the_scores_it_is_asked_for() -> None:
         assert scorer.bank.shape[0] == (200 if "knn" in kept else 0)
     with pytest.raises(ValueError, match="unknown feature scores"):
         copy.deepcopy(full).keep(["mds", "energy"])
+    only_mds = copy.deepcopy(full)
+    only_mds.keep(["mds"])
+    with pytest.raises(ValueError, match="were dropped"):
+        only_mds.keep(["mds", "knn"])
 
 
 def test_a_director_keeping_one_score_returns_that_column() -> None:
