@@ -14,7 +14,6 @@ readout (the parts ``scored_rows`` cannot do without while the served score read
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from datetime import date
@@ -23,17 +22,18 @@ from typing import Any
 
 import torch
 
-from benchmarks.report import spread, write_keeping_analysis
+from artifact.contract import ImageInput, parse_manifest, read_document
+from benchmarks.report import spread, store_entry
 from benchmarks.timing import scripted_module, seconds_per_call
 
 PAGE_TITLE = "# Where a forward's time goes (CPU, this machine)"
 
 
-def timings(director: torch.jit.ScriptModule, deterministic: torch.jit.ScriptModule, batch: int, seed: int
-            ) -> dict[str, Callable[[], object]]:
-    """What is timed at ``batch`` images: the whole forwards, then each part on the input it reads in
-    ``scored_rows`` (at S = 1)."""
-    pixels = torch.rand(batch, 1, 28, 28, generator=torch.Generator().manual_seed(seed))  # [B, 1, 28, 28]
+def timings(director: torch.jit.ScriptModule, deterministic: torch.jit.ScriptModule, shape: tuple[int, int, int],
+            batch: int, seed: int) -> dict[str, Callable[[], object]]:
+    """What is timed at ``batch`` images of ``shape`` (C, H, W): the whole forwards, then each part on the input it
+    reads in ``scored_rows`` (at S = 1)."""
+    pixels = torch.rand(batch, *shape, generator=torch.Generator().manual_seed(seed))  # [B, C, H, W]
     repeats = torch.ones(batch, dtype=torch.long)  # [B]
     teacher = list(director.rollout.teacher.children())
     with torch.no_grad():
@@ -70,8 +70,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"director": str(args.director), "deterministic": str(args.deterministic),
                                "threads": args.threads, "rounds": args.rounds, "torch": torch.__version__,
                                "date": date.today().isoformat(), "batches": {}}
+    spec = parse_manifest(read_document(args.director)).input
+    assert isinstance(spec, ImageInput), f"{args.director} is not an image model"
     for batch in args.batches:
-        calls = timings(director, deterministic, batch, args.seed)
+        calls = timings(director, deterministic, (spec.channels, spec.height, spec.width), batch, args.seed)
         samples: dict[str, list[float]] = {name: [] for name in calls}
         with torch.no_grad():
             for round_index in range(args.rounds):
@@ -122,13 +124,9 @@ def main() -> None:
     args = parser.parse_args()
     results = {**measure(args), "command": " ".join(["python -m benchmarks.forward_parts", *sys.argv[1:]])}
     print("\n".join(markdown(results)))
-    if args.out is not None:  # one entry per comparison; the others are kept
-        stored = json.loads(args.out.read_text()) if args.out.exists() else {}
-        stored[f"{args.director} against {args.deterministic}"] = results
-        args.out.write_text(json.dumps(stored, indent=2) + "\n")
-        if args.markdown is not None:
-            sections = [line for entry in stored.values() for line in [*markdown(entry), ""]]
-            write_keeping_analysis(args.markdown, [PAGE_TITLE, "", *sections[:-1]])
+    if args.out is not None:
+        store_entry(args.out, args.markdown, f"{args.director} against {args.deterministic}", results, PAGE_TITLE,
+                    markdown)
 
 
 if __name__ == "__main__":

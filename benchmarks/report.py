@@ -6,7 +6,9 @@ rewritten (a file without the marker gets one, with a placeholder, after the tab
 
 from __future__ import annotations
 
+import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +198,18 @@ def write_markdown(results: dict[str, Any], path: Path, json_path: Path | None =
     where_json = f"`{json_path.as_posix()}`" if json_path is not None else "the results JSON"
     lines += ["", f"Every number above is also in {where_json}; the tables are what `--markdown` wrote."]
     write_keeping_analysis(path, lines)
+
+
+def store_entry(out: Path, markdown: Path | None, key: str, results: dict[str, Any], title: str,
+                section: Callable[[dict[str, Any]], list[str]]) -> None:
+    """Put ``results`` under ``key`` in the JSON file ``out`` (its other entries kept) and, with ``markdown``, write the
+    page of every entry: ``title``, then each entry's ``section``, the hand-written analysis kept."""
+    stored = json.loads(out.read_text()) if out.exists() else {}
+    stored[key] = results
+    out.write_text(json.dumps(stored, indent=2) + "\n")
+    if markdown is not None:
+        sections = [line for entry in stored.values() for line in [*section(entry), ""]]
+        write_keeping_analysis(markdown, [title, "", *sections[:-1]])
 
 
 def write_keeping_analysis(path: Path, generated: list[str]) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.report import spread, write_keeping_analysis
+from benchmarks.report import spread, store_entry
 from benchmarks.timing import seconds_per_call
 from models.uncertainty import temperature_for
 from service.engine.artifact import Artifact, load_artifact
@@ -167,12 +167,7 @@ def main() -> None:
     summarise(results)
     print("\n".join(markdown(results)))
     if args.out is not None:
-        stored = json.loads(args.out.read_text()) if args.out.exists() else {}
-        stored[entry_key(args.model, args.versions)] = results
-        args.out.write_text(json.dumps(stored, indent=2) + "\n")
-        if args.markdown is not None:
-            lines = [PAGE_TITLE, "", *(line for model in stored.values() for line in [*markdown(model), ""])]
-            write_keeping_analysis(args.markdown, lines[:-1])
+        store_entry(args.out, args.markdown, entry_key(args.model, args.versions), results, PAGE_TITLE, markdown)
 
 
 if __name__ == "__main__":

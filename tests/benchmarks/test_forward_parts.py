@@ -18,7 +18,7 @@ DETERMINISTIC = REPO_ROOT / "model_repository" / "fashion-vit-deterministic" / "
 
 def test_the_timed_parts_are_what_scored_rows_computes() -> None:
     director = scripted_module(DIRECTOR, "cpu")
-    calls = timings(director, scripted_module(DETERMINISTIC, "cpu"), batch=3, seed=0)
+    calls = timings(director, scripted_module(DETERMINISTIC, "cpu"), (1, 28, 28), batch=3, seed=0)
     with torch.no_grad():
         outputs = {name: call() for name, call in calls.items()}
         _, scores = outputs["DIRECTOR scored_rows"]  # [3, 1 + F]
