@@ -15,8 +15,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PositiveInt,
     ValidationError,
@@ -26,9 +24,13 @@ from pydantic import (
     model_validator,
 )
 
+from artifact.section import Section as Section  # re-exported: the contract's readers import them from here
+from artifact.verdict import KernelVerdict as KernelVerdict
+from artifact.verdict import VerdictComparison as VerdictComparison
+
 # a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone;
-# 1.4 temperature_by_score)
-FORMAT_VERSION = "1.4"
+# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict)
+FORMAT_VERSION = "1.5"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -72,14 +74,6 @@ def _known_major(format_version: str) -> str:
     if major != (ours := major_version(FORMAT_VERSION)):
         raise ValueError(f"unsupported format_version {format_version} (this build reads {ours}.x)")
     return format_version
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    def document(self) -> dict[str, Any]:
-        """The JSON object: the keys that were given, in schema order, then any others."""
-        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class ImageConvert(Section):
@@ -270,7 +264,7 @@ class Manifest(Section):
     format_version: Annotated[str, AfterValidator(_known_major)]
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)
-    method: Literal["director", "deterministic", "mc_dropout", "ensemble", "kep_svgp"] = "director"
+    method: Literal["director", "posthoc", "deterministic", "mc_dropout", "ensemble", "kep_svgp"] = "director"
     modality: Literal["image", "text"]
     labels: list[str] = Field(min_length=1)  # index = class
     input: ImageInput | TextInput
@@ -280,6 +274,7 @@ class Manifest(Section):
     temperature_by_score: TemperatureByScore | None = None  # the temperature per input, when it grows with a score
     ood: Ood
     reference: Reference | None = None
+    kernel_verdict: KernelVerdict | None = None  # whether the kernel earns its place on this model (1.5)
     artifact: ArtifactInfo | None = None
     provenance: Provenance | None = None
     files: dict[str, FileDigest]  # every file of the folder but the manifest (``file_digests``)

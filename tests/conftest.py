@@ -28,9 +28,11 @@ def tiny_config_dict(tmp_path: Path) -> dict:
         "fit": {"epochs": 2, "batch_size": 64, "lr": 0.003, "warmup_epochs": 0.2},
         "distil": {"epochs": 2, "batch_size": 64, "warmup_steps": 2, "tau_images": 100, "stats_batches": 2,
                    "val_images": 100, "val_samples": 4},
-        "export": {"name": "tiny", "repository": str(tmp_path / "repo"), "threshold_images": 100,
+        # the DIRECTOR path whatever the verdict: these tests read its artifact (tests/training/export/test_verdict.py
+        # covers method auto)
+        "export": {"name": "tiny", "method": "director", "repository": str(tmp_path / "repo"), "threshold_images": 100,
                    "ood_validation_images": 60, "sample_counts": [1, 2, 4], "default_samples": 4,
-                   "max_samples": 8, "eval_samples": 4, "docs_dir": str(tmp_path / "docs")},
+                   "max_samples": 8, "docs_dir": str(tmp_path / "docs")},
     }
 
 
@@ -51,9 +53,10 @@ def tiny_text_config_dict(tmp_path: Path) -> dict:
                 "grad_clip": 1.0},
         "distil": {"epochs": 2, "batch_size": 32, "warmup_steps": 2, "tau_images": 60, "stats_batches": 1,
                    "val_images": 60, "val_samples": 4},
-        "export": {"name": "tiny-text", "repository": str(tmp_path / "repo"), "threshold_images": 60,
+        "export": {"name": "tiny-text", "method": "director", "repository": str(tmp_path / "repo"),
+                   "threshold_images": 60,
                    "ood_validation_images": 40, "sample_counts": [1, 2, 4], "default_samples": 4,
-                   "max_samples": 8, "eval_samples": 4, "noise_scale_grid": [0.5, 1.0],
+                   "max_samples": 8, "noise_scale_grid": [0.5, 1.0],
                    "docs_dir": str(tmp_path / "docs")},
         "evaluate": {"ood_images": 60},
     }
@@ -71,6 +74,23 @@ def export_tiny(tmp: Path, raw: dict) -> tuple[Path, Path]:
     folder = tmp / "repo" / raw["export"]["name"] / "1"
     assert (folder / MANIFEST).is_file()
     return config, folder
+
+
+def export_zero_step_kernel(tmp: Path, fit_epochs: int) -> tuple[Path, Path]:
+    """The tiny image pipeline under ``export.method: auto``, its backbone fitted for ``fit_epochs`` and its kernel
+    trained for zero steps (the identity mean map at the observed variance); returns (config path, version folder)."""
+    raw = tiny_config_dict(tmp)
+    raw["export"]["method"] = "auto"
+    raw["distil"]["epochs"] = 0
+    raw["fit"]["epochs"] = fit_epochs
+    return export_tiny(tmp, raw)
+
+
+@pytest.fixture(scope="session")
+def posthoc_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny version that serves the post-hoc path: on a backbone fitted for 8 epochs, a kernel trained for zero
+    steps loses the verdict (tests/training/export/test_verdict.py)."""
+    return export_zero_step_kernel(tmp_path_factory.mktemp("posthoc"), fit_epochs=8)
 
 
 @pytest.fixture

@@ -28,6 +28,10 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="inputs the model should flag, nearer your domain than the built-in sets: a folder of PNG / "
                         "JPEG images or a text file with one input per line; it chooses the served OOD score and "
                         "nothing else, so keep it apart from anything you report on")
+    p.add_argument("--method", choices=["auto", "director", "posthoc"],
+                   help="what the version serves: auto (default) serves DIRECTOR only where, paired against your "
+                        "backbone with the same post-hoc tools, it gains beyond noise and a practical margin and loses "
+                        "nowhere; else the post-hoc path (docs/your-own-model.md)")
     p.add_argument("--repository", help="the model repository to export into (default: model_repository)")
     p.add_argument("--version", type=int, help="the version to export (default: one past the highest)")
     p.add_argument("--run-dir", help="where the run's files go (default: runs/<name>)")

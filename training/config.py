@@ -140,7 +140,19 @@ class ExportConfig:
     # the OOD-validation set that chooses the served score: a folder of PNG/JPEG images or a UTF-8 text file, one
     # input per line (training.data.ood_validation); None: sklearn photo patches / Debian licence sentences
     ood_validation_data: str | None = None
-    eval_samples: int = 16
+    # that set is one OOD-validation family among the built-in ones (training.data.ood_families), its regret weighted
+    ood_validation_weight: float = 1.0
+    # what the version serves (docs/method.md, "The kernel earns its place, or steps aside"): DIRECTOR, the post-hoc
+    # path (the backbone's own logits with the same post-hoc tools, no kernel), or auto: DIRECTOR only where, paired
+    # per input against the post-hoc path, it gains beyond noise and beyond a practical margin on one of the verdict's
+    # measures and loses beyond noise on none (training.export.verdict)
+    method: Literal["auto", "director", "posthoc"] = "auto"
+    # the practical margins of a DIRECTOR gain: ECE on the held-out shift (absolute), NLL on validation or the shift
+    # (relative to the post-hoc path's), AUROC on the OOD-validation families' worst case (absolute)
+    verdict_shift_ece: float = 0.01
+    verdict_nll_relative: float = 0.02
+    verdict_auroc: float = 0.01
+    verdict_bootstrap: int = 200  # paired bootstrap resamples for the ECE and AUROC intervals
     noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
     # the share of each sample's noise drawn once for every token (``models.director.StochasticRollout``); more than
     # one value: fitted with the noise temperature on validation and a held-out shift of it (images)

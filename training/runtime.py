@@ -111,3 +111,27 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class StepProgress:
+    """A bar over a stage's named steps, showing the step under way ("export 3/7: both paths' post-hoc tools")."""
+
+    def __init__(self, stage: str, steps: tuple[str, ...]) -> None:
+        from tqdm import tqdm
+
+        self.stage, self.steps, self.index = stage, steps, 0
+        self.bar = tqdm(total=len(steps), leave=False)
+        self._describe()
+
+    def _describe(self) -> None:
+        if self.index < len(self.steps):
+            self.bar.set_description(f"{self.stage} {self.index + 1}/{len(self.steps)}: {self.steps[self.index]}")
+
+    def done(self) -> None:
+        """The current step finished; the next one starts."""
+        self.index += 1
+        self.bar.update()
+        self._describe()
+
+    def close(self) -> None:
+        self.bar.close()

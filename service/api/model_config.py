@@ -56,6 +56,7 @@ def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
         "ood_score": ood_rule(manifest.ood, entry.default_samples).score,  # at the default sample count
         "ood_thresholds": json.dumps({str(k): v.threshold for k, v in sorted(manifest.ood.thresholds.items())}),
         "labels": json.dumps(artifact.labels),
+        **({"kernel_verdict": manifest.kernel_verdict.sentence} if manifest.kernel_verdict else {}),
     }
     cost = artifact.codec.batch_cost(serving.max_batch_samples, serving.max_batch_tokens)
     values[cost.setting] = cost.budget

@@ -173,8 +173,9 @@ class VersionInfo(BaseModel):
     reason: str | None = Field(None, description="why the version is unavailable")
     reload_error: str | None = Field(None, description="set while a ready version's changed folder failed to load: "
                                                         "why; the version keeps serving the files it loaded before")
-    method: str | None = Field(None, description="the manifest's method: director, deterministic, mc_dropout or "
-                                                  "ensemble")
+    method: str | None = Field(None, description="the manifest's method: director, posthoc (the "
+                                                  "backbone with DIRECTOR's post-hoc tools, no kernel), "
+                                                  "deterministic, mc_dropout or ensemble")
     modality: str | None = Field(None, description="image or text")
     default_samples: int | None = Field(None, description="n_samples when a request gives none (the model's "
                                                           "config.yaml, else the manifest)")
@@ -190,6 +191,10 @@ class VersionInfo(BaseModel):
                                                               "on this version, from what its export measured (null: "
                                                               "not measured, or the version is not loaded)")
     samples_note: str | None = Field(None, description="the evidence behind samples_informative, in words")
+    kernel_verdict: str | None = Field(None, description="what the DIRECTOR kernel adds on this model, measured at "
+                                                         "export against the backbone with the same post-hoc tools, "
+                                                         "and which of the two this version serves (null: exported "
+                                                         "before the verdict, or not loaded)")
     serving: dict[str, Any] | None = Field(None, description="what a ready version is served with: the server's "
                                                              "settings with the model's config.yaml over them")
 

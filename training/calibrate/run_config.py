@@ -74,6 +74,8 @@ def build_run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides
         base_length = raw.get("text", {}).get("max_length", 128)
         if checkpoint.max_positions is not None and base_length > checkpoint.max_positions:
             values["text.max_length"] = checkpoint.max_positions  # the position table's length
+    if args.method:
+        values["export.method"] = args.method
     if args.ood_validation:
         values["export.ood_validation_data"] = str(Path(args.ood_validation).resolve())
     if args.text_column:

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import torch
 
-from training.export.ood_selection import computes_kernel_error
+from training.export.ood_selection import returns_input_scores
 from training.export.writing import save_scripted, script_module
 
 _CHILD = r"""
@@ -81,7 +81,7 @@ def latencies_per_input_ms(timed: Mapping[K, tuple[torch.nn.Module, int]], singl
 def served_forward(model: torch.nn.Module, inputs: Inputs, n_samples: int) -> torch.Tensor:
     """The forward a server runs: ``scored_rows`` (the sampled rows and the kernel error) for a DIRECTOR that carries
     the backbone's last transitions, so its latency includes the kernel error's extra layer; ``forward`` otherwise."""
-    if computes_kernel_error(model):
+    if returns_input_scores(model):
         repeats = torch.full((inputs[0].shape[0],), n_samples, dtype=torch.long)  # [B]
         return model.scored_rows(*inputs, repeats)[0]  # [B*S, C]
     return model(*inputs, n_samples)  # [S, B, C]

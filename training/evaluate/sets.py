@@ -28,6 +28,7 @@ from training.data.images import (
     photo_patch_images,
     uniform_noise_images,
 )
+from training.data.ood_families import IMAGE_OOD_SELECTION_SET
 from training.data.ood_validation import describe, user_ood_images, user_ood_texts
 from training.data.tokens import (
     TEXT_OOD_SELECTION_SET,
@@ -38,7 +39,6 @@ from training.data.tokens import (
     sample_texts,
     text_ood_splits,
 )
-from training.export.served_statistics import IMAGE_OOD_SELECTION_SET
 from training.loading import AnySplit, load_data
 
 

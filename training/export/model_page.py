@@ -50,7 +50,8 @@ def _sampling_choice(manifest: Manifest) -> list[str]:
     """How the default sample count and the served temperature were chosen (both on validation)."""
     s = manifest.sampling.default_samples
     lines: list[str] = []
-    table = _provenance(manifest).default_samples_nll or {}
+    # DIRECTOR's table: a post-hoc path's samples are one row repeated
+    table = (_provenance(manifest).default_samples_nll or {}) if manifest.method == "director" else {}
     shifted = (_extras(manifest).get("noise_shape_fit") or {}).get("default_samples_nll_shifted") or {}
     if table:
         reference = max(table)
@@ -140,18 +141,24 @@ def _header(manifest: Manifest, command: str) -> list[str]:
         f"Stage times: fit-backbone {_minutes(secs['fit_backbone'])}, distil {_minutes(secs['distil'])}, "
         f"export (with the evaluation below) {_minutes(secs['export'])}.",
         "",
-        f"Backbone: {(prov.backbone or {})['parameters']:,} parameters; DIRECTOR artifact: "
-        f"{parameters:,} parameters ({manifest.sampling.depth} steps, one DiT block).",
+        f"Backbone: {(prov.backbone or {})['parameters']:,} parameters; "
+        + (f"DIRECTOR artifact: {parameters:,} parameters ({manifest.sampling.depth} steps, one DiT block)."
+           if manifest.method == "director" else
+           f"post-hoc artifact: {parameters:,} parameters (the backbone's own forward and the scores it serves; the "
+           "DIRECTOR kernel stays in the run folder)."),
         "",
     ]
 
 
 def _test_split(manifest: Manifest) -> list[str]:
-    """The backbone, its temperature-scaled copy and the served DIRECTOR on the test split."""
-    tm, s = _test_metrics(manifest), manifest.sampling.default_samples
+    """The backbone, its temperature-scaled copy, DIRECTOR as it would be served and the post-hoc path on the test
+    split (a manifest exported before the verdict has no post-hoc row)."""
+    tm = _test_metrics(manifest)
+    s = tm.get("director_default_samples", manifest.sampling.default_samples)
     backbone, ts = tm["backbone"], tm["backbone_temperature_scaled"]
-    served = f"DIRECTOR, S={s}" + (f", served temperature {manifest.temperature:.3f}"
-                                   if manifest.temperature != 1.0 else "")
+    served = " (served)" if manifest.method == "director" else ""
+    temperature = (f", served temperature {manifest.temperature:.3f}"
+                   if manifest.method == "director" and manifest.temperature != 1.0 else "")
     return [
         f"## Test split ({backbone['n']:,} {'sentences' if manifest.modality == 'text' else 'images'})",
         "",
@@ -164,53 +171,74 @@ def _test_split(manifest: Manifest) -> list[str]:
         _row("backbone (deterministic)", backbone),
         _row(f"backbone + temperature scaling (T={ts['temperature']:.3f}, fit on validation)", ts),
         *([_row("DIRECTOR, S=1", tm["director_s1"])] if s != 1 else []),
-        _row(served, tm[f"director_s{s}"]),
+        _row(f"DIRECTOR, S={s}{temperature}{served}", tm[f"director_s{s}"]),
+        *([_row("post-hoc path: the backbone with the same post-hoc tools"
+                + (" (served)" if manifest.method == "posthoc" else ""), tm["posthoc"])] if "posthoc" in tm else []),
         "",
     ]
 
 
-def _requirements(manifest: Manifest) -> list[str]:
-    """The foundation issue's figures, stated for the Fashion-MNIST vision model (none for a text model)."""
-    if manifest.modality == "text":
+def _served_block(manifest: Manifest) -> dict[str, Any]:
+    """The served path's test figures: the post-hoc path's, or DIRECTOR's at its default S."""
+    tm = _test_metrics(manifest)
+    if manifest.method == "posthoc":
+        return tm["posthoc"]
+    return tm[f"director_s{tm.get('director_default_samples', manifest.sampling.default_samples)}"]
+
+
+def _verdict(manifest: Manifest) -> list[str]:
+    """What the kernel adds on this model: the verdict's sentence and paired comparisons, and the test split's paired
+    difference of DIRECTOR and the post-hoc path (none for a manifest exported before the verdict existed)."""
+    verdict = manifest.kernel_verdict
+    if verdict is None:
         return []
-    tm, s = _test_metrics(manifest), manifest.sampling.default_samples
-    backbone, director = tm["backbone"], tm[f"director_s{s}"]
-    return [
-        "Requirements of the foundation issue, measured:",
-        "",
-        f"- backbone accuracy {_pct(backbone['accuracy'])} (>= 89% required): "
-        f"{'met' if backbone['accuracy'] >= 0.89 else 'NOT met'}",
-        f"- DIRECTOR S={s} accuracy within 1 point of the backbone: "
-        f"{(director['accuracy'] - backbone['accuracy']) * 100:+.2f} points "
-        f"({'met' if director['accuracy'] >= backbone['accuracy'] - 0.01 else 'NOT met'})",
-        f"- DIRECTOR ECE lower than the backbone's by more than the bootstrap half-width: "
-        f"{_pct(backbone['ece'])} - {_pct(director['ece'])} = {_pct(backbone['ece'] - director['ece'])} vs "
-        f"half-width {_pct(backbone['ece_half_width'])} ("
-        f"{'met' if backbone['ece'] - director['ece'] > backbone['ece_half_width'] else 'NOT met'})",
-        "",
-    ]
+    scaled = {"ece", "fpr95"}
+    lines = ["## What the kernel adds: DIRECTOR against the post-hoc path", "", verdict.sentence, "",
+             "Each row is DIRECTOR as it would be served minus the post-hoc path (the backbone's own forward with the "
+             "same post-hoc tools: its own temperature rule and OOD score, chosen by the same rules), paired per "
+             "input, with a 95% interval (docs/method.md, \"The kernel earns its place, or steps aside\"). ECE and "
+             "FPR95 in points.", "",
+             "| set | measure | DIRECTOR | post-hoc | difference [95% CI] | beyond noise for | practical margin |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in verdict.comparisons:
+        k = 100.0 if c.metric in scaled else 1.0
+        margin = "-" if c.margin is None else f"{k * c.margin:.4g}" + (" (met)" if c.practical else "")
+        lines.append(f"| {c.set} | {c.metric} | {k * c.director:.4f} | {k * c.posthoc:.4f} | "
+                     f"{k * c.difference:+.4f} [{k * c.ci95[0]:+.4f}, {k * c.ci95[1]:+.4f}] | {c.favours} | "
+                     f"{margin} |")
+    paired = _test_metrics(manifest).get("director_minus_posthoc")
+    if paired:
+        lines += ["", "On the test split (never used to decide), DIRECTOR minus post-hoc, paired bootstrap: "
+                  + ", ".join(f"{name} {100 * v['difference']:+.2f} points [{100 * v['ci95'][0]:+.2f}, "
+                              f"{100 * v['ci95'][1]:+.2f}]" if name != "nll" else
+                              f"NLL {v['difference']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}]"
+                              for name, v in paired.items()) + "."]
+    return [*lines, ""]
 
 
 def _uncertainty_and_ood(manifest: Manifest) -> list[str]:
     """Mutual information, the chosen OOD score against every reported score, and the thresholds."""
     tm, s, ood = _test_metrics(manifest), manifest.sampling.default_samples, manifest.ood
-    director = tm[f"director_s{s}"]
+    director = _served_block(manifest)
     # the reported scores (logit, per-input, the best combination); every candidate's validation AUROC is in the
     # manifest's ood.selection_auroc
     columns = list(next(iter(tm["ood"].values()))["auroc_vs_test"])
     lines = [
         "## Uncertainty and OOD",
         "",
-        f"Mean mutual information (nats, S={s}): test split {director['mean_mutual_information']:.2e}, "
+        f"Mean mutual information (nats, S={s}): test split {director.get('mean_mutual_information', 0.0):.2e}, "
         + ", ".join(f"{name} {v['mean_mutual_information']:.2e}" for name, v in tm["ood"].items()) + ".",
         "",
         f"The manifest's OOD score is **{_served_score(ood)}** (fallback "
-        f"**{ood.fallback_score}** where it is undefined), chosen by AUROC on the OOD validation set "
-        f"({ood.selection_set}), which is none of the reported sets:",
+        f"**{ood.fallback_score}** where it is undefined), chosen on the OOD-validation families "
+        f"({ood.selection_set}), none of them a reported set, by "
+        f"{(ood.model_extra or {}).get('selection_rule', 'AUROC')}; the first row is the mean over the families:",
         "",
         "| score | " + " | ".join(columns) + " |",
         "| --- | " + " | ".join("---" for _ in columns) + " |",
         "| AUROC, OOD validation | " + " | ".join(_cell(ood.selection_auroc or {}, c) for c in columns) + " |",
+        *(f"| AUROC, OOD validation: {name} | " + " | ".join(_cell(family["auroc"], c) for c in columns) + " |"
+          for name, family in ((ood.model_extra or {}).get("selection_families") or {}).items()),
     ]
     for name, block in tm["ood"].items():
         lines.append(f"| AUROC, test vs {name} | " + " | ".join(_cell(block["auroc_vs_test"], c) for c in columns)
@@ -307,10 +335,10 @@ def render_results(manifest: Manifest, command: str, reliability_png: str | None
         *_header(manifest, command),
         *_test_split(manifest),
         *_sampling_choice(manifest),
-        *_requirements(manifest),
+        *_verdict(manifest),
         *([f"![reliability diagram]({reliability_png})", ""] if reliability_png else []),
         *_uncertainty_and_ood(manifest),
-        *_observed_process(manifest),
+        *(_observed_process(manifest) if manifest.variance is not None else []),
         *_distillation(manifest),
     ])
 

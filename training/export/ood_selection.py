@@ -1,5 +1,7 @@
-"""Which OOD score a model serves, chosen by AUROC of in-distribution validation against the OOD-validation set (never
-a reported OOD set); the exporter and the evaluation choose with the same function (docs/method.md).
+"""Which OOD score a model serves, chosen by AUROC of in-distribution validation against several OOD-validation
+families (never a reported OOD set) by a rule that asks a candidate to be close to the best on every family, so that
+a score which wins one family and fails another is not served (``SELECTION_RULE``); the exporter and the evaluation
+choose with the same function (docs/method.md, "An OOD score chosen to generalise").
 
 Candidates: every score of the sampled logits defined at the sample count (mutual information needs S >= 2); for a
 DIRECTOR whose ``scored_rows`` returns per-input scores (the artifact carries the backbone's own last K transitions,
@@ -10,6 +12,7 @@ span orders of magnitude), w in ``COMBINATION_WEIGHTS``. Ties go to the simpler 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -28,6 +31,9 @@ from models.uncertainty import (
 from training.loading import AnySplit
 from training.ood_metrics import auroc
 
+SELECTION_RULE = ("lowest worst-case regret over the OOD-validation families: a candidate's regret on a family is the "
+                  "best candidate's AUROC there minus its own (times the family's weight); ties to the higher mean "
+                  "AUROC, then the simpler score")
 COMBINATION_WEIGHTS = (0.25, 0.5, 0.75)  # the first score's share of a combined score
 LOG_SCALED = (KERNEL_ERROR, "mds")  # standardised on a log scale (positive, spanning orders of magnitude)
 
@@ -70,8 +76,10 @@ class OodChoice:
     label: str
     fallback_label: str
     candidates: dict[str, Candidate]
-    selection_auroc: dict[str, float]
+    selection_auroc: dict[str, float]  # label -> AUROC averaged over the OOD-validation families
     combined: str | None = None
+    family_auroc: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> label -> AUROC
+    regret: dict[str, float] = field(default_factory=dict)  # label -> worst-case weighted regret over the families
 
     @property
     def chosen(self) -> Candidate:
@@ -114,51 +122,97 @@ def combination_pairs(given: list[str], logit_fallback: str) -> list[tuple[str, 
     return pairs + [(f, logit_fallback) for f in features]
 
 
-def choose_ood_score(val: ScoreInputs, ood_val: ScoreInputs, n_samples: int) -> OodChoice:
-    """The candidate with the highest AUROC of ``val`` (in-distribution validation) against ``ood_val``."""
+def choose_ood_score(val: ScoreInputs, families: Mapping[str, ScoreInputs] | ScoreInputs, n_samples: int,
+                     weights: Mapping[str, float] | None = None) -> OodChoice:
+    """The candidate that generalises over the OOD-validation ``families`` (name -> that family's inputs; one
+    ``ScoreInputs`` is one family): by ``SELECTION_RULE``, the lowest worst-case weighted regret, where a candidate's
+    regret on a family is the best candidate's AUROC of ``val`` (in-distribution validation) against that family minus
+    its own. With one family that is the highest AUROC."""
+    if isinstance(families, ScoreInputs):
+        families = {"ood_validation": families}
+    if not families:
+        raise ValueError("choosing an OOD score needs at least one OOD-validation family")
+    weight = {name: float((weights or {}).get(name, 1.0)) for name in families}
     candidates = {n: Candidate(n) for n in OOD_SCORES if n_samples > 1 or n != "mutual_information"}
-    selection = {label: auroc(val.score(c.name), ood_val.score(c.name)) for label, c in candidates.items()}
-    logit_fallback = max((n for n in selection if n != "mutual_information"), key=selection.get)
-    combined = None
-    if val.inputs and ood_val.inputs:
-        given = [n for n in INPUT_SCORES if n in val.inputs and n in ood_val.inputs]
+    table: dict[str, dict[str, float]] = {name: {} for name in families}  # family -> label -> AUROC
+
+    def measure(labels: list[str]) -> None:
+        for name, family in families.items():
+            for label in labels:
+                c = candidates[label]
+                table[name][label] = auroc(val.score(c.name, c.terms), family.score(c.name, c.terms))
+
+    measure(list(candidates))
+    logit_fallback = generalising([n for n in candidates if n != "mutual_information"], table, weight)
+    if val.inputs and all(family.inputs for family in families.values()):
+        given = [n for n in INPUT_SCORES if n in val.inputs and all(n in f.inputs for f in families.values())]
+        added = list(given)
         candidates.update({n: Candidate(n) for n in given})
         for first, second in combination_pairs(given, logit_fallback):
-            for weight in COMBINATION_WEIGHTS:
-                terms = (standardised(val.score(first), first, weight, log=first in LOG_SCALED),
-                         standardised(val.score(second), second, 1.0 - weight, log=second in LOG_SCALED))
-                candidates[combination_label(first, weight, second)] = Candidate(COMBINED, terms)
-        for label in list(candidates)[len(selection):]:
-            c = candidates[label]
-            selection[label] = auroc(val.score(c.name, c.terms), ood_val.score(c.name, c.terms))
-        combinations = [label for label in selection if label.startswith(COMBINED)]
-        combined = max(combinations, key=selection.get) if combinations else None
-    label = max(selection, key=selection.get)
-    fallback = max((n for n in selection if n != "mutual_information"), key=selection.get)
-    return OodChoice(label, fallback, candidates, selection, combined)
+            for w in COMBINATION_WEIGHTS:
+                terms = (standardised(val.score(first), first, w, log=first in LOG_SCALED),
+                         standardised(val.score(second), second, 1.0 - w, log=second in LOG_SCALED))
+                label = combination_label(first, w, second)
+                candidates[label] = Candidate(COMBINED, terms)
+                added.append(label)
+        measure(added)
+    labels = list(candidates)
+    combinations = [label for label in labels if label.startswith(COMBINED)]
+    return OodChoice(
+        label=generalising(labels, table, weight),
+        fallback_label=generalising([n for n in labels if n != "mutual_information"], table, weight),
+        candidates=candidates,
+        selection_auroc={label: mean_auroc(table, weight, label) for label in labels},
+        combined=generalising(combinations, table, weight) if combinations else None,
+        family_auroc=table,
+        regret={label: worst_regret(table, weight, label) for label in labels},
+    )
 
 
-def computes_kernel_error(model: torch.nn.Module) -> bool:
+def mean_auroc(table: dict[str, dict[str, float]], weight: Mapping[str, float], label: str) -> float:
+    """``label``'s AUROC averaged over the families, each by its weight."""
+    total = sum(weight.values())
+    return sum(weight[f] * aurocs[label] for f, aurocs in table.items()) / total
+
+
+def worst_regret(table: dict[str, dict[str, float]], weight: Mapping[str, float], label: str) -> float:
+    """The largest weighted gap, over the families, between the best candidate's AUROC and ``label``'s."""
+    return max(weight[f] * (max(aurocs.values()) - aurocs[label]) for f, aurocs in table.items())
+
+
+def generalising(labels: list[str], table: dict[str, dict[str, float]], weight: Mapping[str, float]) -> str:
+    """Among ``labels`` (simplest first), the one of lowest worst-case regret over the families (``SELECTION_RULE``);
+    ties (to 1e-4) go to the higher mean AUROC, then to the simpler score."""
+    return min(labels, key=lambda label: (round(worst_regret(table, weight, label), 4),
+                                          -round(mean_auroc(table, weight, label), 4), labels.index(label)))
+
+
+def returns_input_scores(model: torch.nn.Module) -> bool:
     """Whether an artifact-contract model (eager or scripted) returns per-input scores from ``scored_rows``: a DIRECTOR
     whose rollout carries the backbone's own last transitions (the kernel error; the feature-space scores too when it
-    carries their statistics)."""
+    carries their statistics), or a post-hoc path (``models.posthoc``) that carries feature-space statistics."""
+    if not hasattr(model, "scored_rows"):
+        return False
     rollout = getattr(model, "rollout", None)
-    return hasattr(model, "scored_rows") and bool(getattr(rollout, "has_teacher", False))
+    if rollout is not None:
+        return bool(getattr(rollout, "has_teacher", False))
+    return bool(score_names(model))
 
 
 def score_names(model: torch.nn.Module) -> tuple[str, ...]:
-    """The columns of a DIRECTOR's ``scored_rows`` scores: the kernel error, then the feature scores it computes (all
-    four, from an artifact scripted before ``FeatureScorer.keep`` existed)."""
+    """The columns of a model's ``scored_rows`` scores: a DIRECTOR's kernel error, then the feature scores it computes
+    (all four, from an artifact scripted before ``FeatureScorer.keep`` existed); a post-hoc path's feature scores."""
+    kernel = (KERNEL_ERROR,) if getattr(model, "rollout", None) is not None else ()
     scorer = getattr(model, "feature_scorer", None)
     if scorer is None or not hasattr(scorer, "bank"):
-        return (KERNEL_ERROR,)
-    return (KERNEL_ERROR, *served_scores(scorer))
+        return kernel
+    return (*kernel, *served_scores(scorer))
 
 
 def split_input_scores(model: torch.nn.Module, split: AnySplit, chunk: int = 256) -> InputScores | None:
     """The per-input scores ([N] each) of every input of ``split`` from an artifact-contract model's ``scored_rows``;
     None for a model without them (baselines, or a DIRECTOR without the teacher's transitions)."""
-    if not computes_kernel_error(model):
+    if not returns_input_scores(model):
         return None
 
     def scores(*args: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """What each modality contributes to an export (``ExportParts``): its data, how its artifact is built and verified,
 its OOD sets, its manifest ``input`` section and signatures.
 
-Image: OOD validation on sklearn photo patches, reported OOD sets uniform noise and upsampled digits. Text: the
-artifact also ships the run's ``tokenizer.json``; its word table is stored as ``text.table_dtype`` and the adaLN MLPs
-are dropped once folded; OOD validation on Debian software-licence sentences, the reported OOD sets are quotes from
-the Debian ``fortunes`` package and Python standard-library docstrings (``training.data.ood_texts``).
+Image: reported OOD sets uniform noise and upsampled digits. Text: the artifact also ships the run's
+``tokenizer.json``; its word table is stored as ``text.table_dtype`` and the adaLN MLPs are dropped once folded; the
+reported OOD sets are quotes from the Debian ``fortunes`` package and Python standard-library docstrings
+(``training.data.ood_texts``). Either: the OOD-validation families of ``training.data.ood_families``, and the post-hoc
+path built from the same artifact module (``models.posthoc``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from artifact.contract import (
     Truncation,
 )
 from artifact.formats import TORCHSCRIPT_FORMAT
+from models.posthoc import posthoc_from_director
 from models.text_director import TextDirector
 from training.config import USER_IMAGE_DATASET, PipelineConfig
 from training.data.images import Dataset, Split, digits_images, uniform_noise_images
-from training.data.ood_validation import describe, user_ood_images, user_ood_texts
-from training.data.tokens import TEXT_OOD_SELECTION_SET, TokenDataset, TokenSplit, text_ood_splits
+from training.data.ood_families import OodFamily, image_ood_families, text_ood_families
+from training.data.tokens import TokenDataset, TokenSplit, text_ood_splits
 from training.export.feature_statistics import attach_feature_scores
-from training.export.ood_selection import computes_kernel_error, score_names
-from training.export.served_statistics import IMAGE_OOD_SELECTION_SET
+from training.export.ood_selection import returns_input_scores, score_names
 from training.export.writing import script_and_verify
 from training.families.base import Family
 from training.loading import AnySplit, Director, View
@@ -48,9 +49,10 @@ class ExportParts:
     data: Dataset | TokenDataset
     backbone_logits: Callable[[AnySplit], torch.Tensor]  # a split -> the backbone's logits [N, C]
     build_artifact: Callable[[Director, Path], tuple[torch.nn.Module, torch.jit.ScriptModule]]  # -> (eager, served)
+    # (the distilled DIRECTOR, its artifact module) -> the post-hoc path's module (``models.posthoc``)
+    build_posthoc: Callable[[Director, torch.nn.Module], torch.nn.Module]
     reported_ood: dict[str, AnySplit]
-    ood_validation: AnySplit | None  # None: the image default (photo patches)
-    selection_set: str
+    ood_families: dict[str, OodFamily]  # the OOD-validation families that choose the served score
     input_section: ImageInput | TextInput
     signatures: dict[str, str]  # artifact "forward", "sample_rows" and "scored_rows"
     backbone_description: dict[str, Any]
@@ -67,6 +69,24 @@ def with_teacher(director: Director, view: View) -> Director:
     return scored
 
 
+def posthoc_builder(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module, train: AnySplit,
+                    num_classes: int) -> Callable[[Director, torch.nn.Module], torch.nn.Module]:
+    """How the post-hoc path is built from the DIRECTOR artifact module: its embedding, prefix, the backbone's own last
+    transitions, readout and feature scorer. A run that trained the readout with the kernel gets the backbone's own
+    readout instead, with feature statistics fitted again on its features."""
+
+    def build(director: Director, artifact_module: torch.nn.Module) -> torch.nn.Module:
+        if not cfg.distil.finetune_readout:
+            return posthoc_from_director(artifact_module)
+        view = family.view(backbone)
+        own = family.artifact_module(with_teacher(family.director(view, director.rollout.kernel), view), cfg)
+        if cfg.export.feature_scores:
+            attach_feature_scores(own, train, num_classes, cfg.seed, cfg.export.knn_bank)
+        return posthoc_from_director(own)
+
+    return build
+
+
 def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module) -> ExportParts:
     data = family.load_data(cfg)
     image_shape = tuple(int(s) for s in data.test.images.shape[1:])
@@ -78,7 +98,6 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
         return artifact_module, script_and_verify(artifact_module, director, data.val.first_args(8), path)
 
     labels = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
-    user_set = cfg.export.ood_validation_data
     count = cfg.evaluate.ood_images  # as many as the text sets (each a forward per image: ViT-B/16 at 224 is costly)
     noise = uniform_noise_images(count, image_shape, cfg.seed + 1)
     digits = digits_images(image_shape)[:count]
@@ -86,11 +105,10 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
         data=data,
         backbone_logits=lambda split: split.map(backbone, 512),
         build_artifact=build_artifact,
+        build_posthoc=posthoc_builder(cfg, family, backbone, data.train, len(data.labels)),
         reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
                       "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
-        ood_validation=None if user_set is None else user_ood_images(user_set, cfg.export.ood_validation_images,
-                                                                     image_shape, cfg.seed),
-        selection_set=IMAGE_OOD_SELECTION_SET if user_set is None else describe(user_set),
+        ood_families=image_ood_families(cfg, data.val, image_shape),
         input_section=ImageInput(
             channels=image_shape[0], height=image_shape[1], width=image_shape[2], dtype="float32", range=(0.0, 1.0),
             layout="NCHW",
@@ -150,18 +168,15 @@ def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Mo
             **table_effect(director, artifact_module, data.val.head(ecfg.threshold_images))}
         return artifact_module, served
 
-    reported_ood, ood_validation = text_ood_splits(tokenizer, tcfg, cfg.evaluate.ood_images,
-                                                   ecfg.ood_validation_images, cfg.seed)
-    user_set = ecfg.ood_validation_data
-    if user_set is not None:
-        ood_validation = user_ood_texts(user_set, ecfg.ood_validation_images, tokenizer, tcfg.max_characters, cfg.seed)
+    reported_ood, licences = text_ood_splits(tokenizer, tcfg, cfg.evaluate.ood_images, ecfg.ood_validation_images,
+                                             cfg.seed)
     return ExportParts(
         data=data,
         backbone_logits=lambda split: split.map(lambda *args: backbone(*args).float(), 256),
         build_artifact=build_artifact,
+        build_posthoc=posthoc_builder(cfg, family, backbone, data.train, len(data.labels)),
         reported_ood=reported_ood,
-        ood_validation=ood_validation,
-        selection_set=TEXT_OOD_SELECTION_SET if user_set is None else describe(user_set),
+        ood_families=text_ood_families(cfg, tokenizer, licences),
         input_section=TextInput(
             tokenizer=TOKENIZER, max_length=tcfg.max_length, max_characters=tcfg.max_characters,
             truncation=Truncation(side="right",
@@ -191,7 +206,7 @@ def export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module)
 
 def artifact_info(parts: ExportParts, module: torch.nn.Module) -> ArtifactInfo:
     """The manifest's ``artifact`` section: the file, its format and signatures, and the module's size."""
-    scored = computes_kernel_error(module)
+    scored = returns_input_scores(module)
     signatures = {k: v for k, v in parts.signatures.items() if k != "scored_rows" or scored}
     fields = {"file": ARTIFACT, "format": TORCHSCRIPT_FORMAT, "torch": torch.__version__, **signatures,
               "input_scores": list(score_names(module)) if scored else None,

@@ -21,11 +21,13 @@ from models.uncertainty import (
     summarize,
 )
 from training.config import ExportConfig
-from training.data.images import Dataset, Split, photo_patch_images
+from training.data.images import Dataset
+from training.data.ood_families import OodFamily, selection_description
 from training.data.tokens import TokenDataset
 from training.export.calibration import fit_temperature
 from training.export.ood_selection import (
     LOG_SCALED,
+    SELECTION_RULE,
     InputScoreCache,
     InputScores,
     OodChoice,
@@ -38,7 +40,6 @@ from training.metrics import classification_report
 from training.ood_metrics import threshold_at_tpr
 
 QUANTILES = 101  # reference distributions are stored as this many evenly spaced quantiles
-IMAGE_OOD_SELECTION_SET = "sklearn sample-photo patches (OOD validation only)"
 
 
 def sample_split(model: torch.nn.Module, split: AnySplit, n_samples: int, seed: int) -> torch.Tensor:
@@ -240,23 +241,21 @@ class ServedStatistics:
 
 
 def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
-                      sample_counts: list[int], default_s: int, seed: int, ood_validation: AnySplit | None = None,
-                      selection_set: str = IMAGE_OOD_SELECTION_SET, temperature: float = 1.0) -> ServedStatistics:
-    """Reference distributions on validation, the OOD score chosen by AUROC on the OOD-validation set
-    (images: sklearn photo patches; none of the reported sets; ``training.export.ood_selection``), and its 95%-TPR
-    threshold per sample count, all under the served ``temperature``."""
+                      sample_counts: list[int], default_s: int, seed: int, families: dict[str, OodFamily],
+                      temperature: float = 1.0) -> ServedStatistics:
+    """Reference distributions on validation, the OOD score chosen over the OOD-validation ``families`` (none of the
+    reported sets; ``training.export.ood_selection``), and its 95%-TPR threshold per sample count, all under the
+    served ``temperature``."""
     val_logits = sample_split(served, data.val, default_s, seed)  # [S, Nv, C]
     val_summary = summarize(val_logits, temperature)
     reference = reference_section(val_summary, data.val.labels, default_s)
-    if ood_validation is None:
-        image_shape = tuple(int(s) for s in data.val.images.shape[1:])
-        images = photo_patch_images(ecfg.ood_validation_images, image_shape, seed)
-        ood_validation = Split(images, torch.zeros(images.shape[0], dtype=torch.long))
     input_scores = InputScoreCache(served)
     val_inputs = ScoreInputs(val_summary, input_scores("val", data.val))
-    ood_val_inputs = ScoreInputs(summarize(sample_split(served, ood_validation, default_s, seed), temperature),
-                                 input_scores("ood_validation", ood_validation))
-    choice = choose_ood_score(val_inputs, ood_val_inputs, default_s)
+    family_inputs = {name: ScoreInputs(summarize(sample_split(served, family.split, default_s, seed), temperature),
+                                       input_scores(f"ood_validation:{name}", family.split))
+                     for name, family in families.items()}
+    choice = choose_ood_score(val_inputs, family_inputs, default_s,
+                              {name: family.weight for name, family in families.items()})
 
     thresholds: dict[str, dict[str, Any]] = {}
     # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
@@ -274,8 +273,12 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
     reference["ood_rate"] = float((val_inputs.score(default_entry["score"], choice.terms) > default_entry["threshold"])
                                   .float().mean())
     ood = {"score": choice.chosen.name, "fallback_score": choice.fallback.name, "tpr": 0.95, "thresholds": thresholds,
-           "selection_set": selection_set, "selection_auroc": choice.selection_auroc,
-           "selection_choice": choice.label}
+           "selection_set": selection_description(families), "selection_auroc": choice.selection_auroc,
+           "selection_choice": choice.label, "selection_rule": SELECTION_RULE,
+           "selection_families": {name: {"description": family.description, "weight": family.weight,
+                                         "n": len(family.split), "auroc": choice.family_auroc[name]}
+                                  for name, family in families.items()},
+           "selection_regret": choice.regret}
     if choice.terms:
         ood["combination"] = [dataclasses.asdict(term) for term in choice.terms]
     return ServedStatistics(reference, ood, choice, input_scores, val_logits)

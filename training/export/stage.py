@@ -2,14 +2,14 @@
 manifest needs (docs/architecture.md).
 
 The steps: calibrate the sampling on validation (noise temperature, default sample count), build and verify the
-TorchScript artifact, decide the served temperature, measure the served statistics (reference distributions, OOD
-score and thresholds), measure the test split, write the manifest and the results page. ``ExportParts``
-(``training.export.parts``) is what a modality contributes.
+TorchScript artifact of DIRECTOR and of the post-hoc path, give each its post-hoc tools (served temperature, OOD score
+and thresholds, reference distributions, a temperature per input), compare them paired (the kernel's verdict, which
+also decides what ``export.method: auto`` serves), measure the test split, write the manifest of the served path and
+the results page. ``ExportParts`` (``training.export.parts``) is what a modality contributes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from artifact.contract import (
     ARTIFACT,
     FORMAT_VERSION,
+    KernelVerdict,
     Manifest,
     Provenance,
     Sampling,
@@ -32,34 +32,33 @@ from artifact.contract import (
     file_digests,
     parse_manifest,
 )
-from models.uncertainty import ScoreTemperature, Temperature, summarize, temperature_for
 from training.config import PipelineConfig
 from training.data.held_out_shift import HeldOutShift, held_out_shift
-from training.evaluate.rollout_diagnostics import mean_logvar_score, split_rollout_trace
-from training.export.calibration import fit_temperature
+from training.evaluate.rollout_diagnostics import split_rollout_trace
+from training.export.figures import SplitFigures, test_split_figures
 from training.export.final_artifact import finish_artifact
 from training.export.model_page import write_results
-from training.export.ood_selection import ScoreInputs
 from training.export.parts import ExportParts, artifact_info, export_parts
 from training.export.plots import reliability_diagram
-from training.export.served_statistics import (
-    ServedStatistics,
-    choose_default_samples,
-    fit_noise_scale,
-    fit_noise_shape,
-    fit_temperature_slope,
-    reference_section,
-    sample_split,
-    served_statistics,
-    served_temperature,
-    temperature_on_shift,
-    temperature_terms,
+from training.export.served_path import ServedPath, fit_served_path
+from training.export.served_statistics import choose_default_samples, fit_noise_scale, fit_noise_shape
+from training.export.verdict import kernel_verdict
+from training.export.writing import (
+    git_commit,
+    install_version,
+    script_and_verify,
+    source_record,
+    staging_dir,
+    write_manifest,
 )
-from training.export.writing import git_commit, install_version, source_record, staging_dir, write_manifest
 from training.loading import AnySplit, Director, load_backbone, load_director, run_family
-from training.metrics import classification_report, ece_bootstrap
-from training.ood_metrics import auroc
-from training.runtime import set_threads
+from training.runtime import StepProgress, set_threads
+
+EXPORT_STEPS = ("noise temperature and default S", "DIRECTOR's artifact and feature statistics",
+                "both paths' temperatures, OOD scores and thresholds", "the kernel's verdict", "test split",
+                "manifest and version", "results page")
+POSTHOC_FILE = "posthoc.ts"  # the post-hoc path's scripted module, in the run folder
+DIRECTOR_TS_FILE = "director.ts"  # DIRECTOR's scripted module, kept in the run folder when the post-hoc path is served
 
 
 @dataclass
@@ -109,128 +108,6 @@ def calibrate_sampling(director: Director, parts: ExportParts, cfg: PipelineConf
     return SamplingChoice(noise_scale, noise_nll, default_s, table, rho, shape_fit, shift)
 
 
-def temperature_draws(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int
-                      ) -> torch.Tensor | None:
-    """The validation draws [S, N, C] at the default S that the served temperature and its slope are fitted on (a
-    seed of their own), or None when neither is fitted."""
-    ecfg = cfg.export
-    if not ecfg.temperature_scaling and not any(ecfg.temperature_slope_grid):
-        return None
-    return sample_split(served, parts.data.val, default_s, cfg.seed + 2)  # [S, N, C]
-
-
-def choose_temperature(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
-                       shift: HeldOutShift | None, clean: torch.Tensor | None) -> tuple[float, dict[str, float]]:
-    """The served temperature on the sampled logits ``clean`` (``temperature_draws``): kept when it wins on held-out
-    validation (else 1), and, when the noise was shaped on the held-out ``shift``, when it does not undo that there
-    (``temperature_on_shift``)."""
-    ecfg, seed = cfg.export, cfg.seed
-    if not ecfg.temperature_scaling or clean is None:
-        return 1.0, {}
-    val = parts.data.val
-    temperature, record = served_temperature(clean, val.labels)
-    if shift is None or temperature == 1.0:
-        return temperature, record
-    shifted = sample_split(served, shift.split, default_s, seed + 2)  # [S, N', C]
-    kept, on_shift = temperature_on_shift(temperature, clean, val.labels, shifted, shift.split.labels)
-    return kept, {**record, **on_shift, "temperature_clean": temperature}
-
-
-@dataclass
-class ScoreTemperatureFit:
-    temperature: ScoreTemperature | None  # None: the fit kept one temperature (slope 0)
-    record: dict[str, Any]  # the slope, the terms, what it was fitted on, every slope's figures
-
-
-def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
-                                temperature: float, stats: ServedStatistics, clean: torch.Tensor | None
-                                ) -> ScoreTemperatureFit | None:
-    """A temperature per input that grows with the served OOD score, when ``export.temperature_slope_grid`` offers
-    slopes: fitted on validation and its held-out shift (``fit_temperature_slope``), served when its slope is above 0
-    (the reference distributions are then measured again under it). None when no slope is offered; not fitted when
-    the served score reads the logits (``temperature_terms``)."""
-    ecfg, seed, val = cfg.export, cfg.seed, parts.data.val
-    if not any(ecfg.temperature_slope_grid) or clean is None:
-        return None
-    val_scores = stats.input_scores("val", val)
-    terms = temperature_terms(stats.choice, default_s, val_scores or {})
-    if val_scores is None or not terms:
-        return ScoreTemperatureFit(None, {"slope": 0.0, "not_fitted": "the served OOD score reads the logits, which "
-                                          "the temperature divides (or the model returns no per-input scores)"})
-    shift = held_out_shift(cfg, val)
-    shifted = sample_split(served, shift.split, default_s, seed + 2)  # [S, N', C]
-    shift_scores = stats.input_scores("held_out_shift", shift.split)
-    assert shift_scores is not None  # the served module returned val's
-    slope, table = fit_temperature_slope(temperature, terms, sorted({0.0, *ecfg.temperature_slope_grid}), clean,
-                                         val.labels, val_scores, shifted, shift.split.labels, shift_scores)
-    record = {"slope": slope, "terms": [dataclasses.asdict(term) for term in terms],
-              "fitted_on": shift.description, "fit": table}
-    if slope == 0.0:
-        return ScoreTemperatureFit(None, record)
-    by_score = ScoreTemperature(temperature, slope, terms)
-    reference = reference_section(summarize(stats.val_logits, by_score(val_scores)), val.labels, default_s)
-    stats.reference = {**reference, "ood_rate": stats.reference["ood_rate"]}  # the OOD score reads no logits
-    return ScoreTemperatureFit(by_score, record)
-
-
-def test_block(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-    """Test-split metrics of probabilities [N, C] with a bootstrap interval of the ECE."""
-    _, low, high = ece_bootstrap(probs, labels)
-    report = classification_report(probs, labels)
-    return {**report, "ece_ci95": [low, high], "ece_half_width": (high - low) / 2, "n": int(labels.shape[0])}
-
-
-@dataclass
-class TestFigures:
-    metrics: dict[str, Any]
-    probabilities: dict[str, torch.Tensor]  # method label -> test probabilities [N, C] (the reliability plot)
-    backbone_temperature: float
-
-
-def test_figures(served: torch.nn.Module, director: Director, parts: ExportParts, backbone_parameters: int,
-                 stats: ServedStatistics, default_s: int, temperature: Temperature, seed: int) -> TestFigures:
-    """Backbone, temperature-scaled backbone and the served DIRECTOR on the test split and the reported OOD sets."""
-    data, test = parts.data, parts.data.test
-    labels = test.labels
-    backbone_test = parts.backbone_logits(test)  # [N, C]
-    backbone_t = fit_temperature(parts.backbone_logits(data.val), data.val.labels)
-    choice, errors = stats.choice, stats.input_scores
-    test_temperature = temperature_for(temperature, errors("test", test))  # one, or [N] by score
-    test_summary = summarize(sample_split(served, test, default_s, seed), test_temperature)
-    s1_summary = summarize(sample_split(served, test, 1, seed), test_temperature)
-    rule, threshold = choice.rule_at(default_s), stats.ood["thresholds"][str(default_s)]["threshold"]
-    test_inputs = ScoreInputs(test_summary, errors("test", test))
-    test_logvar = mean_logvar_score(director, test, seed)
-    ood_metrics: dict[str, Any] = {}
-    for name, split in parts.reported_ood.items():
-        scores = errors(name, split)
-        logits = sample_split(served, split, default_s, seed)  # [S, N, C]
-        inputs = ScoreInputs(summarize(logits, temperature_for(temperature, scores)), scores)
-        ood_metrics[name] = {
-            "mean_mutual_information": float(inputs.summary.mutual_information.mean()),
-            "auroc_vs_test": {label: auroc(test_inputs.score(c.name, c.terms), inputs.score(c.name, c.terms))
-                              for label, c in choice.reported().items()},
-            "flagged_rate": float((inputs.score(rule.name, rule.terms) > threshold).float().mean()),
-        }
-        ood_metrics[name]["auroc_vs_test"]["mean_logvar"] = auroc(test_logvar, mean_logvar_score(director, split, seed))
-    probabilities = {"backbone": backbone_test.softmax(-1),
-                     f"backbone + TS (T={backbone_t:.2f})": (backbone_test / backbone_t).softmax(-1),
-                     f"DIRECTOR S={default_s}": test_summary.probabilities}
-    metrics = {
-        "backbone": {**test_block(probabilities["backbone"], labels), "parameters": backbone_parameters},
-        "backbone_temperature_scaled": {**test_block((backbone_test / backbone_t).softmax(-1), labels),
-                                        "temperature": backbone_t},
-        "director_s1": test_block(s1_summary.probabilities, labels),
-        # the served S last: at a default of S = 1 this entry is also director_s1
-        f"director_s{default_s}": {**test_block(test_summary.probabilities, labels),
-                                   "mean_mutual_information": float(test_summary.mutual_information.mean()),
-                                   "flagged_rate": float((test_inputs.score(rule.name, rule.terms) > threshold)
-                                                         .float().mean())},
-        "ood": ood_metrics,
-    }
-    return TestFigures(metrics, probabilities, backbone_t)
-
-
 def reproduce_command(cfg: PipelineConfig, payload: dict[str, Any], backbone_payload: dict[str, Any]) -> str:
     """How the export is reproduced: the whole pipeline, or (a run rebuilt by ``training.restore_run`` from committed
     artifacts) the restore and the export."""
@@ -276,7 +153,7 @@ def stage_artifact(run: ExportRun, tmp_dir: Path) -> tuple[torch.nn.Module, torc
     return artifact_module, served
 
 
-def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[str, Any], figures: TestFigures,
+def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[str, Any], figures: SplitFigures,
                diagnostics: dict[str, Any], export_seconds: float) -> Provenance:
     """Where the version came from and what it measured: the backbone, data, config, commit, stage times, the test
     figures and how the sampling, the temperature and the distillation went."""
@@ -306,31 +183,35 @@ def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[s
     )
 
 
-def director_manifest(run: ExportRun, sampling: SamplingChoice, temperature: float, served_stats: ServedStatistics,
-                      artifact_module: torch.nn.Module, provenance: Provenance, tmp_dir: Path,
-                      by_score: ScoreTemperatureFit | None = None) -> Manifest:
-    """The version's manifest (the depth under ``sampling.depth`` alone; older manifests also carry it as
-    ``sampling.steps``, which the contract reads as the depth)."""
-    cfg, payload = run.cfg, run.payload
+def version_manifest(run: ExportRun, path: ServedPath, sampling: SamplingChoice, verdict: KernelVerdict,
+                     provenance: Provenance, tmp_dir: Path) -> Manifest:
+    """The version's manifest for the served ``path``: DIRECTOR (its depth, noise and variance; the depth under
+    ``sampling.depth`` alone, which older manifests also carry as ``sampling.steps``) or the post-hoc path (no kernel:
+    every sample the same row, any S up to ``export.max_samples`` accepted)."""
+    cfg, payload, stats, by_score = run.cfg, run.payload, path.stats, path.by_score
     depth = run.director.rollout.num_steps
+    director = path.method == "director"
+    sampling_section = Sampling(
+        depth=depth if director else 0, backbone_steps=payload["backbone_steps"],
+        prefix_transitions=payload["backbone_steps"] - depth if director else payload["backbone_steps"],
+        default_samples=path.default_samples, max_samples=cfg.export.max_samples,
+        **({"noise_scale": sampling.noise_scale} if director else {}),
+        **({"token_correlation": sampling.token_correlation} if director and sampling.token_correlation else {}))
+    variance = Variance(observed_variance=payload["observed_variance"], tau=payload["tau"],
+                        floors=[float(f) for f in payload["floors"]],
+                        tau_selection_accuracy=payload["tau_accuracies"]) if director else None
     return Manifest(
-        format_version=FORMAT_VERSION, name=cfg.export.name, version=str(cfg.export.version), method="director",
+        format_version=FORMAT_VERSION, name=cfg.export.name, version=str(cfg.export.version), method=path.method,
         modality=cfg.modality, labels=list(run.parts.data.labels), input=run.parts.input_section,
-        sampling=Sampling(depth=depth, backbone_steps=payload["backbone_steps"],
-                          prefix_transitions=payload["backbone_steps"] - depth,
-                          default_samples=sampling.default_samples, max_samples=cfg.export.max_samples,
-                          noise_scale=sampling.noise_scale,
-                          **({"token_correlation": sampling.token_correlation} if sampling.token_correlation else {})),
-        variance=Variance(observed_variance=payload["observed_variance"], tau=payload["tau"],
-                          floors=[float(f) for f in payload["floors"]],
-                          tau_selection_accuracy=payload["tau_accuracies"]),
-        temperature=temperature, ood=served_stats.ood, reference=served_stats.reference,
+        sampling=sampling_section, **({"variance": variance} if variance else {}), temperature=path.temperature,
+        ood=stats.ood,
+        reference=stats.reference, kernel_verdict=verdict,
         **({"temperature_by_score": TemperatureByScore(**by_score.record)}
            if by_score is not None and by_score.temperature is not None else {}),
-        artifact=artifact_info(run.parts, artifact_module), provenance=provenance, files=file_digests(tmp_dir))
+        artifact=artifact_info(run.parts, path.module), provenance=provenance, files=file_digests(tmp_dir))
 
 
-def write_reports(run: ExportRun, manifest: Manifest, figures: TestFigures) -> None:
+def write_reports(run: ExportRun, manifest: Manifest, figures: SplitFigures) -> None:
     """The run's export report (the manifest as written), the reliability diagram and the results page, the page
     read from the manifest as the server parses it."""
     cfg, ecfg = run.cfg, run.cfg.export
@@ -342,48 +223,70 @@ def write_reports(run: ExportRun, manifest: Manifest, figures: TestFigures) -> N
     write_results(parse_manifest(document), docs_dir, reproduce_command(cfg, run.payload, run.backbone_payload), png)
 
 
+def both_paths(run: ExportRun, sampling: SamplingChoice, artifact_module: torch.nn.Module,
+               served: torch.jit.ScriptModule) -> tuple[ServedPath, ServedPath]:
+    """DIRECTOR and the post-hoc path, each with its post-hoc tools fitted by the same rules. The post-hoc module is
+    scripted into the run folder (``POSTHOC_FILE``); its one OOD threshold holds at every sample count."""
+    cfg, parts = run.cfg, run.parts
+    posthoc_module = parts.build_posthoc(run.director, artifact_module)
+    posthoc_served = script_and_verify(posthoc_module, posthoc_module, parts.data.val.first_args(8),
+                                       Path(cfg.run_dir) / POSTHOC_FILE)
+    kernel = fit_served_path("director", artifact_module, served, parts, cfg, sampling.default_samples,
+                             cfg.export.sample_counts, sampling.shift)
+    plain = fit_served_path("posthoc", posthoc_module, posthoc_served, parts, cfg, 1, [1], None)
+    plain.stats.ood["thresholds"] = {str(n): plain.stats.ood["thresholds"]["1"] for n in cfg.export.sample_counts}
+    return kernel, plain
+
+
+def serve_path(run: ExportRun, path: ServedPath, tmp_dir: Path) -> None:
+    """Put the served path's scripted file in the staged version; when that is the post-hoc path, DIRECTOR's file is
+    kept in the run folder (``DIRECTOR_TS_FILE``)."""
+    if path.method == "posthoc":
+        run_dir = Path(run.cfg.run_dir)
+        shutil.copyfile(tmp_dir / ARTIFACT, run_dir / DIRECTOR_TS_FILE)
+        shutil.copyfile(run_dir / POSTHOC_FILE, tmp_dir / ARTIFACT)
+
+
 def export(cfg: PipelineConfig) -> Path:
-    """Calibrate the sampling, stage and verify the artifact, measure what the manifest records, then write the
-    manifest, swap the version in and write the reports."""
+    """Calibrate the sampling, stage and verify the artifact, fit both paths' post-hoc tools, compare them (the
+    kernel's verdict), then write the manifest of the one served, swap the version in and write the reports."""
     t_start = time.perf_counter()
     set_threads(cfg.threads)
     ecfg = cfg.export
     run = load_run(cfg)
-    progress = tqdm(total=6, desc="export", leave=False)
+    progress = StepProgress("export", EXPORT_STEPS)
     sampling = calibrate_sampling(run.director, run.parts, cfg)
-    default_s = sampling.default_samples
-    progress.update()
+    progress.done()
     out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
     tmp_dir = staging_dir(out_dir)
     artifact_module, served = stage_artifact(run, tmp_dir)
-    progress.update()
-    # the served temperature, reference statistics and the OOD score, from the artifact that will be served
-    clean = temperature_draws(served, run.parts, cfg, default_s)
-    temperature, temperature_fit = choose_temperature(served, run.parts, cfg, default_s, sampling.shift, clean)
-    served_stats = served_statistics(served, run.parts.data, ecfg, ecfg.sample_counts, default_s, cfg.seed,
-                                     run.parts.ood_validation, run.parts.selection_set, temperature)
-    by_score = choose_temperature_by_score(served, run.parts, cfg, default_s, temperature, served_stats, clean)
-    if by_score is not None:  # kept or not, the slope's fit is recorded
-        temperature_fit = {**temperature_fit, "by_score": by_score.record}
-    progress.update()
-    figures = test_figures(served, run.director, run.parts, run.backbone_parameters, served_stats, default_s,
-                           by_score.temperature if by_score and by_score.temperature else temperature, cfg.seed)
+    progress.done()
+    kernel, plain = both_paths(run, sampling, artifact_module, served)
+    progress.done()
+    verdict = kernel_verdict(kernel, plain, run.parts, cfg, run.backbone_parameters)
+    path, other = (kernel, plain) if verdict.served == "director" else (plain, kernel)
+    progress.done()
+    figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, cfg.seed)
     diagnostics = split_rollout_trace(run.director, run.parts.data.test.head(500), cfg.seed)
-    progress.update()
-    record = provenance(run, sampling, temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
-    draft = director_manifest(run, sampling, temperature, served_stats, artifact_module, record, tmp_dir, by_score)
-    finish_artifact(run.parts, run.cfg.export.format, artifact_module, served, draft.scores_read(), tmp_dir)
-    manifest = director_manifest(run, sampling, temperature, served_stats, artifact_module, record, tmp_dir, by_score)
+    progress.done()
+    record = provenance(run, sampling, path.temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
+    serve_path(run, path, tmp_dir)
+    draft = version_manifest(run, path, sampling, verdict, record, tmp_dir)
+    finish_artifact(run.parts, ecfg.format, path.module, path.served, draft.scores_read(), tmp_dir)
+    manifest = version_manifest(run, path, sampling, verdict, record, tmp_dir)
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
-    progress.update()
+    progress.done()
     write_reports(run, manifest, figures)
-    progress.update()
+    progress.done()
     progress.close()
     metrics = figures.metrics
-    slope = "" if not by_score or not by_score.temperature else f" x exp({by_score.temperature.slope:g} * score)"
-    print(f"exported {out_dir} (depth {manifest.sampling.depth}, S={default_s}, T={temperature:.3f}{slope}, OOD score "
-          f"{manifest.ood.score}); test: backbone acc {metrics['backbone']['accuracy']:.4f} "
-          f"ece {metrics['backbone']['ece']:.4f}, DIRECTOR acc {metrics[f'director_s{default_s}']['accuracy']:.4f} "
-          f"ece {metrics[f'director_s{default_s}']['ece']:.4f}")
+    served_block = metrics["posthoc"] if path.method == "posthoc" else metrics[f"director_s{kernel.default_samples}"]
+    by_score = path.by_score.temperature if path.by_score else None
+    slope = "" if by_score is None else f" x exp({by_score.slope:g} * score)"
+    print(f"exported {out_dir} (method {manifest.method}, S={path.default_samples}, T={path.temperature:.3f}{slope}, "
+          f"OOD score {manifest.ood.score}); test: backbone acc {metrics['backbone']['accuracy']:.4f} "
+          f"ece {metrics['backbone']['ece']:.4f}, served acc {served_block['accuracy']:.4f} "
+          f"ece {served_block['ece']:.4f}")
+    print(f"kernel verdict: {verdict.sentence}")
     return out_dir

@@ -31,7 +31,7 @@ from torch.export.graph_signature import InputKind
 
 from artifact.formats import AOTI_FORMAT, EXPORTED_ARTIFACT
 from training.data.images import ForwardArgs
-from training.export.ood_selection import computes_kernel_error
+from training.export.ood_selection import returns_input_scores
 
 # Inductor options of every package: ATen's random numbers (the TorchScript artifact's draws under the same seed)
 COMPILE_OPTIONS: dict[str, Any] = {"aot_inductor.package": True, "fallback_random": True}
@@ -51,7 +51,7 @@ class Method(nn.Module):
 
 def exported_methods(module: nn.Module) -> tuple[str, ...]:
     """The methods the server may call on ``module``: ``scored_rows`` only where it computes per-input scores."""
-    return ("sample_rows", "scored_rows") if computes_kernel_error(module) else ("sample_rows",)
+    return ("sample_rows", "scored_rows") if returns_input_scores(module) else ("sample_rows",)
 
 
 def text_length(module: nn.Module) -> Dim:

@@ -16,7 +16,7 @@ import torch
 from artifact.contract import MANIFEST, Manifest, retired_folder, sha256_file, staging_folder
 from models.half_storage import drop_weight_caches
 from training.data.images import ForwardArgs
-from training.export.ood_selection import computes_kernel_error
+from training.export.ood_selection import returns_input_scores
 
 
 def script_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -122,7 +122,7 @@ def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, 
     served_out = served(*probe, n_samples)
     if not torch.allclose(eager_out, served_out, atol=1e-4):
         raise RuntimeError(f"scripted artifact differs from the eager module by {(eager_out - served_out).abs().max()}")
-    if computes_kernel_error(artifact_module):  # the kernel error, from the artifact's own teacher layers
+    if returns_input_scores(artifact_module):  # the kernel error, from the artifact's own teacher layers
         ones = torch.ones(probe[0].shape[0], dtype=torch.long)  # [b]
         eager_error = artifact_module.scored_rows(*probe, ones)[1]  # [b, F]
         served_error = served.scored_rows(*probe, ones)[1]  # [b, F]

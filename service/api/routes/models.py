@@ -36,7 +36,8 @@ def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
                        serving=ready.serving.shown(), input=manifest.input.document(),
                        max_text_characters=ready.artifact.codec.max_characters(state.predictor.limits),
                        samples_informative=verdict.informative if verdict else None,
-                       samples_note=verdict.note if verdict else None)
+                       samples_note=verdict.note if verdict else None,
+                       kernel_verdict=manifest.kernel_verdict.sentence if manifest.kernel_verdict else None)
 
 
 def summary(state: AppState, name: str) -> ModelSummary:

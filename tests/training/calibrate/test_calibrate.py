@@ -35,7 +35,7 @@ TINY = ["--set", "distil.epochs=1", "--set", "distil.batch_size=32", "--set", "d
         "--set", "distil.tau_images=40", "--set", "distil.stats_batches=1", "--set", "distil.val_images=40",
         "--set", "distil.val_samples=2", "--set", "export.threshold_images=40",
         "--set", "export.ood_validation_images=30", "--set", "export.sample_counts=[1,2,4]",
-        "--set", "export.default_samples=2", "--set", "export.max_samples=8", "--set", "export.eval_samples=2",
+        "--set", "export.default_samples=2", "--set", "export.max_samples=8",
         "--set", "export.noise_scale_grid=[1.0]", "--set", "evaluate.ood_images=30", "--set", "threads=1",
         "--set", "fit.epochs=1"]
 TEXT_FAMILIES = {"tiny-bert": "bert", "tiny-roberta": "roberta", "tiny-distilbert": "distilbert",
@@ -43,10 +43,12 @@ TEXT_FAMILIES = {"tiny-bert": "bert", "tiny-roberta": "roberta", "tiny-distilber
 COLOURS = ["red", "green", "blue"]
 
 
-def calibrate(tmp: Path, name: str, backbone: str, data: Path, *extra: str) -> None:
+def calibrate(tmp: Path, name: str, backbone: str, data: Path, *extra: str, method: str = "director") -> None:
+    """``calibrate`` on tiny settings; DIRECTOR is served whatever the kernel's verdict (a tiny kernel's verdict is
+    what tests/training/export/test_verdict.py measures) unless ``method`` says otherwise."""
     args = ["calibrate", "--backbone", backbone, "--data", str(data), "--name", name, "--run-dir",
             str(tmp / "runs" / name), "--repository", str(tmp / "repo"), "--set", f"export.docs_dir={tmp / 'docs'}",
-            *TINY, *extra]
+            "--method", method, *TINY, *extra]
     assert main(args) == 0
 
 
@@ -62,7 +64,8 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
         depths = "[1,2]" if kind == "bert" else "[1]"
         own = ["--ood-validation", str(far)] if kind == "roberta" else []
         calibrate(tmp, name, str(save_text_checkpoint(tmp / "ckpt" / name, kind)), reviews,
-                  "--set", f"distil.depth_candidates={depths}", *own)
+                  "--set", f"distil.depth_candidates={depths}", *own,
+                  method="posthoc" if kind == "distilbert" else "director")
     bare = save_text_checkpoint(tmp / "ckpt" / "bare-bert", "bert", head=False)
     calibrate(tmp, "tiny-bare-bert", str(bare), reviews, "--set", "distil.depth_candidates=[1]")
     folder = write_image_folder(tmp / "images", per_class=30)
@@ -134,7 +137,12 @@ def test_manifests_record_the_family_depth_and_checkpoint(calibrated: Path) -> N
     for name in [*TEXT_FAMILIES, "tiny-bare-bert", "tiny-vit", "tiny-deit", "tiny-timm-vit"]:
         manifest = parse_manifest(json.loads((calibrated / "repo" / name / "1" / MANIFEST).read_text()))
         assert manifest.labels == (COLOURS if "vit" in name or "deit" in name else CLASSES)
-        assert manifest.sampling.depth >= 1
+        assert manifest.kernel_verdict is not None
+        if name == "tiny-distilbert":  # --method posthoc: the backbone's own forward, the verdict still measured
+            assert manifest.method == "posthoc" and manifest.sampling.depth == 0
+            assert manifest.kernel_verdict.requested == "posthoc" and manifest.kernel_verdict.comparisons
+        else:
+            assert manifest.method == "director" and manifest.sampling.depth >= 1
     bert = parse_manifest(json.loads((calibrated / "repo" / "tiny-bert" / "1" / MANIFEST).read_text()))
     assert bert.sampling.depth == selection["chosen"]
     assert "tiny-bert" in str(bert.provenance.backbone["kind"]) or "ckpt" in str(bert.provenance.backbone["kind"])
@@ -146,8 +154,10 @@ def test_manifests_record_the_family_depth_and_checkpoint(calibrated: Path) -> N
         assert ood.selection_set is not None
         if own is None:
             assert "Debian software licences" in ood.selection_set
-        else:  # the user's set chose the score: named in the manifest, every candidate scored on it
-            assert ood.selection_set.startswith(f"{own} (the user's OOD validation set")
+        else:  # the user's set is one more family: named in the manifest, every candidate scored on it
+            assert f"{own} (the user's OOD validation set" in ood.selection_set
+            families = (ood.model_extra or {})["selection_families"]
+            assert families["user_ood_validation"]["weight"] == 1.0 and len(families) == 4
             assert ood.selection_auroc and all(v is None or 0 <= v <= 1 for v in ood.selection_auroc.values())
     timm_sources = json.loads((calibrated / "repo" / "tiny-timm-vit" / "1" / MANIFEST).read_text())["provenance"][
         "sources"]

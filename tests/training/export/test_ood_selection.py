@@ -82,3 +82,21 @@ def test_mutual_information_falls_back_where_it_is_undefined() -> None:
     choice = choose_ood_score(ScoreInputs(summarize(val_logits)), ScoreInputs(summarize(ood_logits)), n_samples=8)
     assert choice.chosen.name == "mutual_information" and choice.fallback.name != "mutual_information"
     assert choice.rule_at(1) == choice.fallback and choice.rule_at(2) == choice.chosen
+
+
+def test_over_families_a_score_close_to_the_best_on_all_beats_one_that_wins_a_single_family() -> None:
+    """Family "errors" is separated by the kernel error alone (the logits agree with validation); family "confident"
+    by the logits alone (the errors agree). The kernel error wins "errors" and fails "confident"; the best combination
+    is close to the best on both, so the minimax-regret rule serves it, while either family alone picks its winner."""
+    val = inputs(300, 3.0, 0.01, 0)
+    errors, confident = inputs(300, 3.0, 0.1, 1), inputs(300, 0.0, 0.01, 2)
+    alone = choose_ood_score(val, {"errors": errors}, n_samples=4)
+    assert alone.label == KERNEL_ERROR
+    both = choose_ood_score(val, {"errors": errors, "confident": confident}, n_samples=4)
+    assert both.label.startswith(COMBINED)
+    assert both.regret[both.label] < both.regret[KERNEL_ERROR]
+    assert set(both.family_auroc) == {"errors", "confident"}
+    assert both.family_auroc["confident"][KERNEL_ERROR] < 0.7 < both.family_auroc["confident"][both.label]
+    weighted = choose_ood_score(val, {"errors": errors, "confident": confident}, n_samples=4,
+                                weights={"errors": 1.0, "confident": 0.0})
+    assert weighted.label == KERNEL_ERROR  # a family weighted 0 no longer counts

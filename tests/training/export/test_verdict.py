@@ -1,0 +1,155 @@
+"""The kernel's verdict: each branch of ``export.method: auto`` on known comparisons, the paired intervals on known
+scores, and the whole export on tiny models, both branches: on a backbone fitted for 8 epochs (53% validation
+accuracy) a kernel trained for zero steps (the identity mean map at the observed variance, skipping both layers)
+loses, so the post-hoc path is served and its file is the backbone's own forward; on the same backbone fitted for 2
+epochs (14%) that identity kernel is better than the barely trained layers it skips, measured beyond noise and
+margin, and DIRECTOR is served. The runs are seeded on one CPU thread, so they repeat."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from artifact.contract import VerdictComparison
+from models.uncertainty import summarize
+from tests.conftest import export_zero_step_kernel
+from training.config import ExportConfig
+from training.export.ood_selection import ScoreInputs
+from training.export.verdict import PathFigures, compare_paths, comparison, decide
+
+MARGINS = ExportConfig()
+
+
+def nll_row(difference: float, ci: tuple[float, float], posthoc: float = 0.5) -> VerdictComparison:
+    return comparison("held-out shift", "nll", posthoc + difference, posthoc, ci, margin=0.02 * posthoc)
+
+
+def test_a_gain_beyond_noise_and_margin_with_no_loss_serves_director() -> None:
+    rows = [nll_row(-0.05, (-0.07, -0.03)),
+            comparison("validation", "ece", 0.02, 0.021, (-0.004, 0.002))]
+    verdict = decide(rows, "auto", MARGINS)
+    assert verdict.kernel_wins and verdict.served == "director"
+    assert rows[0].practical and "earns its place" in verdict.sentence
+    assert "so this version serves DIRECTOR" in verdict.sentence
+
+
+def test_a_gain_under_the_practical_margin_serves_the_posthoc_path() -> None:
+    """Beyond noise but 0.003 NLL on 0.5 (0.6%, the margin is 2%): not worth the kernel."""
+    rows = [nll_row(-0.003, (-0.005, -0.001))]
+    verdict = decide(rows, "auto", MARGINS)
+    assert rows[0].favours == "director" and not rows[0].practical
+    assert not verdict.kernel_wins and verdict.served == "posthoc"
+    assert "adds nothing worth its cost" in verdict.sentence and "under its margin" in verdict.sentence
+
+
+def test_any_loss_beyond_noise_serves_the_posthoc_path_even_beside_a_gain() -> None:
+    rows = [nll_row(-0.05, (-0.07, -0.03)),
+            comparison("photo patches", "auroc", 0.90, 0.95, (-0.07, -0.03))]
+    verdict = decide(rows, "auto", MARGINS)
+    assert rows[1].favours == "posthoc"
+    assert not verdict.kernel_wins and verdict.served == "posthoc"
+    assert "worse beyond noise on AUROC on photo patches" in verdict.sentence
+
+
+def test_an_explicit_method_is_served_whatever_the_verdict_and_the_sentence_says_so() -> None:
+    losing = [comparison("photo patches", "auroc", 0.90, 0.95, (-0.07, -0.03))]
+    forced = decide(losing, "director", MARGINS)
+    assert forced.served == "director" and not forced.kernel_wins
+    assert "export.method asked for director, so it serves DIRECTOR" in forced.sentence
+    winning = [nll_row(-0.05, (-0.07, -0.03))]
+    plain = decide(winning, "posthoc", MARGINS)
+    assert plain.served == "posthoc" and plain.kernel_wins
+    assert "export.method asked for posthoc" in plain.sentence
+
+
+def test_the_worst_family_auroc_gain_needs_its_margin() -> None:
+    small = comparison("families", "worst_auroc", 0.905, 0.90, (0.001, 0.009), margin=0.01)
+    large = comparison("families", "worst_auroc", 0.93, 0.90, (0.02, 0.04), margin=0.01)
+    assert small.favours == "director" and not small.practical
+    assert large.practical
+
+
+def inputs_from(logits: torch.Tensor) -> ScoreInputs:
+    return ScoreInputs(summarize(logits[None]))  # [1, N, C] -> one sample
+
+
+def test_paired_comparisons_of_identical_paths_favour_neither() -> None:
+    """The same probabilities and scores on both paths: every difference is 0 and no interval excludes it."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(200, 3, generator=gen) * 2  # [N, C]
+    labels = torch.randint(0, 3, (200,), generator=gen)
+    scores = torch.randn(200, generator=gen)  # [N]
+    figures = PathFigures(inputs_from(logits), scores, inputs_from(logits),
+                          {"far": torch.randn(80, generator=gen) + 2, "near": torch.randn(80, generator=gen)})
+    rows = compare_paths(figures, figures, labels, labels, "rotated validation", {"far": "far set"},
+                         ExportConfig(verdict_bootstrap=50), seed=0)
+    assert {(r.set, r.metric) for r in rows} >= {("validation", "nll"), ("rotated validation", "ece"),
+                                                  ("far set", "auroc"), ("near", "fpr95"),
+                                                  ("OOD-validation families, worst case", "worst_auroc")}
+    assert all(r.difference == 0 and r.favours == "neither" for r in rows)
+    assert not decide(rows, "auto", MARGINS).kernel_wins
+
+
+def test_a_path_with_better_probabilities_wins_the_nll_comparison() -> None:
+    gen = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, 3, (300,), generator=gen)
+    sharp = torch.nn.functional.one_hot(labels, 3).float() * 4  # [N, C] confident and right
+    flat = torch.zeros(300, 3)  # uniform
+    scores = torch.randn(300, generator=gen)
+    families = {"far": torch.randn(80, generator=gen) + 3}
+    good, poor = (PathFigures(inputs_from(x), scores, inputs_from(x), families) for x in (sharp, flat))
+    rows = compare_paths(good, poor, labels, labels, "shift", {}, ExportConfig(verdict_bootstrap=50), seed=0)
+    nll = next(r for r in rows if r.metric == "nll" and r.set == "validation")
+    assert nll.favours == "director" and nll.practical
+    verdict = decide(rows, "auto", MARGINS)
+    assert verdict.kernel_wins and verdict.served == "director"
+
+
+def test_where_the_kernel_wins_auto_serves_director(tmp_path: Path) -> None:
+    _, folder = export_zero_step_kernel(tmp_path, fit_epochs=2)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    verdict = manifest["kernel_verdict"]
+    assert manifest["method"] == "director" and verdict["served"] == "director" and verdict["kernel_wins"]
+    assert any(row["practical"] for row in verdict["comparisons"])
+    assert not any(row["favours"] == "posthoc" for row in verdict["comparisons"])
+    assert manifest["artifact"]["input_scores"][0] == "kernel_error"
+
+
+def test_a_kernel_trained_for_zero_steps_is_not_served(posthoc_export: tuple[Path, Path]) -> None:
+    config, folder = posthoc_export
+    manifest = json.loads((folder / "manifest.json").read_text())
+    verdict = manifest["kernel_verdict"]
+    assert manifest["method"] == "posthoc" and verdict["served"] == "posthoc" and verdict["requested"] == "auto"
+    assert not verdict["kernel_wins"]
+    assert "serves the post-hoc path" in verdict["sentence"]
+    assert any(row["favours"] == "posthoc" for row in verdict["comparisons"])
+    assert manifest["sampling"]["depth"] == 0 and "variance" not in manifest
+    assert manifest["artifact"]["input_scores"] is None or "kernel_error" not in manifest["artifact"]["input_scores"]
+
+
+def test_the_posthoc_artifact_is_the_backbone_forward(posthoc_export: tuple[Path, Path]) -> None:
+    """The served file returns the backbone's own logits, one row repeated per sample; DIRECTOR's file stays in the
+    run folder."""
+    from training.config import load_config
+    from training.data.images import load_dataset
+    from training.export.writing import load_scripted
+    from training.loading import load_backbone
+
+    config, folder = posthoc_export
+    cfg = load_config(config)
+    module = load_scripted(folder / "director.ts")
+    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
+                        cfg.data.train_limit, cfg.data.test_limit)
+    pixels = data.val.images[:6]  # [6, 1, 28, 28]
+    backbone = load_backbone(cfg.run_dir).eval()
+    rows = module.sample_rows(pixels, torch.tensor([1, 2, 1, 3, 1, 1]))  # [9, C]
+    with torch.no_grad():
+        expected = backbone(pixels)  # [6, C]
+    assert torch.allclose(rows[:1], expected[:1], atol=1e-4)
+    assert torch.equal(rows[1], rows[2]) and torch.allclose(rows[1], expected[1], atol=1e-4)
+    assert (Path(cfg.run_dir) / "director.ts").is_file() and (Path(cfg.run_dir) / "posthoc.ts").is_file()
+    page = (Path(cfg.export.docs_dir) / f"{cfg.export.name}.md").read_text()
+    assert "## What the kernel adds: DIRECTOR against the post-hoc path" in page
+    assert "post-hoc path: the backbone with the same post-hoc tools (served)" in page

@@ -1,0 +1,222 @@
+"""The kernel's verdict (docs/method.md, "The kernel earns its place, or steps aside"): DIRECTOR as it would be served
+against the post-hoc path with the same post-hoc tools, paired per input, and which of the two a version serves.
+
+Each path comes with its own served temperature rule and its own OOD score, chosen by the same rules on the same
+validation data. They are compared on validation and on the held-out shift (NLL and ECE of the served probabilities)
+and on every OOD-validation family (AUROC and FPR95 of the served score against validation, and the AUROC of the
+worst family). Each comparison is DIRECTOR minus post-hoc with a 95% interval: the paired per-input mean and its
+standard error for the NLL, a paired bootstrap (the same resample for both paths) for the others.
+
+``export.method: auto`` serves DIRECTOR only when it gains beyond noise *and* beyond a practical margin on at least one
+of: ECE on the held-out shift (``verdict_shift_ece``, absolute), NLL on validation or on the shift
+(``verdict_nll_relative`` of the post-hoc path's NLL), the worst family's AUROC (``verdict_auroc``); and is worse
+beyond noise on none of the comparisons. Otherwise it serves the post-hoc path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from artifact.contract import KernelVerdict, VerdictComparison
+from training.config import ExportConfig, PipelineConfig
+from training.data.held_out_shift import HeldOutShift, held_out_shift
+from training.export.ood_selection import ScoreInputs
+from training.export.parts import ExportParts
+from training.export.served_path import ServedPath
+from training.metrics import ece
+from training.ood_metrics import auroc, fpr_at_tpr
+
+LOWER_IS_BETTER = {"nll": True, "ece": True, "fpr95": True, "auroc": False, "worst_auroc": False}
+
+
+@dataclass(frozen=True)
+class PathFigures:
+    """What one path serves on the verdict's sets: the served probabilities and OOD score on validation and on the
+    held-out shift, and the served OOD score on each OOD-validation family."""
+
+    val: ScoreInputs
+    val_score: torch.Tensor  # [N] the served OOD score
+    shift: ScoreInputs
+    family_scores: dict[str, torch.Tensor]  # family -> [M] the served OOD score
+
+
+def favours(difference_ci: tuple[float, float], lower_is_better: bool) -> str:
+    """Which path a DIRECTOR-minus-post-hoc interval favours beyond noise (it excludes 0), else "neither"."""
+    low, high = difference_ci
+    if high < 0:
+        return "director" if lower_is_better else "posthoc"
+    if low > 0:
+        return "posthoc" if lower_is_better else "director"
+    return "neither"
+
+
+def paired_ood_interval(fn: Callable[[torch.Tensor, torch.Tensor], float], id_a: torch.Tensor, ood_a: torch.Tensor,
+                        id_b: torch.Tensor, ood_b: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float]:
+    """The 95% interval of ``fn(id_a, ood_a) - fn(id_b, ood_b)`` (an OOD metric of two paths' scores of the same
+    inputs) over paired resamples."""
+    return bootstrap_interval(lambda i, j: fn(id_a[i], ood_a[j]) - fn(id_b[i], ood_b[j]), id_a.shape[0],
+                              ood_a.shape[0], n_boot, seed)
+
+
+def bootstrap_interval(statistic: Callable[[torch.Tensor, torch.Tensor], float], n_id: int, n_ood: int,
+                       n_boot: int, seed: int) -> tuple[float, float]:
+    """The 95% percentile interval of ``statistic(id_index, ood_index)`` over resamples of both index sets (the same
+    resample for both paths inside ``statistic``: paired)."""
+    gen = torch.Generator().manual_seed(seed)
+    draws = []
+    for _ in range(n_boot):
+        draws.append(statistic(torch.randint(0, n_id, (n_id,), generator=gen),
+                               torch.randint(0, max(n_ood, 1), (n_ood,), generator=gen)))
+    values = torch.tensor(draws, dtype=torch.float64)
+    return float(values.quantile(0.025)), float(values.quantile(0.975))
+
+
+def comparison(set_name: str, metric: str, director: float, posthoc: float, ci: tuple[float, float],
+               margin: float | None = None) -> VerdictComparison:
+    """One comparison; ``practical`` when DIRECTOR's gain is beyond noise and at least ``margin`` (absolute)."""
+    lower = LOWER_IS_BETTER[metric]
+    side = favours(ci, lower)
+    difference = director - posthoc
+    gain = -difference if lower else difference
+    practical = margin is not None and side == "director" and gain >= margin
+    return VerdictComparison(set=set_name, metric=metric, director=director, posthoc=posthoc, difference=difference,
+                             ci95=ci, favours=side, margin=margin, practical=practical)
+
+
+def label_nll(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """-log p(label) of every input [N] (probs [N, C])."""
+    return -probs.gather(1, labels[:, None]).squeeze(1).clamp_min(1e-12).log()  # [N]
+
+
+def calibration_comparisons(set_name: str, director: ScoreInputs, posthoc: ScoreInputs, labels: torch.Tensor,
+                            ecfg: ExportConfig, seed: int, ece_margin: float | None) -> list[VerdictComparison]:
+    """NLL (paired per input) and ECE (paired bootstrap) of the two paths' served probabilities on one labelled set."""
+    p_dir, p_post = director.summary.probabilities, posthoc.summary.probabilities  # [N, C] each
+    nll_dir, nll_post = label_nll(p_dir, labels), label_nll(p_post, labels)  # [N] each
+    diff = nll_dir - nll_post  # [N]
+    half = 1.96 * float(diff.std()) / math.sqrt(diff.shape[0]) if diff.shape[0] > 1 else 0.0
+    mean_post = float(nll_post.mean())
+    nll = comparison(set_name, "nll", float(nll_dir.mean()), mean_post, (float(diff.mean()) - half,
+                                                                         float(diff.mean()) + half),
+                     margin=ecfg.verdict_nll_relative * mean_post)
+    n = labels.shape[0]
+    ece_ci = bootstrap_interval(lambda i, _: ece(p_dir[i], labels[i]) - ece(p_post[i], labels[i]), n, 0,
+                                ecfg.verdict_bootstrap, seed)
+    calibration = comparison(set_name, "ece", ece(p_dir, labels), ece(p_post, labels), ece_ci, margin=ece_margin)
+    return [nll, calibration]
+
+
+def ood_comparisons(director: PathFigures, posthoc: PathFigures, descriptions: dict[str, str], ecfg: ExportConfig,
+                    seed: int) -> list[VerdictComparison]:
+    """AUROC and FPR95 of each path's served score, validation against each OOD-validation family, and the AUROC of
+    the worst family (the resample of validation shared by every family)."""
+    out = []
+    val_dir, val_post = director.val_score, posthoc.val_score  # [N]
+    n_id = val_dir.shape[0]
+    for offset, family in enumerate(director.family_scores):
+        ood_dir, ood_post = director.family_scores[family], posthoc.family_scores[family]  # [M]
+        for metric, fn in (("auroc", auroc), ("fpr95", fpr_at_tpr)):
+            ci = paired_ood_interval(fn, val_dir, ood_dir, val_post, ood_post, ecfg.verdict_bootstrap, seed + offset)
+            out.append(comparison(descriptions.get(family, family), metric, fn(val_dir, ood_dir),
+                                  fn(val_post, ood_post), ci))
+    families = list(director.family_scores)
+
+    def worst(scores_id: torch.Tensor, by_family: dict[str, torch.Tensor], i: torch.Tensor | None = None,
+              js: dict[str, torch.Tensor] | None = None) -> float:
+        return min(auroc(scores_id if i is None else scores_id[i],
+                         by_family[f] if js is None else by_family[f][js[f]]) for f in families)
+
+    gen = torch.Generator().manual_seed(seed + 100)
+    draws = []
+    for _ in range(ecfg.verdict_bootstrap):
+        i = torch.randint(0, n_id, (n_id,), generator=gen)
+        js = {f: torch.randint(0, director.family_scores[f].shape[0], (director.family_scores[f].shape[0],),
+                               generator=gen) for f in families}
+        draws.append(worst(val_dir, director.family_scores, i, js) - worst(val_post, posthoc.family_scores, i, js))
+    values = torch.tensor(draws, dtype=torch.float64)
+    ci = (float(values.quantile(0.025)), float(values.quantile(0.975)))
+    out.append(comparison("OOD-validation families, worst case", "worst_auroc",
+                          worst(val_dir, director.family_scores), worst(val_post, posthoc.family_scores), ci,
+                          margin=ecfg.verdict_auroc))
+    return out
+
+
+def compare_paths(director: PathFigures, posthoc: PathFigures, val_labels: torch.Tensor, shift_labels: torch.Tensor,
+                  shift_name: str, descriptions: dict[str, str], ecfg: ExportConfig, seed: int
+                  ) -> list[VerdictComparison]:
+    """Every comparison the verdict reads, in the order the pages show them."""
+    return [*calibration_comparisons("validation", director.val, posthoc.val, val_labels, ecfg, seed, None),
+            *calibration_comparisons(shift_name, director.shift, posthoc.shift, shift_labels, ecfg, seed + 1,
+                                     ecfg.verdict_shift_ece),
+            *ood_comparisons(director, posthoc, descriptions, ecfg, seed + 2)]
+
+
+def described(c: VerdictComparison) -> str:
+    """One comparison in words: 'NLL on validation +0.012 [+0.004, +0.020]'."""
+    names = {"nll": "NLL", "ece": "ECE", "auroc": "AUROC", "fpr95": "FPR95", "worst_auroc": "worst-family AUROC"}
+    scale = 100.0 if c.metric in ("ece", "fpr95") else 1.0
+    unit = " points" if scale == 100.0 else ""
+    low, high = c.ci95
+    return (f"{names[c.metric]} on {c.set} {scale * c.difference:+.3f}{unit} "
+            f"[{scale * low:+.3f}, {scale * high:+.3f}]")
+
+
+def decide(comparisons: list[VerdictComparison], requested: str, ecfg: ExportConfig,
+           cost: dict[str, object] | None = None) -> KernelVerdict:
+    """Which path a version serves, and the sentence that says why."""
+    gains = [c for c in comparisons if c.practical]
+    losses = [c for c in comparisons if c.favours == "posthoc"]
+    kernel_wins = bool(gains) and not losses
+    served = "director" if requested == "director" or (requested == "auto" and kernel_wins) else "posthoc"
+    if kernel_wins:
+        why = (f"the DIRECTOR kernel earns its place on this model: paired against the backbone with the same post-hoc "
+               f"tools (DIRECTOR minus post-hoc), {'; '.join(described(c) for c in gains)}, and it is worse beyond "
+               f"noise on nothing")
+    elif losses:
+        why = (f"the DIRECTOR kernel does not earn its place on this model: paired against the backbone with the same "
+               f"post-hoc tools (DIRECTOR minus post-hoc), it is worse beyond noise on "
+               f"{'; '.join(described(c) for c in losses[:3])}"
+               + (f" (and gains beyond its margin on {'; '.join(described(c) for c in gains)})" if gains else ""))
+    else:
+        beyond_noise = [c for c in comparisons if c.favours == "director"]
+        best = (f" (beyond noise but under its margin: {'; '.join(described(c) for c in beyond_noise[:2])})"
+                if beyond_noise else "")
+        why = (f"the DIRECTOR kernel adds nothing worth its cost on this model: paired against the backbone with the "
+               f"same post-hoc tools, no measure gains beyond noise and its practical margin{best}")
+    serves = ("serves DIRECTOR" if served == "director"
+              else "serves the post-hoc path (the backbone's own forward with the same post-hoc tools, no kernel)")
+    forced = (f"; export.method asked for {requested}, so it {serves}" if requested != "auto" and
+              served != ("director" if kernel_wins else "posthoc") else f", so this version {serves}")
+    sentence = why[0].upper() + why[1:] + forced + "."
+    margins = {"shift_ece": ecfg.verdict_shift_ece, "nll_relative": ecfg.verdict_nll_relative,
+               "worst_auroc": ecfg.verdict_auroc}
+    return KernelVerdict(requested=requested, served=served, kernel_wins=kernel_wins, sentence=sentence,
+                         comparisons=comparisons, margins=margins, cost=cost)
+
+
+def path_figures(path: ServedPath, parts: ExportParts, shift: HeldOutShift, seed: int) -> PathFigures:
+    """What ``path`` serves on validation, the held-out shift and every OOD-validation family."""
+    val = path.val_inputs(parts.data.val)
+    families = {name: path.ood_score(path.inputs(f"ood_validation:{name}", family.split, seed))
+                for name, family in parts.ood_families.items()}
+    return PathFigures(val, path.ood_score(val), path.inputs("held_out_shift", shift.split, seed), families)
+
+
+def kernel_verdict(kernel: ServedPath, plain: ServedPath, parts: ExportParts, cfg: PipelineConfig,
+                   backbone_parameters: int) -> KernelVerdict:
+    """DIRECTOR (``kernel``) against the post-hoc path (``plain``), paired, and what ``export.method`` serves."""
+    shift = held_out_shift(cfg, parts.data.val)
+    comparisons = compare_paths(path_figures(kernel, parts, shift, cfg.seed), path_figures(plain, parts, shift,
+                                                                                           cfg.seed),
+                                parts.data.val.labels, shift.split.labels, shift.description.split(" + ")[-1],
+                                {name: family.description for name, family in parts.ood_families.items()},
+                                cfg.export, cfg.seed)
+    cost = {"director": {"parameters": sum(p.numel() for p in kernel.module.parameters()),
+                         "default_samples": kernel.default_samples},
+            "posthoc": {"parameters": sum(p.numel() for p in plain.module.parameters()), "default_samples": 1},
+            "backbone_parameters": backbone_parameters}
+    return decide(comparisons, cfg.export.method, cfg.export, cost)
