@@ -15,7 +15,7 @@ from tests.training.pipeline_checks import check_distil_resumes, check_partial_d
 from training.cli import main
 from training.config import load_config
 from training.export.writing import load_scripted
-from training.loading import load_director
+from training.loading import load_backbone, load_director
 from training.runtime import load_checkpoint
 
 
@@ -179,6 +179,13 @@ def test_partial_depth_distils_exports_and_matches_eager(exported: tuple[Path, P
     run, folder = check_partial_depth(exported[0], tmp_path)
     draws = check_served_equals_eager(run, folder)
     assert not torch.allclose(draws[0], draws[1])  # samples differ
+    # the readout was trained with the kernel: the post-hoc path (scripted into the run folder) is the backbone's own
+    # forward, its own readout included, not the trained one
+    pixels = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        own = load_backbone(run).eval()(pixels)  # [4, C]
+    posthoc = load_scripted(run / "posthoc.ts")
+    assert torch.allclose(posthoc.sample_rows(pixels, torch.ones(4, dtype=torch.long)), own, atol=1e-4)
 
 
 def test_a_token_correlation_grid_is_fitted_recorded_and_scripted(exported: tuple[Path, Path],

@@ -45,6 +45,7 @@ class OodFamily:
 
 
 def unlabelled(images: torch.Tensor) -> Split:
+    """Images without labels (an OOD set) as a split."""
     return Split(images, torch.zeros(images.shape[0], dtype=torch.long))
 
 

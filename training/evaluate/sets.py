@@ -28,7 +28,7 @@ from training.data.images import (
     photo_patch_images,
     uniform_noise_images,
 )
-from training.data.ood_families import IMAGE_OOD_SELECTION_SET
+from training.data.ood_families import IMAGE_OOD_SELECTION_SET, unlabelled
 from training.data.ood_validation import describe, user_ood_images, user_ood_texts
 from training.data.tokens import (
     TEXT_OOD_SELECTION_SET,
@@ -63,10 +63,6 @@ class EvalInputs:
     def singles(self, split: AnySplit, n: int) -> list[ForwardArgs]:
         """The first ``n`` inputs of ``split``, each as a batch of one."""
         return [split.forward_args(torch.tensor([i])) for i in range(min(n, len(split)))]
-
-
-def unlabelled(images: torch.Tensor) -> Split:
-    return Split(images, torch.zeros(images.shape[0], dtype=torch.long))
 
 
 def image_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:

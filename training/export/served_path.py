@@ -14,7 +14,7 @@ import torch
 
 from models.uncertainty import ScoreTemperature, Temperature, summarize, temperature_for
 from training.config import PipelineConfig
-from training.data.held_out_shift import HeldOutShift, held_out_shift
+from training.data.held_out_shift import HeldOutShift
 from training.export.ood_selection import ScoreInputs
 from training.export.parts import ExportParts
 from training.export.served_statistics import (
@@ -64,12 +64,12 @@ class ScoreTemperatureFit:
 
 
 def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
-                                temperature: float, stats: ServedStatistics, clean: torch.Tensor | None
-                                ) -> ScoreTemperatureFit | None:
+                                temperature: float, stats: ServedStatistics, clean: torch.Tensor | None,
+                                shift: HeldOutShift) -> ScoreTemperatureFit | None:
     """A temperature per input that grows with the served OOD score, when ``export.temperature_slope_grid`` offers
-    slopes: fitted on validation and its held-out shift (``fit_temperature_slope``), served when its slope is above 0
-    (the reference distributions are then measured again under it). None when no slope is offered; not fitted when
-    the served score reads the logits (``temperature_terms``)."""
+    slopes: fitted on validation and its held-out ``shift`` (``fit_temperature_slope``), served when its slope is
+    above 0 (the reference distributions are then measured again under it). None when no slope is offered; not fitted
+    when the served score reads the logits (``temperature_terms``)."""
     ecfg, seed, val = cfg.export, cfg.seed, parts.data.val
     if not any(ecfg.temperature_slope_grid) or clean is None:
         return None
@@ -78,7 +78,6 @@ def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg
     if val_scores is None or not terms:
         return ScoreTemperatureFit(None, {"slope": 0.0, "not_fitted": "the served OOD score reads the logits, which "
                                           "the temperature divides (or the model returns no per-input scores)"})
-    shift = held_out_shift(cfg, val)
     shifted = sample_split(served, shift.split, default_s, seed + 2)  # [S, N', C]
     shift_scores = stats.input_scores("held_out_shift", shift.split)
     assert shift_scores is not None  # the served module returned val's
@@ -92,7 +91,6 @@ def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg
     reference = reference_section(summarize(stats.val_logits, by_score(val_scores)), val.labels, default_s)
     stats.reference = {**reference, "ood_rate": stats.reference["ood_rate"]}  # the OOD score reads no logits
     return ScoreTemperatureFit(by_score, record)
-
 
 
 @dataclass
@@ -132,16 +130,17 @@ class ServedPath:
 
 
 def fit_served_path(method: str, module: torch.nn.Module, served: torch.jit.ScriptModule, parts: ExportParts,
-                    cfg: PipelineConfig, default_s: int, sample_counts: list[int], shift: HeldOutShift | None
-                    ) -> ServedPath:
-    """The post-hoc tools of one path, fitted on validation (and the held-out ``shift`` the noise was shaped on, when
-    it was): the served temperature, the statistics and OOD score, then a temperature per input."""
+                    cfg: PipelineConfig, default_s: int, sample_counts: list[int], shift: HeldOutShift,
+                    noise_shift: HeldOutShift | None) -> ServedPath:
+    """The post-hoc tools of one path, fitted on validation and its held-out ``shift``: the served temperature (which
+    also answers to ``noise_shift``, the shift DIRECTOR's noise was shaped on, when it was), the statistics and OOD
+    score, then a temperature per input."""
     ecfg = cfg.export
     clean = temperature_draws(served, parts, cfg, default_s)
-    temperature, temperature_fit = choose_temperature(served, parts, cfg, default_s, shift, clean)
+    temperature, temperature_fit = choose_temperature(served, parts, cfg, default_s, noise_shift, clean)
     stats = served_statistics(served, parts.data, ecfg, sample_counts, default_s, cfg.seed, parts.ood_families,
                               temperature)
-    by_score = choose_temperature_by_score(served, parts, cfg, default_s, temperature, stats, clean)
+    by_score = choose_temperature_by_score(served, parts, cfg, default_s, temperature, stats, clean, shift)
     if by_score is not None:  # kept or not, the slope's fit is recorded
         temperature_fit = {**temperature_fit, "by_score": by_score.record}
     return ServedPath(method, module, served, default_s, temperature, temperature_fit, by_score, stats)

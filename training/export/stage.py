@@ -58,7 +58,6 @@ EXPORT_STEPS = ("noise temperature and default S", "DIRECTOR's artifact and feat
                 "both paths' temperatures, OOD scores and thresholds", "the kernel's verdict", "test split",
                 "manifest and version", "results page")
 POSTHOC_FILE = "posthoc.ts"  # the post-hoc path's scripted module, in the run folder
-DIRECTOR_TS_FILE = "director.ts"  # DIRECTOR's scripted module, kept in the run folder when the post-hoc path is served
 
 
 @dataclass
@@ -224,26 +223,27 @@ def write_reports(run: ExportRun, manifest: Manifest, figures: SplitFigures) -> 
 
 
 def both_paths(run: ExportRun, sampling: SamplingChoice, artifact_module: torch.nn.Module,
-               served: torch.jit.ScriptModule) -> tuple[ServedPath, ServedPath]:
-    """DIRECTOR and the post-hoc path, each with its post-hoc tools fitted by the same rules. The post-hoc module is
-    scripted into the run folder (``POSTHOC_FILE``); its one OOD threshold holds at every sample count."""
+               served: torch.jit.ScriptModule, shift: HeldOutShift) -> tuple[ServedPath, ServedPath]:
+    """DIRECTOR and the post-hoc path, each with its post-hoc tools fitted by the same rules on validation and its
+    held-out ``shift``. The post-hoc module is scripted into the run folder (``POSTHOC_FILE``); its one OOD threshold
+    holds at every sample count."""
     cfg, parts = run.cfg, run.parts
     posthoc_module = parts.build_posthoc(run.director, artifact_module)
     posthoc_served = script_and_verify(posthoc_module, posthoc_module, parts.data.val.first_args(8),
                                        Path(cfg.run_dir) / POSTHOC_FILE)
     kernel = fit_served_path("director", artifact_module, served, parts, cfg, sampling.default_samples,
-                             cfg.export.sample_counts, sampling.shift)
-    plain = fit_served_path("posthoc", posthoc_module, posthoc_served, parts, cfg, 1, [1], None)
+                             cfg.export.sample_counts, shift, sampling.shift)
+    plain = fit_served_path("posthoc", posthoc_module, posthoc_served, parts, cfg, 1, [1], shift, None)
     plain.stats.ood["thresholds"] = {str(n): plain.stats.ood["thresholds"]["1"] for n in cfg.export.sample_counts}
     return kernel, plain
 
 
 def serve_path(run: ExportRun, path: ServedPath, tmp_dir: Path) -> None:
     """Put the served path's scripted file in the staged version; when that is the post-hoc path, DIRECTOR's file is
-    kept in the run folder (``DIRECTOR_TS_FILE``)."""
+    kept in the run folder under the artifact's name."""
     if path.method == "posthoc":
         run_dir = Path(run.cfg.run_dir)
-        shutil.copyfile(tmp_dir / ARTIFACT, run_dir / DIRECTOR_TS_FILE)
+        shutil.copyfile(tmp_dir / ARTIFACT, run_dir / ARTIFACT)
         shutil.copyfile(run_dir / POSTHOC_FILE, tmp_dir / ARTIFACT)
 
 
@@ -261,9 +261,10 @@ def export(cfg: PipelineConfig) -> Path:
     tmp_dir = staging_dir(out_dir)
     artifact_module, served = stage_artifact(run, tmp_dir)
     progress.done()
-    kernel, plain = both_paths(run, sampling, artifact_module, served)
+    shift = held_out_shift(cfg, run.parts.data.val)  # one held-out shift for both paths and the verdict
+    kernel, plain = both_paths(run, sampling, artifact_module, served, shift)
     progress.done()
-    verdict = kernel_verdict(kernel, plain, run.parts, cfg, run.backbone_parameters)
+    verdict = kernel_verdict(kernel, plain, run.parts, shift, cfg, run.backbone_parameters)
     path, other = (kernel, plain) if verdict.served == "director" else (plain, kernel)
     progress.done()
     figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, cfg.seed)

@@ -15,7 +15,6 @@ beyond noise on none of the comparisons. Otherwise it serves the post-hoc path.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,11 +22,12 @@ import torch
 
 from artifact.contract import KernelVerdict, VerdictComparison
 from training.config import ExportConfig, PipelineConfig
-from training.data.held_out_shift import HeldOutShift, held_out_shift
+from training.data.held_out_shift import HeldOutShift
 from training.export.ood_selection import ScoreInputs
 from training.export.parts import ExportParts
 from training.export.served_path import ServedPath
-from training.metrics import ece
+from training.export.served_statistics import paired_difference
+from training.metrics import ece, paired_bootstrap
 from training.ood_metrics import auroc, fpr_at_tpr
 
 LOWER_IS_BETTER = {"nll": True, "ece": True, "fpr95": True, "auroc": False, "worst_auroc": False}
@@ -97,16 +97,13 @@ def calibration_comparisons(set_name: str, director: ScoreInputs, posthoc: Score
     """NLL (paired per input) and ECE (paired bootstrap) of the two paths' served probabilities on one labelled set."""
     p_dir, p_post = director.summary.probabilities, posthoc.summary.probabilities  # [N, C] each
     nll_dir, nll_post = label_nll(p_dir, labels), label_nll(p_post, labels)  # [N] each
-    diff = nll_dir - nll_post  # [N]
-    half = 1.96 * float(diff.std()) / math.sqrt(diff.shape[0]) if diff.shape[0] > 1 else 0.0
+    mean, stderr = paired_difference(nll_dir - nll_post)
     mean_post = float(nll_post.mean())
-    nll = comparison(set_name, "nll", float(nll_dir.mean()), mean_post, (float(diff.mean()) - half,
-                                                                         float(diff.mean()) + half),
+    nll = comparison(set_name, "nll", float(nll_dir.mean()), mean_post, (mean - 1.96 * stderr, mean + 1.96 * stderr),
                      margin=ecfg.verdict_nll_relative * mean_post)
-    n = labels.shape[0]
-    ece_ci = bootstrap_interval(lambda i, _: ece(p_dir[i], labels[i]) - ece(p_post[i], labels[i]), n, 0,
-                                ecfg.verdict_bootstrap, seed)
-    calibration = comparison(set_name, "ece", ece(p_dir, labels), ece(p_post, labels), ece_ci, margin=ece_margin)
+    ece_ci = paired_bootstrap(p_dir, p_post, labels, ecfg.verdict_bootstrap, seed)["ece"]["ci95"]
+    calibration = comparison(set_name, "ece", ece(p_dir, labels), ece(p_post, labels), tuple(ece_ci),
+                             margin=ece_margin)
     return [nll, calibration]
 
 
@@ -206,10 +203,10 @@ def path_figures(path: ServedPath, parts: ExportParts, shift: HeldOutShift, seed
     return PathFigures(val, path.ood_score(val), path.inputs("held_out_shift", shift.split, seed), families)
 
 
-def kernel_verdict(kernel: ServedPath, plain: ServedPath, parts: ExportParts, cfg: PipelineConfig,
-                   backbone_parameters: int) -> KernelVerdict:
-    """DIRECTOR (``kernel``) against the post-hoc path (``plain``), paired, and what ``export.method`` serves."""
-    shift = held_out_shift(cfg, parts.data.val)
+def kernel_verdict(kernel: ServedPath, plain: ServedPath, parts: ExportParts, shift: HeldOutShift,
+                   cfg: PipelineConfig, backbone_parameters: int) -> KernelVerdict:
+    """DIRECTOR (``kernel``) against the post-hoc path (``plain``), paired on validation, its held-out ``shift`` and
+    the OOD-validation families, and what ``export.method`` serves."""
     comparisons = compare_paths(path_figures(kernel, parts, shift, cfg.seed), path_figures(plain, parts, shift,
                                                                                            cfg.seed),
                                 parts.data.val.labels, shift.split.labels, shift.description.split(" + ")[-1],
