@@ -139,6 +139,7 @@ class ModelRepository:
         self._first_scan = asyncio.Event()  # set once the first scan is over, even one that failed
         self.settings_of = settings_of  # a model's config.yaml (or None) -> its serving settings
         self.configs: dict[str, ModelConfigFile | ValueError | None] = {}  # per model: its file, or why it is bad
+        self.config_prints: dict[str, tuple[int, int] | None] = {}  # per model: its config.yaml's (size, mtime) as read
 
     # lookups -------------------------------------------------------------------------------------------
 
@@ -166,7 +167,7 @@ class ModelRepository:
         """Every version folder to serve: published ones, of models not unloaded, within the model's version policy
         (its config.yaml, read here for the whole scan)."""
         found: dict[tuple[str, str], Path] = {}
-        self.configs = {}
+        self.configs, self.config_prints = {}, {}
         if not self.root.is_dir():
             return found
         for model_dir in filter(is_published, sorted(self.root.iterdir())):
@@ -181,6 +182,10 @@ class ModelRepository:
         return found
 
     def _config(self, model_dir: Path) -> ModelConfigFile | ValueError | None:
+        """The model's config.yaml, read once per scan. Its print is taken first: a file replaced while it is read
+        leaves a stale print, so the next scan reads it again; a print taken later could record the new file against
+        settings read from the old one, and no scan would apply the new one."""
+        self.config_prints[model_dir.name] = file_print(model_dir / CONFIG_FILE)
         try:
             config: ModelConfigFile | ValueError | None = read_config(model_dir)
         except ValueError as exc:
@@ -195,7 +200,7 @@ class ModelRepository:
             allowlist = file_print(self.trusted_digests)  # an edit of the allowlist re-checks every version
             for (name, version), folder in found.items():
                 current = self.models.get(name, {}).get(version)
-                print_ = (fingerprint(folder), allowlist, file_print(folder.parent / CONFIG_FILE))
+                print_ = (fingerprint(folder), allowlist, self.config_prints.get(name))
                 if current is not None and print_ in (current.fingerprint, current.failed_fingerprint):
                     continue
                 await self._load(name, version, folder, print_, current)

@@ -123,3 +123,39 @@ def test_a_models_config_is_served_shown_and_reloaded(tiny_artifact: Path, tmp_p
         answer = httpx.post(f"{running.url}/predict", json={"inputs": [{"pixels": [[0.5] * 28] * 28}]}).json()
         manifest_default = running.app_state.repository.default_version("tiny").artifact.default_samples
         assert answer["n_samples"] == manifest_default
+
+
+def test_a_config_replaced_while_a_scan_reads_it_is_applied_by_the_next_scan(
+        tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan reads the old file, and the new one lands before the scan records what it read: the next scan must see
+    a changed file and apply it (a print taken after the read recorded the new file against the old settings, so no
+    scan ever applied it: the typo below was never reported)."""
+    import service.engine.repository as repository_module
+
+    repository = tmp_path / "repository"
+    copy_version(tiny_artifact, repository, "tiny", "1")
+    config = repository / "tiny" / "config.yaml"
+    config.write_text("max_queue: 3\n")
+    replace_during_read = {"armed": False}
+
+    def read_then_replace(model_dir: Path) -> ModelConfigFile | None:
+        read = read_config(model_dir)
+        if replace_during_read["armed"]:
+            replace_during_read["armed"] = False
+            staged = tmp_path / "config.yaml.new"
+            staged.write_text("max_qeue: 3\n")
+            staged.replace(config)
+        return read
+
+    monkeypatch.setattr(repository_module, "read_config", read_then_replace)
+    with serve(settings_for(repository, tmp_path, poll_interval_s=0.2)) as running:
+        replace_during_read["armed"] = True
+
+        def reported() -> bool:
+            listed = httpx.get(f"{running.url}/models/tiny").json()
+            return listed["config_error"] is not None and listed["versions"][0]["reload_error"] is not None
+
+        wait_for(reported, timeout_s=30.0)
+        version = httpx.get(f"{running.url}/models/tiny").json()["versions"][0]
+        assert "max_qeue: Extra inputs are not permitted" in version["reload_error"]
+        assert version["state"] == "ready"
