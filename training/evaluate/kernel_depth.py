@@ -55,7 +55,7 @@ def depth_report(scores: dict[str, ScoreInputs], ood_sets: list[str], n_boot: in
     """One K: the exporter's choice on the validation sets of ``scores`` (set name -> summary and per-input scores
     with this K's kernel error), then per reported set the kernel error, the best feature score and the best
     kernel-error + feature combination (both chosen on OOD validation), and combination minus feature score."""
-    choice = choose_ood_score(scores["val"], scores["ood_val"], 1)
+    choice = choose_ood_score(scores["val"], {"ood_validation": scores["ood_val"]}, 1)
     feature = best(choice, lambda label, _: label in FEATURE_SCORES)
     combined = best(choice, lambda _, c: is_kernel_and_feature(c))
     rows = {"kernel_error": choice.candidates[KERNEL_ERROR], "feature": choice.candidates[feature],

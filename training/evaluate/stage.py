@@ -87,7 +87,8 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
 
         draws = draws_test if method.source in ("director", "mc_dropout") else None
         test_inputs = score_inputs("test", test, draws)
-        choice = choose_ood_score(score_inputs("val", inputs.val), score_inputs("ood_val", ood_val), method.n_samples)
+        choice = choose_ood_score(score_inputs("val", inputs.val), {"ood_validation": score_inputs("ood_val", ood_val)},
+                                  method.n_samples)
         selection = dict(choice.selection_auroc)
         if native:
             selection["mean_logvar"] = ood_report(logvar["val"], logvar["ood_val"])["auroc"]

@@ -122,14 +122,12 @@ def combination_pairs(given: list[str], logit_fallback: str) -> list[tuple[str, 
     return pairs + [(f, logit_fallback) for f in features]
 
 
-def choose_ood_score(val: ScoreInputs, families: Mapping[str, ScoreInputs] | ScoreInputs, n_samples: int,
+def choose_ood_score(val: ScoreInputs, families: Mapping[str, ScoreInputs], n_samples: int,
                      weights: Mapping[str, float] | None = None) -> OodChoice:
-    """The candidate that generalises over the OOD-validation ``families`` (name -> that family's inputs; one
-    ``ScoreInputs`` is one family): by ``SELECTION_RULE``, the lowest worst-case weighted regret, where a candidate's
-    regret on a family is the best candidate's AUROC of ``val`` (in-distribution validation) against that family minus
-    its own. With one family that is the highest AUROC."""
-    if isinstance(families, ScoreInputs):
-        families = {"ood_validation": families}
+    """The candidate that generalises over the OOD-validation ``families`` (name -> that family's inputs): by
+    ``SELECTION_RULE``, the lowest worst-case weighted regret, where a candidate's regret on a family is the best
+    candidate's AUROC of ``val`` (in-distribution validation) against that family minus its own. With one family that
+    is the highest AUROC."""
     if not families:
         raise ValueError("choosing an OOD score needs at least one OOD-validation family")
     weight = {name: float((weights or {}).get(name, 1.0)) for name in families}

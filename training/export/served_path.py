@@ -123,6 +123,11 @@ class ServedPath:
         scores = self.stats.input_scores("val", split)
         return ScoreInputs(summarize(self.stats.val_logits, temperature_for(self.rule, scores)), scores)
 
+    def family_inputs(self, name: str, split: AnySplit) -> ScoreInputs:
+        """``inputs`` on the OOD-validation family ``name`` from the draws its score was chosen on."""
+        scores = self.stats.input_scores(f"ood_validation:{name}", split)
+        return ScoreInputs(summarize(self.stats.family_logits[name], temperature_for(self.rule, scores)), scores)
+
     def ood_score(self, inputs: ScoreInputs) -> torch.Tensor:
         """The served OOD score at the default S [N]."""
         rule = self.stats.choice.rule_at(self.default_samples)

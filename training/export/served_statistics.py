@@ -238,6 +238,7 @@ class ServedStatistics:
     choice: OodChoice
     input_scores: InputScoreCache  # of the served module: "val", "ood_validation" and whatever export adds
     val_logits: torch.Tensor  # [S, N, C]: the validation draws at the default S the reference was measured on
+    family_logits: dict[str, torch.Tensor]  # OOD-validation family -> its draws [S, M, C] at the default S
 
 
 def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
@@ -251,7 +252,8 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
     reference = reference_section(val_summary, data.val.labels, default_s)
     input_scores = InputScoreCache(served)
     val_inputs = ScoreInputs(val_summary, input_scores("val", data.val))
-    family_inputs = {name: ScoreInputs(summarize(sample_split(served, family.split, default_s, seed), temperature),
+    family_logits = {name: sample_split(served, family.split, default_s, seed) for name, family in families.items()}
+    family_inputs = {name: ScoreInputs(summarize(family_logits[name], temperature),
                                        input_scores(f"ood_validation:{name}", family.split))
                      for name, family in families.items()}
     choice = choose_ood_score(val_inputs, family_inputs, default_s,
@@ -281,4 +283,4 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
            "selection_regret": choice.regret}
     if choice.terms:
         ood["combination"] = [dataclasses.asdict(term) for term in choice.terms]
-    return ServedStatistics(reference, ood, choice, input_scores, val_logits)
+    return ServedStatistics(reference, ood, choice, input_scores, val_logits, family_logits)

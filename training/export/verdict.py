@@ -198,7 +198,7 @@ def decide(comparisons: list[VerdictComparison], requested: str, ecfg: ExportCon
 def path_figures(path: ServedPath, parts: ExportParts, shift: HeldOutShift, seed: int) -> PathFigures:
     """What ``path`` serves on validation, the held-out shift and every OOD-validation family."""
     val = path.val_inputs(parts.data.val)
-    families = {name: path.ood_score(path.inputs(f"ood_validation:{name}", family.split, seed))
+    families = {name: path.ood_score(path.family_inputs(name, family.split))
                 for name, family in parts.ood_families.items()}
     return PathFigures(val, path.ood_score(val), path.inputs("held_out_shift", shift.split, seed), families)
 

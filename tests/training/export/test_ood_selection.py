@@ -21,7 +21,7 @@ def inputs(n: int, logit_scale: float, error_level: float, seed: int) -> ScoreIn
 
 def test_the_kernel_error_wins_where_only_it_separates() -> None:
     val, ood_val = inputs(200, 3.0, 0.01, 0), inputs(200, 3.0, 0.1, 1)  # same confidence, 10x the error
-    choice = choose_ood_score(val, ood_val, n_samples=4)
+    choice = choose_ood_score(val, {"ood": ood_val}, n_samples=4)
     assert choice.label == KERNEL_ERROR and choice.chosen.name == KERNEL_ERROR and choice.terms == ()
     assert choice.selection_auroc[KERNEL_ERROR] > 0.99
     fallback = choice.fallback_label if not choice.fallback_label.startswith(COMBINED) else "max_softmax"
@@ -36,7 +36,7 @@ def test_the_kernel_error_wins_where_only_it_separates() -> None:
 
 def test_a_combination_is_standardised_on_validation() -> None:
     val, ood_val = inputs(300, 3.0, 0.01, 0), inputs(300, 1.0, 0.02, 1)
-    choice = choose_ood_score(val, ood_val, n_samples=4)
+    choice = choose_ood_score(val, {"ood": ood_val}, n_samples=4)
     best_logit = max(("max_softmax", "predictive_entropy", "energy"), key=choice.selection_auroc.get)
     combined = choice.candidates[combination_label(KERNEL_ERROR, 0.5, best_logit)]
     assert combined.name == COMBINED and [t.score for t in combined.terms] == [KERNEL_ERROR, best_logit]
@@ -49,10 +49,10 @@ def test_a_combination_is_standardised_on_validation() -> None:
 
 def test_without_kernel_errors_only_logit_scores_compete_and_ties_go_to_the_simpler() -> None:
     val, ood_val = inputs(100, 3.0, 0.01, 0), inputs(100, 3.0, 0.01, 1)
-    plain = choose_ood_score(ScoreInputs(val.summary), ScoreInputs(ood_val.summary), n_samples=1)
+    plain = choose_ood_score(ScoreInputs(val.summary), {"ood": ScoreInputs(ood_val.summary)}, n_samples=1)
     assert set(plain.selection_auroc) == {"max_softmax", "predictive_entropy", "energy"} and plain.combined is None
     same = ScoreInputs(val.summary, {KERNEL_ERROR: torch.ones(100)})
-    tied = choose_ood_score(same, ScoreInputs(val.summary, {KERNEL_ERROR: torch.ones(100)}), n_samples=2)
+    tied = choose_ood_score(same, {"ood": ScoreInputs(val.summary, {KERNEL_ERROR: torch.ones(100)})}, n_samples=2)
     assert tied.selection_auroc[KERNEL_ERROR] == 0.5 and tied.label == "max_softmax"  # all 0.5: the first wins
 
 
@@ -64,7 +64,7 @@ def test_feature_scores_and_their_pairs_compete_when_the_artifact_gives_them() -
     for target, level in ((val, 10.0), (ood_val, 40.0)):
         target.inputs.update({"mds": level * torch.exp(0.2 * torch.randn(300, generator=gen)),
                               "knn": torch.rand(300, generator=gen) * 0.1})
-    choice = choose_ood_score(val, ood_val, n_samples=4)
+    choice = choose_ood_score(val, {"ood": ood_val}, n_samples=4)
     assert choice.label == "mds" and choice.selection_auroc["mds"] > 0.99
     best_logit = max(("max_softmax", "predictive_entropy", "energy"), key=choice.selection_auroc.get)
     for first, second in ((KERNEL_ERROR, best_logit), (KERNEL_ERROR, "mds"), (KERNEL_ERROR, "knn"), ("mds", best_logit),
@@ -79,7 +79,8 @@ def test_mutual_information_falls_back_where_it_is_undefined() -> None:
     gen = torch.Generator().manual_seed(0)
     val_logits = torch.randn(1, 200, 3, generator=gen).expand(8, -1, -1).clone()  # [8, 200, 3] samples agree
     ood_logits = torch.randn(8, 200, 3, generator=gen) * 3  # [8, 200, 3] samples disagree
-    choice = choose_ood_score(ScoreInputs(summarize(val_logits)), ScoreInputs(summarize(ood_logits)), n_samples=8)
+    choice = choose_ood_score(ScoreInputs(summarize(val_logits)), {"ood": ScoreInputs(summarize(ood_logits))},
+                              n_samples=8)
     assert choice.chosen.name == "mutual_information" and choice.fallback.name != "mutual_information"
     assert choice.rule_at(1) == choice.fallback and choice.rule_at(2) == choice.chosen
 
