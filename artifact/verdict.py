@@ -22,8 +22,10 @@ class VerdictComparison(Section):
     difference: float
     ci95: tuple[float, float]
     favours: Literal["director", "posthoc", "neither"]  # beyond noise: the interval excludes 0
-    margin: float | None = None  # the practical margin a gain must pass (absolute), when the rule reads one
-    practical: bool = False  # DIRECTOR's gain is beyond noise and beyond the margin
+    margin: float | None = None  # the practical size of a difference in this measure (absolute)
+    counts_for_kernel: bool = False  # a practical gain on this measure can earn the kernel its place
+    practical: bool = False  # DIRECTOR's gain is beyond noise and beyond the margin, on a measure that counts for it
+    material_loss: bool = False  # DIRECTOR is worse beyond noise and beyond the margin: the post-hoc path is served
 
 
 class KernelVerdict(Section):
@@ -32,7 +34,8 @@ class KernelVerdict(Section):
 
     requested: Literal["auto", "director", "posthoc"]
     served: Literal["director", "posthoc"]
-    kernel_wins: bool  # DIRECTOR gains beyond noise and a practical margin somewhere, and loses beyond noise nowhere
+    # DIRECTOR gains beyond noise and a practical margin somewhere, and loses beyond noise and the margin nowhere
+    kernel_wins: bool
     sentence: str  # the verdict in one sentence, as GET /models and the model page show it
     comparisons: list[VerdictComparison] = Field(default_factory=list)
     margins: dict[str, float] = Field(default_factory=dict)

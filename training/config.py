@@ -145,13 +145,15 @@ class ExportConfig:
     # what the version serves (docs/method.md, "The kernel earns its place, or steps aside"): DIRECTOR, the post-hoc
     # path (the backbone's own logits with the same post-hoc tools, no kernel), or auto: DIRECTOR only where, paired
     # per input against the post-hoc path, it gains beyond noise and beyond a practical margin on one of the verdict's
-    # measures and loses beyond noise on none (training.export.verdict)
+    # measures and loses beyond noise and beyond the margin on none (training.export.verdict)
     method: Literal["auto", "director", "posthoc"] = "auto"
-    # the practical margins of a DIRECTOR gain: ECE on the held-out shift (absolute), NLL on validation or the shift
-    # (relative to the post-hoc path's), AUROC on the OOD-validation families' worst case (absolute)
-    verdict_shift_ece: float = 0.01
+    # the practical size of a difference, for a gain and a loss alike: ECE (absolute; a gain counts on the held-out
+    # shift), NLL (relative to the post-hoc path's; validation or the shift), AUROC (absolute; a gain counts on the
+    # OOD-validation families' worst case), FPR95 (absolute; a loss only)
+    verdict_ece: float = 0.01
     verdict_nll_relative: float = 0.02
     verdict_auroc: float = 0.01
+    verdict_fpr95: float = 0.05
     verdict_bootstrap: int = 200  # paired bootstrap resamples for the ECE and AUROC intervals
     noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
     # the share of each sample's noise drawn once for every token (``models.director.StochasticRollout``); more than

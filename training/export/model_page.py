@@ -197,13 +197,16 @@ def _verdict(manifest: Manifest) -> list[str]:
              "Each row is DIRECTOR as it would be served minus the post-hoc path (the backbone's own forward with the "
              "same post-hoc tools: its own temperature rule and OOD score, chosen by the same rules), paired per "
              "input, with a 95% interval (docs/method.md, \"The kernel earns its place, or steps aside\"). ECE and "
-             "FPR95 in points.", "",
+             "FPR95 in points. A difference counts only beyond noise and beyond its practical margin, in either "
+             "direction; a gain counts for the kernel on the measures marked *.", "",
              "| set | measure | DIRECTOR | post-hoc | difference [95% CI] | beyond noise for | practical margin |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in verdict.comparisons:
         k = 100.0 if c.metric in scaled else 1.0
-        margin = "-" if c.margin is None else f"{k * c.margin:.4g}" + (" (met)" if c.practical else "")
-        lines.append(f"| {c.set} | {c.metric} | {k * c.director:.4f} | {k * c.posthoc:.4f} | "
+        outcome = " (gain)" if c.practical else " (loss)" if c.material_loss else ""
+        margin = "-" if c.margin is None else f"{k * c.margin:.4g}{outcome}"
+        measure = c.metric + ("*" if c.counts_for_kernel else "")
+        lines.append(f"| {c.set} | {measure} | {k * c.director:.4f} | {k * c.posthoc:.4f} | "
                      f"{k * c.difference:+.4f} [{k * c.ci95[0]:+.4f}, {k * c.ci95[1]:+.4f}] | {c.favours} | "
                      f"{margin} |")
     paired = _test_metrics(manifest).get("director_minus_posthoc")

@@ -7,10 +7,13 @@ and on every OOD-validation family (AUROC and FPR95 of the served score against 
 worst family). Each comparison is DIRECTOR minus post-hoc with a 95% interval: the paired per-input mean and its
 standard error for the NLL, a paired bootstrap (the same resample for both paths) for the others.
 
-``export.method: auto`` serves DIRECTOR only when it gains beyond noise *and* beyond a practical margin on at least one
-of: ECE on the held-out shift (``verdict_shift_ece``, absolute), NLL on validation or on the shift
-(``verdict_nll_relative`` of the post-hoc path's NLL), the worst family's AUROC (``verdict_auroc``); and is worse
-beyond noise on none of the comparisons. Otherwise it serves the post-hoc path.
+Every measure has a practical size (``verdict_ece`` and ``verdict_auroc`` absolute, ``verdict_nll_relative`` of the
+post-hoc path's NLL, ``verdict_fpr95`` absolute). ``export.method: auto`` serves DIRECTOR only when it gains beyond
+noise *and* beyond that size on at least one of: ECE on the held-out shift, NLL on validation or on the shift, the worst
+family's AUROC; and is worse beyond noise *and* beyond that size on none of the comparisons. A difference inside the
+size is practically equivalent whichever way it points: with a few thousand inputs an interval excludes 0 for
+differences nobody would act on, and such a difference neither earns the kernel its place nor vetoes a real gain.
+Otherwise it serves the post-hoc path.
 """
 
 from __future__ import annotations
@@ -76,15 +79,17 @@ def bootstrap_interval(statistic: Callable[[torch.Tensor, torch.Tensor], float],
 
 
 def comparison(set_name: str, metric: str, director: float, posthoc: float, ci: tuple[float, float],
-               margin: float | None = None) -> VerdictComparison:
-    """One comparison; ``practical`` when DIRECTOR's gain is beyond noise and at least ``margin`` (absolute)."""
+               margin: float, counts_for_kernel: bool = False) -> VerdictComparison:
+    """One comparison. ``practical``: DIRECTOR's gain is beyond noise and at least ``margin`` (absolute) on a measure
+    that ``counts_for_kernel``; ``material_loss``: its loss is beyond noise and at least ``margin``."""
     lower = LOWER_IS_BETTER[metric]
     side = favours(ci, lower)
     difference = director - posthoc
     gain = -difference if lower else difference
-    practical = margin is not None and side == "director" and gain >= margin
     return VerdictComparison(set=set_name, metric=metric, director=director, posthoc=posthoc, difference=difference,
-                             ci95=ci, favours=side, margin=margin, practical=practical)
+                             ci95=ci, favours=side, margin=margin, counts_for_kernel=counts_for_kernel,
+                             practical=counts_for_kernel and side == "director" and gain >= margin,
+                             material_loss=side == "posthoc" and -gain >= margin)
 
 
 def label_nll(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -93,17 +98,18 @@ def label_nll(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def calibration_comparisons(set_name: str, director: ScoreInputs, posthoc: ScoreInputs, labels: torch.Tensor,
-                            ecfg: ExportConfig, seed: int, ece_margin: float | None) -> list[VerdictComparison]:
-    """NLL (paired per input) and ECE (paired bootstrap) of the two paths' served probabilities on one labelled set."""
+                            ecfg: ExportConfig, seed: int, shift: bool) -> list[VerdictComparison]:
+    """NLL (paired per input) and ECE (paired bootstrap) of the two paths' served probabilities on one labelled set;
+    an ECE gain counts for the kernel on the held-out ``shift`` only."""
     p_dir, p_post = director.summary.probabilities, posthoc.summary.probabilities  # [N, C] each
     nll_dir, nll_post = label_nll(p_dir, labels), label_nll(p_post, labels)  # [N] each
     mean, stderr = paired_difference(nll_dir - nll_post)
     mean_post = float(nll_post.mean())
     nll = comparison(set_name, "nll", float(nll_dir.mean()), mean_post, (mean - 1.96 * stderr, mean + 1.96 * stderr),
-                     margin=ecfg.verdict_nll_relative * mean_post)
+                     margin=ecfg.verdict_nll_relative * mean_post, counts_for_kernel=True)
     ece_ci = paired_bootstrap(p_dir, p_post, labels, ecfg.verdict_bootstrap, seed)["ece"]["ci95"]
     calibration = comparison(set_name, "ece", ece(p_dir, labels), ece(p_post, labels), tuple(ece_ci),
-                             margin=ece_margin)
+                             margin=ecfg.verdict_ece, counts_for_kernel=shift)
     return [nll, calibration]
 
 
@@ -116,10 +122,10 @@ def ood_comparisons(director: PathFigures, posthoc: PathFigures, descriptions: d
     n_id = val_dir.shape[0]
     for offset, family in enumerate(director.family_scores):
         ood_dir, ood_post = director.family_scores[family], posthoc.family_scores[family]  # [M]
-        for metric, fn in (("auroc", auroc), ("fpr95", fpr_at_tpr)):
+        for metric, fn, margin in (("auroc", auroc, ecfg.verdict_auroc), ("fpr95", fpr_at_tpr, ecfg.verdict_fpr95)):
             ci = paired_ood_interval(fn, val_dir, ood_dir, val_post, ood_post, ecfg.verdict_bootstrap, seed + offset)
             out.append(comparison(descriptions.get(family, family), metric, fn(val_dir, ood_dir),
-                                  fn(val_post, ood_post), ci))
+                                  fn(val_post, ood_post), ci, margin))
     families = list(director.family_scores)
 
     def worst(scores_id: torch.Tensor, by_family: dict[str, torch.Tensor], i: torch.Tensor | None = None,
@@ -138,7 +144,7 @@ def ood_comparisons(director: PathFigures, posthoc: PathFigures, descriptions: d
     ci = (float(values.quantile(0.025)), float(values.quantile(0.975)))
     out.append(comparison("OOD-validation families, worst case", "worst_auroc",
                           worst(val_dir, director.family_scores), worst(val_post, posthoc.family_scores), ci,
-                          margin=ecfg.verdict_auroc))
+                          margin=ecfg.verdict_auroc, counts_for_kernel=True))
     return out
 
 
@@ -146,9 +152,9 @@ def compare_paths(director: PathFigures, posthoc: PathFigures, val_labels: torch
                   shift_name: str, descriptions: dict[str, str], ecfg: ExportConfig, seed: int
                   ) -> list[VerdictComparison]:
     """Every comparison the verdict reads, in the order the pages show them."""
-    return [*calibration_comparisons("validation", director.val, posthoc.val, val_labels, ecfg, seed, None),
+    return [*calibration_comparisons("validation", director.val, posthoc.val, val_labels, ecfg, seed, shift=False),
             *calibration_comparisons(shift_name, director.shift, posthoc.shift, shift_labels, ecfg, seed + 1,
-                                     ecfg.verdict_shift_ece),
+                                     shift=True),
             *ood_comparisons(director, posthoc, descriptions, ecfg, seed + 2)]
 
 
@@ -166,33 +172,43 @@ def decide(comparisons: list[VerdictComparison], requested: str, ecfg: ExportCon
            cost: dict[str, object] | None = None) -> KernelVerdict:
     """Which path a version serves, and the sentence that says why."""
     gains = [c for c in comparisons if c.practical]
-    losses = [c for c in comparisons if c.favours == "posthoc"]
+    losses = [c for c in comparisons if c.material_loss]
     kernel_wins = bool(gains) and not losses
     served = "director" if requested == "director" or (requested == "auto" and kernel_wins) else "posthoc"
-    if kernel_wins:
-        why = (f"the DIRECTOR kernel earns its place on this model: paired against the backbone with the same post-hoc "
-               f"tools (DIRECTOR minus post-hoc), {'; '.join(described(c) for c in gains)}, and it is worse beyond "
-               f"noise on nothing")
-    elif losses:
-        why = (f"the DIRECTOR kernel does not earn its place on this model: paired against the backbone with the same "
-               f"post-hoc tools (DIRECTOR minus post-hoc), it is worse beyond noise on "
-               f"{'; '.join(described(c) for c in losses[:3])}"
-               + (f" (and gains beyond its margin on {'; '.join(described(c) for c in gains)})" if gains else ""))
-    else:
-        beyond_noise = [c for c in comparisons if c.favours == "director"]
-        best = (f" (beyond noise but under its margin: {'; '.join(described(c) for c in beyond_noise[:2])})"
-                if beyond_noise else "")
-        why = (f"the DIRECTOR kernel adds nothing worth its cost on this model: paired against the backbone with the "
-               f"same post-hoc tools, no measure gains beyond noise and its practical margin{best}")
+    sentence = _why(comparisons, gains, losses)
     serves = ("serves DIRECTOR" if served == "director"
               else "serves the post-hoc path (the backbone's own forward with the same post-hoc tools, no kernel)")
     forced = (f"; export.method asked for {requested}, so it {serves}" if requested != "auto" and
               served != ("director" if kernel_wins else "posthoc") else f", so this version {serves}")
-    sentence = why[0].upper() + why[1:] + forced + "."
-    margins = {"shift_ece": ecfg.verdict_shift_ece, "nll_relative": ecfg.verdict_nll_relative,
-               "worst_auroc": ecfg.verdict_auroc}
-    return KernelVerdict(requested=requested, served=served, kernel_wins=kernel_wins, sentence=sentence,
-                         comparisons=comparisons, margins=margins, cost=cost)
+    margins = {"ece": ecfg.verdict_ece, "nll_relative": ecfg.verdict_nll_relative, "auroc": ecfg.verdict_auroc,
+               "fpr95": ecfg.verdict_fpr95}
+    return KernelVerdict(requested=requested, served=served, kernel_wins=kernel_wins,
+                         sentence=sentence[0].upper() + sentence[1:] + forced + ".", comparisons=comparisons,
+                         margins=margins, cost=cost)
+
+
+def _listed(rows: list[VerdictComparison], most: int = 3) -> str:
+    return "; ".join(described(c) for c in rows[:most])
+
+
+def _why(comparisons: list[VerdictComparison], gains: list[VerdictComparison],
+         losses: list[VerdictComparison]) -> str:
+    """The verdict's reason, naming the gains, the material losses and what was beyond noise but inside its size."""
+    paired = "paired against the backbone with the same post-hoc tools (DIRECTOR minus post-hoc)"
+    small_losses = [c for c in comparisons if c.favours == "posthoc" and not c.material_loss]
+    within = f"worse beyond noise but within its margin on {_listed(small_losses, 2)}" if small_losses else ""
+    if gains and not losses:
+        return (f"the DIRECTOR kernel earns its place on this model: {paired}, {_listed(gains)}, and it is worse "
+                f"beyond noise and its margin on nothing" + (f" ({within})" if within else ""))
+    if losses:
+        return (f"the DIRECTOR kernel does not earn its place on this model: {paired}, it is worse beyond noise and "
+                f"its margin on {_listed(losses)}"
+                + (f" (and gains beyond its margin on {_listed(gains)})" if gains else ""))
+    small_gains = [c for c in comparisons if c.favours == "director"]
+    notes = [*([f"beyond noise but under its margin: {_listed(small_gains, 2)}"] if small_gains else []),
+             *([within] if within else [])]
+    return (f"the DIRECTOR kernel adds nothing worth its cost on this model: {paired}, no measure gains beyond "
+            f"noise and its practical margin" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def path_figures(path: ServedPath, parts: ExportParts, shift: HeldOutShift, seed: int) -> PathFigures:
