@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.folded_kernel import FoldedKernel
 from models.kernel import TransitionKernel
 
 
@@ -66,8 +67,7 @@ class StochasticRollout(nn.Module):
         self.register_buffer("token_correlation", torch.zeros(()))
         self.shares_noise = False  # a plain attribute: rho > 0, read without a device sync
         self.set_token_correlation(token_correlation)
-        self.register_buffer("step_modulation", torch.zeros(0))
-        self.folded = False
+        self.folded = False  # the kernel is a ``FoldedKernel`` (an inference artifact)
 
     @torch.jit.unused
     def set_teacher(self, teacher: nn.ModuleList) -> None:
@@ -78,6 +78,12 @@ class StochasticRollout(nn.Module):
         self.has_teacher = True
 
     @torch.jit.unused
+    def drop_teacher(self) -> None:
+        """No teacher transitions: an artifact whose served score reads no per-input score."""
+        self.teacher = nn.ModuleList()
+        self.has_teacher = False
+
+    @torch.jit.unused
     def set_token_correlation(self, rho: float) -> None:
         """Set rho (fitted post hoc, like ``noise_scale``)."""
         if not 0.0 <= rho <= 1.0:
@@ -85,25 +91,19 @@ class StochasticRollout(nn.Module):
         self.token_correlation.fill_(float(rho))
         self.shares_noise = rho > 0
 
+    @torch.jit.unused
     def fold_conditioning(self) -> None:
-        """Precompute the adaLN modulation of every step into a buffer (inference artifacts)."""
-        steps = torch.arange(1, self.num_steps + 1, device=self.noise_scale.device)
-        with torch.no_grad():
-            self.step_modulation = self.kernel.conditioning(steps)  # [T, 8D]
-        self.folded = True
-
-    def _modulation(self, t: int) -> torch.Tensor:
-        if self.folded:
-            return self.step_modulation[t - 1 : t]  # [1, 8D]
-        steps = torch.full((1,), t, dtype=torch.long, device=self.noise_scale.device)
-        return self.kernel.conditioning(steps)  # [1, 8D]
+        """Replace the kernel by its folded form (``models.folded_kernel``): each step's adaLN modulation folded into
+        that step's weights, the two heads fused (inference artifacts; the rollout can no longer be trained)."""
+        if not self.folded:
+            self.kernel = FoldedKernel(self.kernel)
+            self.folded = True
 
     def step(
         self, x: torch.Tensor, t: int, key_padding_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [R, N, D] -> (mean, std) [R, N, D] of p(X_t | X_{t-1} = x)."""
-        index = torch.full((1,), t - 1, dtype=torch.long, device=x.device)
-        mean, logvar = self.kernel.forward_conditioned(x, self._modulation(t), index, key_padding_mask)
+        mean, logvar = self.kernel.step_moments(x, t, key_padding_mask)
         return mean, torch.exp(0.5 * logvar) * self.noise_scale
 
     def forward(

@@ -27,6 +27,19 @@ def soft_clamp(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, sharpness
     return low + F.softplus(y - low, beta=sharpness)
 
 
+def attention_mask(key_padding_mask: torch.Tensor | None, causal: bool, tokens: int, device: torch.device
+                   ) -> torch.Tensor | None:
+    """The kernel attention's boolean mask (True = attend): padding keys masked [R, 1, 1, N], and for a decoder's kernel
+    token i attends to tokens j <= i only [1, 1, N, N]; None when neither applies."""
+    mask: torch.Tensor | None = None
+    if key_padding_mask is not None:
+        mask = key_padding_mask[:, None, None, :]  # [R, 1, 1, N]
+    if causal:
+        past = torch.ones(tokens, tokens, dtype=torch.bool, device=device).tril()[None, None]  # [1, 1, N, N]
+        mask = past if mask is None else mask & past  # [R or 1, 1, N, N]
+    return mask
+
+
 class TimestepEmbedder(nn.Module):
     """Sinusoidal embedding of the (integer) step followed by a two-layer MLP."""
 
@@ -121,13 +134,7 @@ class TransitionKernel(nn.Module):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_out, scale_out = modulation.chunk(
             8, dim=-1
         )  # each [R, D]
-        attn_mask: torch.Tensor | None = None
-        if key_padding_mask is not None:
-            attn_mask = key_padding_mask[:, None, None, :]  # [R, 1, 1, N] True = attend
-        if self.causal:
-            tokens = x.shape[1]
-            past = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).tril()[None, None]  # [1, 1, N, N]
-            attn_mask = past if attn_mask is None else attn_mask & past  # [R or 1, 1, N, N]
+        attn_mask = attention_mask(key_padding_mask, self.causal, x.shape[1], x.device)
         h = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), attn_mask)
         h = h + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(h), shift_mlp, scale_mlp))  # [R, N, D]
         h = modulate(self.norm_final(h), shift_out, scale_out)  # [R, N, D]
@@ -136,6 +143,13 @@ class TransitionKernel(nn.Module):
         high = self.logvar_max[step_index].view(-1, 1, 1)
         logvar = soft_clamp(self.var_head(h), low, high)  # [R, N, D]
         return mean, logvar
+
+    def step_moments(self, x: torch.Tensor, t: int, key_padding_mask: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [R, N, D], every row at step t (1..K) -> mean, logvar [R, N, D] (``FoldedKernel`` gives the same from
+        folded weights)."""
+        steps = torch.full((1,), t, dtype=torch.long, device=x.device)
+        return self.forward_conditioned(x, self.conditioning(steps), steps - 1, key_padding_mask)
 
     def forward(
         self, x: torch.Tensor, steps: torch.Tensor, key_padding_mask: torch.Tensor | None = None

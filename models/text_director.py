@@ -176,27 +176,17 @@ def text_director_from_view(view: BertTransitionView, kernel: TransitionKernel, 
                         prefix)
 
 
-class FoldedConditioning(nn.Module):
-    """Stands in for the kernel's step embedder and adaLN MLP once their output is folded into the rollout's
-    per-step buffer: the artifact carries [T, 8D] numbers instead of their weights (1.35M at MiniLM's width)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("the step conditioning of this artifact is folded into rollout.step_modulation")
-
-
 def fold_for_artifact(director: TextDirector, table_dtype: str | None = None, max_positions: int | None = None,
                       layer_dtype: str = "float32") -> TextDirector:
-    """A copy for export, in eval mode: the adaLN modulation folded into per-step buffers and its MLPs dropped; the
-    word table re-stored as ``table_dtype`` (default: unchanged), an absolute position table cut to
-    ``max_positions`` (a decoder's rotary positions have none) and, with ``layer_dtype`` float16, the linear layers of
-    the prefix, the teacher transitions (if any) and the readout's feed-forward sublayer stored in half precision
-    (the head stays float32)."""
+    """A copy for export, in eval mode: the kernel folded (``models.folded_kernel``: each step's adaLN modulation in
+    that step's weights, its MLPs dropped); the word table re-stored as ``table_dtype`` (default: unchanged), an
+    absolute position table cut to ``max_positions`` (a decoder's rotary positions have none) and, with
+    ``layer_dtype`` float16, the linear layers of the prefix, the teacher transitions (if any) and the readout's
+    feed-forward sublayer stored in half precision (the head stays float32)."""
     folded = copy.deepcopy(director).eval().requires_grad_(False)  # an inference artifact
     folded.embedding = folded.embedding.restored(table_dtype, max_positions)
     store_layers(layer_dtype, folded.prefix, folded.rollout.teacher, folded.readout.feed_forward)
     folded.rollout.fold_conditioning()
-    folded.rollout.kernel.t_embedder = FoldedConditioning()
-    folded.rollout.kernel.adaLN_modulation = FoldedConditioning()
     return folded
 
 

@@ -63,6 +63,8 @@ def director_payload(cfg: PipelineConfig, folder: Path) -> dict[str, Any]:
         raise ValueError(f"{folder}'s manifest does not record the depth, the backbone's steps and the variance")
     state = load_scripted(folder / ARTIFACT).state_dict()
     kernel = prefixed(state, "rollout.kernel.")
+    if "mean_head.weight" not in kernel:
+        raise ValueError(f"{folder}'s kernel is folded for serving: its own weights cannot be rebuilt from it")
     dcfg = cfg.distil
     config = KernelConfig(dim=int(kernel["mean_head.weight"].shape[0]), num_heads=cfg.backbone.num_heads,
                           depth=sampling.depth, mlp_ratio=dcfg.kernel.mlp_ratio,

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from models.bert_view import BertTransitionView
+from models.folded_kernel import FoldedKernel
 from models.half_storage import quantize_rows
 from models.kernel import TransitionKernel
 from models.text_backbones import from_pretrained_minilm, load_minilm_tokenizer
@@ -155,19 +156,20 @@ def test_padding_keeps_the_answer_distribution() -> None:
 
 def test_folded_artifact_matches_and_drops_the_conditioning_mlps() -> None:
     director = _director(seed=6)
+    with torch.no_grad():  # a modulation that matters, as after distillation
+        director.rollout.kernel.adaLN_modulation[-1].weight.normal_(std=0.2)
+        director.rollout.kernel.adaLN_modulation[-1].bias.normal_(std=0.2)
     folded = fold_for_artifact(director, "float32", max_positions=16)
     ids, mask = _padded_batch([6, 3], vocab=VOCAB, seed=6)
     torch.manual_seed(2)
     expected = director(ids, mask, 4)
     torch.manual_seed(2)
-    torch.testing.assert_close(folded(ids, mask, 4), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(folded(ids, mask, 4), expected, atol=1e-5, rtol=0)
     keys = set(folded.state_dict())
     assert not any("adaLN_modulation" in k or "t_embedder" in k for k in keys)
-    assert folded.rollout.step_modulation.shape == (director.rollout.num_steps, 8 * 32)
+    assert isinstance(folded.rollout.kernel, FoldedKernel) and not hasattr(folded.rollout.kernel, "conditioning")
     assert folded.embedding.position.shape == (16, 32)
     served = script_module(folded)
-    with pytest.raises(torch.jit.Error, match="folded"):
-        served.rollout.kernel.conditioning(torch.tensor([1]))
     with pytest.raises(torch.jit.Error, match="max_length"):
         served(torch.ones(1, 17, dtype=torch.long), torch.ones(1, 17, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="int8"):

@@ -1,5 +1,5 @@
 """A lost image run rebuilt from its committed artifacts gives the same backbone and DIRECTOR as the run that exported
-them, and refuses to overwrite a run."""
+them, refuses to overwrite a run, and refuses an artifact whose kernel is folded."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from artifact.contract import ARTIFACT
 from tests.conftest import export_tiny, tiny_config_dict
 from training.cli import main
 from training.config import load_config
+from training.export.writing import save_scripted, script_module
 from training.loading import load_backbone, load_director
 from training.restore_run import restore_run
 
@@ -22,6 +24,11 @@ def test_a_restored_run_equals_the_one_that_exported_the_artifacts(tmp_path: Pat
     baseline = tmp_path / "repo" / "tiny-deterministic" / "1"
     original = load_config(config)
     restored_cfg = load_config(config, {"run_dir": str(tmp_path / "restored")})
+    with pytest.raises(ValueError, match="folded for serving"):
+        restore_run(restored_cfg, folder, baseline)
+    # the artifact as exported before the kernel was folded (fashion-vit 7 and earlier): the kernel's own weights
+    director, _ = load_director(original.run_dir)
+    save_scripted(script_module(director.eval()), folder / ARTIFACT)
     run = restore_run(restored_cfg, folder, baseline)
 
     pixels = torch.rand(5, 1, 28, 28)  # [5, 1, 28, 28]

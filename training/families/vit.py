@@ -59,7 +59,7 @@ class VitFamily:
         return ImageDirector(view.embedding, StochasticRollout(kernel), readout or view.readout_head, prefix)
 
     def artifact_module(self, scored: nn.Module, cfg: PipelineConfig) -> nn.Module:
-        scored.rollout.fold_conditioning()  # adaLN folded into per-step buffers
+        scored.rollout.fold_conditioning()  # adaLN folded into each step's weights
         fold_batch_norms(scored)  # a conv stem's batch norms folded into its convolutions
         return scored
 

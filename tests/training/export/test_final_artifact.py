@@ -1,6 +1,6 @@
 """The served artifact (``training.export.final_artifact``): once the manifest's scores are known, the file is
-scripted again computing only the feature scores it reads, and it agrees with the file the statistics were measured
-on; a manifest that reads every score leaves the file as it was."""
+scripted again computing only the per-input scores it reads (none: no teacher transitions), and it agrees with the
+file the statistics were measured on; a manifest that reads every score leaves the file as it was."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from models.director import ImageDirector
 from models.feature_scores import fit_feature_scorer
 from tests.models.test_feature_scores import director_with_teacher
 from training.export.final_artifact import finish_artifact
+from training.export.ood_selection import returns_input_scores
 from training.export.writing import load_scripted, save_scripted, script_module
 
 
@@ -56,3 +57,21 @@ def test_a_manifest_reading_every_score_leaves_the_file_alone(tmp_path: Path) ->
     finish_artifact(parts_with(torch.rand(8, 1, 28, 28)), "torchscript", director,
                     load_scripted(tmp_path / ARTIFACT), everything, tmp_path)
     assert (tmp_path / ARTIFACT).read_bytes() == before
+
+
+def test_a_manifest_reading_no_input_score_drops_the_teacher_transitions(tmp_path: Path) -> None:
+    """Energy alone needs neither the kernel error nor the backbone's own features: the served file runs no layer
+    beyond the prefix, and its rows are the ones the statistics were measured on."""
+    director = scored_director()
+    save_scripted(script_module(director), tmp_path / ARTIFACT)
+    measured = load_scripted(tmp_path / ARTIFACT)
+    pixels = torch.rand(8, 1, 28, 28)
+    finish_artifact(parts_with(pixels), "torchscript", director, measured, {"energy"}, tmp_path)
+    served = load_scripted(tmp_path / ARTIFACT)
+    assert not served.rollout.has_teacher and not returns_input_scores(director)
+    assert not any(".teacher." in key or "feature_scorer" in key for key in served.state_dict())
+    repeats = torch.tensor([1, 3, 2, 1, 1, 1, 1, 1])
+    torch.manual_seed(2)
+    expected = measured.sample_rows(pixels, repeats)  # [11, 10]
+    torch.manual_seed(2)
+    torch.testing.assert_close(served.sample_rows(pixels, repeats), expected)
