@@ -12,8 +12,11 @@ model and chooses which of its versions are served, as Triton users expect of a 
     instances: 2                 # batch workers per version, each running its own forwards
     version_policy: {latest: 2}  # or {specific: [1, 3]}, or {all: {}} (the default)
 
-Unknown keys and wrong types are refused; the model's versions are then unavailable with the file's error as their
-reason (``GET /models``), and an edit of the file reloads them at the next scan."""
+Unknown keys, wrong types and values out of their bounds (every number finite) are refused; so is a file over
+``MAX_CONFIG_BYTES``, nested deeper than ``MAX_CONFIG_DEPTH``, using YAML aliases (a few bytes of aliases expand to
+millions of nodes), empty, or a symlink that leaves the repository. The model's versions that are not serving are then
+unavailable with the file's error as their reason, one that serves keeps its last good settings and says why it did
+not change (``GET /models``), and an edit of the file reloads them at the next scan."""
 
 from __future__ import annotations
 
@@ -22,11 +25,36 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from service.engine.shapes import BatchShapes
 
 CONFIG_FILE = "config.yaml"
+MAX_CONFIG_BYTES = 64 * 1024  # a full config is a few hundred bytes
+MAX_CONFIG_DEPTH = 8  # the deepest valid key, version_policy.specific's items, is at depth 3
+MAX_SPECIFIC_VERSIONS = 1000
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` without aliases and with bounded nesting: the composer recurses once per level, so a deep
+    list would raise RecursionError, and an alias bomb expands a few hundred bytes into millions of nodes."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed", mark)
+        self.depth += 1
+        try:
+            if self.depth > MAX_CONFIG_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_CONFIG_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 class VersionPolicy(BaseModel):
@@ -34,9 +62,19 @@ class VersionPolicy(BaseModel):
     ``all`` of them."""
 
     model_config = ConfigDict(extra="forbid")
-    latest: int | None = Field(None, ge=1)
-    specific: list[str | int] | None = Field(None, min_length=1)
-    all: dict[str, Any] | None = None
+    latest: int | None = Field(None, ge=1, le=MAX_SPECIFIC_VERSIONS)
+    specific: list[str | int] | None = Field(None, min_length=1, max_length=MAX_SPECIFIC_VERSIONS)
+    all: dict[str, Any] | None = Field(None, max_length=0)
+
+    @field_validator("specific")
+    @classmethod
+    def _version_numbers(cls, versions: list[str | int] | None) -> list[str | int] | None:
+        """Triton's versions are whole numbers (its config and gRPC carry them as int64)."""
+        for version in versions or []:
+            text = str(version)
+            if isinstance(version, bool) or not text.isdigit() or not text.isascii() or len(text) > 18:
+                raise ValueError(f"{version!r} is not a version number (a whole number, as Triton's versions are)")
+        return versions
 
     @model_validator(mode="after")
     def _one(self) -> VersionPolicy:
@@ -63,14 +101,14 @@ class VersionPolicy(BaseModel):
 class ModelConfigFile(BaseModel):
     """What a model's ``config.yaml`` may set; anything it leaves out keeps the server-wide setting."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    max_batch_samples: int | None = Field(None, ge=1)
-    max_batch_tokens: int | None = Field(None, ge=8)
-    max_batch_delay_ms: float | None = Field(None, ge=0)
-    max_queue: int | None = Field(None, ge=1)
-    request_timeout_s: float | None = Field(None, gt=0)
-    default_samples: int | None = Field(None, ge=1)
-    max_samples: int | None = Field(None, ge=1)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    max_batch_samples: int | None = Field(None, ge=1, le=1 << 20)
+    max_batch_tokens: int | None = Field(None, ge=8, le=1 << 24)
+    max_batch_delay_ms: float | None = Field(None, ge=0, le=1000)
+    max_queue: int | None = Field(None, ge=1, le=1 << 20)
+    request_timeout_s: float | None = Field(None, gt=0, le=3600)
+    default_samples: int | None = Field(None, ge=1, le=4096)
+    max_samples: int | None = Field(None, ge=1, le=4096)
     instances: int | None = Field(None, ge=1, le=16)
     version_policy: VersionPolicy | None = None
 
@@ -103,27 +141,42 @@ class ServingSettings:
         return asdict(self)
 
 
-def read_config(model_dir: Path) -> ModelConfigFile | None:
-    """The model's ``config.yaml``, or None when it has none; ``ValueError`` naming the key when it is invalid."""
+def read_config(model_dir: Path, root: Path | None = None) -> ModelConfigFile | None:
+    """The model's ``config.yaml``, or None when it has none; ``ValueError`` saying why when it cannot be used. A
+    symlink must resolve inside ``root`` (default: the repository, the model folder's parent)."""
     path = model_dir / CONFIG_FILE
-    if not path.is_file():
+    if not path.is_symlink() and not path.exists():
         return None
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return ModelConfigFile.model_validate(document or {})
+        resolved = path.resolve(strict=True)
+        if not resolved.is_relative_to((root or model_dir.parent).resolve()):
+            raise ValueError(f"{CONFIG_FILE} links outside the model repository")
+        with resolved.open("rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+        document = yaml.load(raw.decode("utf-8"), Loader=BoundedLoader)  # a SafeLoader
+        if document is None:
+            raise ValueError(f"{CONFIG_FILE} is empty (write {{}} for no overrides)")
+        return ModelConfigFile.model_validate(document)
     except yaml.YAMLError as exc:
-        raise ValueError(f"{CONFIG_FILE} is not YAML: {str(exc).splitlines()[0]}") from exc
+        raise ValueError(f"{CONFIG_FILE} is not YAML: {' '.join(str(exc).split())[:300]}") from exc
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, error['loc'])) or 'file'}: {error['msg']}" for error in exc.errors())
-        raise ValueError(f"{CONFIG_FILE}: {problems}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{CONFIG_FILE} cannot be read: {exc}") from exc
+        raise ValueError(f"{CONFIG_FILE}: {problems[:1000]}") from exc
+    except (OSError, UnicodeDecodeError, RuntimeError) as exc:  # RuntimeError: a symlink loop on Python < 3.13
+        raise ValueError(f"{CONFIG_FILE} cannot be read: {type(exc).__name__}") from exc
 
 
 def serving_settings(file: ModelConfigFile | None, shapes: BatchShapes, max_batch_delay_ms: float, max_queue: int,
                      request_timeout_s: float) -> ServingSettings:
     """The server-wide values (the device's batch budgets and the settings), with the file's over them."""
     given = file.given() if file is not None else {}
+    delay, timeout = given.get("max_batch_delay_ms", max_batch_delay_ms), given.get("request_timeout_s",
+                                                                                      request_timeout_s)
+    if delay >= 1000 * timeout:
+        raise ValueError(f"{CONFIG_FILE}: max_batch_delay_ms {delay:g} leaves no time within request_timeout_s "
+                         f"{timeout:g}: every request would time out")
     return ServingSettings(
         max_batch_samples=given.get("max_batch_samples", shapes.max_batch_samples),
         max_batch_tokens=given.get("max_batch_tokens", shapes.max_batch_tokens),

@@ -140,6 +140,8 @@ class ModelRepository:
         self.settings_of = settings_of  # a model's config.yaml (or None) -> its serving settings
         self.configs: dict[str, ModelConfigFile | ValueError | None] = {}  # per model: its file, or why it is bad
         self.config_prints: dict[str, tuple[int, int] | None] = {}  # per model: its config.yaml's (size, mtime) as read
+        # per model: the print and what was read at it, so an unchanged file is not parsed again
+        self._config_reads: dict[str, tuple[tuple[int, int] | None, ModelConfigFile | ValueError | None]] = {}
 
     # lookups -------------------------------------------------------------------------------------------
 
@@ -163,7 +165,7 @@ class ModelRepository:
         return name in self.models and (version is None or version in self.models[name])
 
     # scanning ------------------------------------------------------------------------------------------
-    def _folders(self) -> dict[tuple[str, str], Path]:
+    async def _folders(self) -> dict[tuple[str, str], Path]:
         """Every version folder to serve: published ones, of models not unloaded, within the model's version policy
         (its config.yaml, read here for the whole scan)."""
         found: dict[tuple[str, str], Path] = {}
@@ -173,7 +175,7 @@ class ModelRepository:
         for model_dir in filter(is_published, sorted(self.root.iterdir())):
             if model_dir.name in self.unloaded:
                 continue
-            config = self._config(model_dir)
+            config = await self._config(model_dir)
             folders = {d.name: d for d in filter(is_published, sorted(model_dir.iterdir()))}
             policy = config.version_policy if isinstance(config, ModelConfigFile) else None
             chosen = policy.selects(list(folders), version_key) if policy is not None else set(folders)
@@ -181,21 +183,30 @@ class ModelRepository:
                 found[(model_dir.name, name)] = folders[name]
         return found
 
-    def _config(self, model_dir: Path) -> ModelConfigFile | ValueError | None:
-        """The model's config.yaml, read once per scan. Its print is taken first: a file replaced while it is read
-        leaves a stale print, so the next scan reads it again; a print taken later could record the new file against
-        settings read from the old one, and no scan would apply the new one."""
-        self.config_prints[model_dir.name] = file_print(model_dir / CONFIG_FILE)
-        try:
-            config: ModelConfigFile | ValueError | None = read_config(model_dir)
-        except ValueError as exc:
-            config = exc
-        self.configs[model_dir.name] = config
+    async def _config(self, model_dir: Path) -> ModelConfigFile | ValueError | None:
+        """The model's config.yaml, parsed off the event loop and only when its (size, mtime) changed. Its print is
+        taken first: a file replaced while it is read leaves a stale print, so the next scan reads it again; a print
+        taken later could record the new file against settings read from the old one, and no scan would apply the
+        new one. A file that cannot be used is the model's error, never the scan's."""
+        name, print_ = model_dir.name, file_print(model_dir / CONFIG_FILE)
+        self.config_prints[name] = print_
+        cached = self._config_reads.get(name)
+        if cached is not None and cached[0] == print_:
+            config = cached[1]
+        else:
+            try:
+                config = await asyncio.to_thread(read_config, model_dir, self.root)
+            except ValueError as exc:
+                config = exc
+            except Exception as exc:  # whatever a file does to the parser, the other models keep their scans
+                config = ValueError(f"{CONFIG_FILE} cannot be read: {type(exc).__name__}")
+            self._config_reads[name] = (print_, config)
+        self.configs[name] = config
         return config
 
     async def scan(self) -> None:
         async with self._scan_lock:
-            found = self._folders()
+            found = await self._folders()
             loaded = False
             allowlist = file_print(self.trusted_digests)  # an edit of the allowlist re-checks every version
             for (name, version), folder in found.items():
@@ -320,6 +331,8 @@ class ModelRepository:
                               ) -> None:
         try:
             await self.scan()
+        except Exception:  # the first scan failing must not end the polling that could recover
+            log.exception("repository scan failed")
         finally:
             self._first_scan.set()
         if after_first_scan is not None:

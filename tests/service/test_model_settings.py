@@ -138,8 +138,8 @@ def test_a_config_replaced_while_a_scan_reads_it_is_applied_by_the_next_scan(
     config.write_text("max_queue: 3\n")
     replace_during_read = {"armed": False}
 
-    def read_then_replace(model_dir: Path) -> ModelConfigFile | None:
-        read = read_config(model_dir)
+    def read_then_replace(model_dir: Path, root: Path | None = None) -> ModelConfigFile | None:
+        read = read_config(model_dir, root)
         if replace_during_read["armed"]:
             replace_during_read["armed"] = False
             staged = tmp_path / "config.yaml.new"
@@ -150,6 +150,9 @@ def test_a_config_replaced_while_a_scan_reads_it_is_applied_by_the_next_scan(
     monkeypatch.setattr(repository_module, "read_config", read_then_replace)
     with serve(settings_for(repository, tmp_path, poll_interval_s=0.2)) as running:
         replace_during_read["armed"] = True
+        touched = tmp_path / "config.yaml.touched"  # the same settings written again: a changed print, so a read
+        touched.write_text("max_queue: 3\n")
+        touched.replace(config)
 
         def reported() -> bool:
             listed = httpx.get(f"{running.url}/models/tiny").json()
