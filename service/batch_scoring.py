@@ -5,9 +5,13 @@ PATH is an image folder (PNG / JPEG, searched recursively; each converted as ``/
 file (one ``/predict`` input per line: ``{"text": ...}``, ``{"image_base64": ...}`` or ``{"pixels": ...}``, with an
 optional ``"id"``) or a CSV file (``--text-column``, optional ``--id-column``). Each output line is one input's
 prediction as ``/predict`` returns it, with its ``key`` (file path, id or line number), the model version and the OOD
-rule. The run resumes: inputs whose key is already in the output are skipped (a line cut short by a crash is
-dropped first). An input the server would refuse (a corrupt image, an empty text) gets a line with its ``error``
-and ``status`` instead, and the run goes on.
+rule. An input the server would refuse (a corrupt image, an empty text, a line that is not UTF-8 or not JSON, or
+nested too deep) gets a line with its ``error`` and ``status`` instead, and the run goes on.
+
+The lines are appended to ``OUTPUT.partial`` (beside the output) and the file is renamed to OUTPUT when the run is
+over, so a crash never leaves a half-written OUTPUT and never touches a finished one. The run resumes: inputs whose
+key is already in the partial file (or, when there is none, in OUTPUT) are skipped, a line cut short by a crash
+dropped first. The output may not be the input, nor a link to it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import asyncio
 import base64
 import csv
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -43,39 +49,73 @@ def read_inputs(path: Path, text_column: str, id_column: str | None) -> Iterator
         for file in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
             yield str(file.relative_to(path)), ImageInput(image_base64=base64.b64encode(file.read_bytes()).decode())
     elif path.suffix.lower() == ".csv":
-        with path.open(newline="", encoding="utf-8") as handle:
+        # bytes that are not UTF-8 stay as lone surrogates, so the row that holds them is refused, not the file
+        with path.open(newline="", encoding="utf-8", errors="surrogateescape") as handle:
             for line, row in enumerate(csv.DictReader(handle), start=1):
                 key = row.get(id_column) if id_column else None
-                yield (key or str(line)), INPUT.validate_python({"text": row.get(text_column) or ""})
+                text = row.get(text_column) or ""
+                if not all(is_utf8(value) for value in (text, key or "")):
+                    yield str(line), ApiError(400, f"row {line} is not UTF-8 text")
+                    continue
+                yield (key or str(line)), INPUT.validate_python({"text": text})
     else:
-        with path.open(encoding="utf-8") as handle:
+        with path.open("rb") as handle:
             for line, raw in enumerate(handle, start=1):
                 if raw.strip():
                     yield _json_item(line, raw)
 
 
-def _json_item(line: int, raw: str) -> Item:
+def is_utf8(text: str) -> bool:
+    """Whether a string read with ``surrogateescape`` held valid UTF-8 only."""
     try:
-        value = json.loads(raw)
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_item(line: int, raw: bytes) -> Item:
+    try:
+        value = json.loads(raw.decode("utf-8"))
         key = str(value.pop("id", line)) if isinstance(value, dict) else str(line)
         return key, INPUT.validate_python(value)
+    except UnicodeDecodeError:
+        return str(line), ApiError(400, f"line {line} is not UTF-8 text")
+    except RecursionError:
+        return str(line), ApiError(422, f"line {line} is nested too deeply to be a /predict input")
     except (ValueError, ValidationError) as exc:
-        return str(line), ApiError(422, f"line {line} is not a /predict input: {str(exc).splitlines()[0]}")
+        return str(line), ApiError(422, f"line {line} is not a /predict input: {str(exc).splitlines()[0][:300]}")
 
 
-def done_keys(output: Path) -> set[str]:
-    """Keys already scored; a last line cut short by a crash is dropped from the file."""
-    if not output.is_file():
-        return set()
+def partial_path(output: Path) -> Path:
+    """Where a run appends its lines before the output is renamed into place."""
+    return output.with_name(output.name + ".partial")
+
+
+def done_keys(partial: Path, output: Path) -> set[str]:
+    """Keys already scored. The partial file of an unfinished run is kept (a last line cut short by a crash dropped);
+    without one, a finished output is copied to start it, so the output itself is only ever replaced whole."""
+    if not partial.is_file():
+        if not output.is_file():
+            return set()
+        shutil.copyfile(output, partial)
     kept, keys = [], set()
-    for raw in output.read_text(encoding="utf-8").splitlines():
+    for raw in partial.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             keys.add(json.loads(raw)["key"])
             kept.append(raw)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
-    output.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    partial.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     return keys
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through links too); False when either does not exist."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 async def score(state: AppState, items: list[tuple[str, Input]], model: str | None, version: str | None,
@@ -115,7 +155,7 @@ async def score_chunk(state: AppState, chunk: list[Item], args: argparse.Namespa
 async def run(args: argparse.Namespace) -> int:
     from service.app import create_app  # after the settings are final
 
-    skip = done_keys(args.output)
+    partial = partial_path(args.output)
     with tempfile.TemporaryDirectory(prefix="director-scoring-") as tmp:
         settings = Settings(model_repository=args.model_repository, default_model=args.model or "fashion-vit",
                             poll_interval_s=0, torch_threads=args.threads,
@@ -129,9 +169,10 @@ async def run(args: argparse.Namespace) -> int:
             except ApiError as exc:
                 print(f"cannot score: {exc}", file=sys.stderr)
                 return 2
+            skip = done_keys(partial, args.output)
             items = [item for item in read_inputs(args.input, args.text_column, args.id_column) if item[0] not in skip]
             written = 0
-            with args.output.open("a", encoding="utf-8") as out, tqdm(total=len(items), unit="input",
+            with partial.open("a", encoding="utf-8") as out, tqdm(total=len(items), unit="input",
                                                                         desc="scoring", file=sys.stderr) as bar:
                 for start in range(0, len(items), args.chunk):
                     chunk = items[start:start + args.chunk]
@@ -140,6 +181,7 @@ async def run(args: argparse.Namespace) -> int:
                     out.flush()
                     written += len(lines)
                     bar.update(len(chunk))
+    partial.replace(args.output)
     print(f"{written} inputs scored into {args.output} ({len(skip)} already there)", file=sys.stderr)
     return 0
 
@@ -168,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.input.exists():
         parser.error(f"no such input: {args.input}")
+    if any(same_file(path, args.input) for path in (args.output, partial_path(args.output))) or (
+            args.output.resolve() == args.input.resolve()):
+        parser.error(f"the output {args.output} is the input: scoring would overwrite it")
     return asyncio.run(run(args))
 
 
