@@ -58,6 +58,13 @@ class OodRule:
     note: str | None = None
     terms: tuple[ScoreTerm, ...] = ()  # the manifest's combination (score "combined")
 
+    def relative(self, scores: list[float]) -> list[float]:
+        """Each score relative to the threshold, ``1 + (score - threshold) / |threshold|``: 1 at the threshold, above
+        1 exactly where the input is flagged, and on one scale whatever the score and its sign (a Mahalanobis distance
+        in the hundreds, an energy below 0), so one bucket layout shows every model (docs/operations.md)."""
+        scale = max(abs(self.threshold), 1e-12)
+        return [1.0 + (score - self.threshold) / scale for score in scores]
+
 
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The folder's manifest as written, shown by ``GET /models`` even when the version is unavailable."""

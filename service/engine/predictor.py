@@ -230,7 +230,8 @@ class Predictor:
         labels = manifest.labels
         confidence = summary.confidence.tolist()
         rows = [(c, labels[c], p) for c, p in zip(summary.prediction.tolist(), confidence, strict=True)]  # the log's
-        self.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood)
+        self.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood,
+                                     outcome.rule.relative(outcome.ood))
         if outcome.n_samples == manifest.sampling.default_samples:  # the reference's sample count
             monitor = self.drift_monitor(entry)
             if monitor is not None:

@@ -61,6 +61,9 @@ ENTROPY_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0
 MI_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 OOD_BUCKETS = (-20.0, -15.0, -10.0, -7.5, -5.0, -2.5, -1.0, 0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                2.0, 3.0, 5.0)
+# the OOD score relative to its threshold (``OodRule.relative``): 1 is the threshold, whatever the model
+RELATIVE_OOD_BUCKETS = (-2.0, -1.0, -0.5, 0.0, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0,
+                        50.0)
 MV = ("model", "version")
 UNKNOWN = "unknown"
 # every reason the server refuses a request for (director_rejected_requests_total{reason})
@@ -130,8 +133,12 @@ class Metrics:
                                  buckets=ENTROPY_BUCKETS, registry=r)
         self.mutual_information = Histogram("director_mutual_information_nats", "predictive minus expected "
                                             "entropy", MV, buckets=MI_BUCKETS, registry=r)
-        self.ood_score = Histogram("director_ood_score", "the manifest's OOD score (higher = more OOD)", MV,
-                                   buckets=OOD_BUCKETS, registry=r)
+        self.ood_score = Histogram("director_ood_score", "the manifest's OOD score (higher = more OOD), raw: its scale "
+                                   "is the model's", MV, buckets=OOD_BUCKETS, registry=r)
+        self.ood_score_relative = Histogram("director_ood_score_relative", "the OOD score relative to its threshold, "
+                                            "1 + (score - threshold) / |threshold|: 1 at the threshold, flagged above "
+                                            "it, one scale for every model", MV, buckets=RELATIVE_OOD_BUCKETS,
+                                            registry=r)
         self.drift_ks = Gauge("director_confidence_drift_ks", "KS distance of live confidences (default sample "
                               "count) to the reference", MV, registry=r, multiprocess_mode="livemostrecent")
         self.drift_psi = Gauge("director_confidence_drift_psi", "PSI of live confidences over the reference "
@@ -190,7 +197,7 @@ class Metrics:
         }
 
     def observe_summary(self, model: str, version: str, summary: UncertaintySummary, ood: list[float],
-                        flags: list[bool]) -> None:
+                        flags: list[bool], relative_ood: list[float]) -> None:
         labels = (model, version)
         self.predictions.labels(*labels).inc(len(flags))
         flagged = sum(flags)
@@ -202,7 +209,7 @@ class Metrics:
         for values, hist in ((summary.confidence.tolist(), self.confidence),
                              (summary.predictive_entropy.tolist(), self.entropy),
                              (summary.mutual_information.tolist(), self.mutual_information),
-                             (ood, self.ood_score)):
+                             (ood, self.ood_score), (relative_ood, self.ood_score_relative)):
             child = hist.labels(*labels)
             for value in values:
                 child.observe(value)

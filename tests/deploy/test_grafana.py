@@ -117,11 +117,17 @@ def test_the_issue_panels_are_there() -> None:
         assert any(series in target["expr"] for target in titles[title]["targets"]), title
 
 
-def test_ood_scores_are_drawn_per_model() -> None:
-    """Models' OOD scores have different scales: the score heatmap is repeated per model, never summed across."""
-    (heatmap,) = [panel for panel in panels() if panel["title"].startswith("OOD score distribution")]
+def test_ood_scores_are_drawn_per_model_relative_to_their_threshold() -> None:
+    """Models' raw OOD scores have different scales: the heatmap draws the score relative to its threshold (one bucket
+    layout for every model), repeated per model and never summed across, and a panel draws each model's median and
+    p95 against a threshold line at 1."""
+    (heatmap,) = [panel for panel in panels() if panel["title"].startswith("OOD score relative to its threshold: ")]
     assert heatmap["repeat"] == "model" and "$model" in heatmap["title"]
     assert heatmap["targets"][0]["expr"].startswith("sum by (le)")
+    assert "director_ood_score_relative_bucket" in heatmap["targets"][0]["expr"]
+    (lines,) = [panel for panel in panels() if panel["title"] == "OOD score relative to its threshold per model"]
+    assert lines["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] == {"mode": "line"}
+    assert [step["value"] for step in lines["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 1]
 
 
 def test_queries_name_only_metrics_that_exist() -> None:

@@ -52,6 +52,7 @@ from tests.deploy.promql import (
     substitute,
     variables,
 )
+from tests.service.conftest import separates_by_relative_score
 from training.data.images import load_fashion_mnist_split
 
 FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -316,6 +317,25 @@ def test_ood_rate_rises_with_ood_traffic(stack: Stack) -> None:
     reference = values(query(stack.prometheus_url, substitute(panel["targets"][1]["expr"], stack.variable_values)))
     assert after[0] > 3 * reference[0]  # over the OOD alert's level
     print(f"OOD rate: {before[0]:.3f} in distribution, {after[0]:.3f} with noise (reference {reference[0]:.3f})")
+
+
+def test_the_relative_ood_score_separates_the_traffic_in_prometheus(stack: Stack) -> None:
+    """Scraped by Prometheus: the in-distribution phase and the noise phase each keep under 10% of their
+    observations of ``director_ood_score_relative`` beyond its last finite bucket, and the noise's median lands in a
+    higher bucket than the test images'. (Not necessarily above 1: this version flags about half of the noise, so its
+    median sits near the threshold, on either side from one run to the next.)"""
+    from service.observability.metrics import RELATIVE_OOD_BUCKETS
+
+    def cumulative(at: float) -> dict[float, float]:
+        data = query(stack.prometheus_url, 'sum by (le) (director_ood_score_relative_bucket{model="fashion-vit", '
+                                           'version="1"})', at=at)
+        return {float(item["metric"]["le"]): float(item["value"][1]) for item in data["result"]}
+
+    before = dict.fromkeys((*RELATIVE_OOD_BUCKETS, math.inf), 0.0)
+    id_inf, ood_inf, id_median, ood_median = separates_by_relative_score(
+        before, cumulative(stack.t_in_distribution), cumulative(stack.t_ood))
+    assert id_inf < 0.1 and ood_inf < 0.1, (id_inf, ood_inf)
+    assert id_median < ood_median, (id_median, ood_median)
 
 
 def test_alerts_follow_the_traffic(stack: Stack) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import io
 import json
+import math
 import shutil
 import socket
 import threading
@@ -322,3 +323,33 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
         if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
             return float(value)
     return None
+
+
+def relative_ood_counts(url: str, model: str, version: str) -> dict[float, float]:
+    """The cumulative counts of ``director_ood_score_relative`` for one version, by upper bound (+Inf included)."""
+    from service.observability.metrics import RELATIVE_OOD_BUCKETS
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    counts = {}
+    for bound in (*RELATIVE_OOD_BUCKETS, math.inf):
+        le = "+Inf" if math.isinf(bound) else repr(float(bound))
+        counts[bound] = metric_value(text, "director_ood_score_relative_bucket", model=model, version=version,
+                                     le=le) or 0.0
+    return counts
+
+
+def separates_by_relative_score(before: dict[float, float], between: dict[float, float],
+                                after: dict[float, float]) -> tuple[float, float, float, float]:
+    """From three snapshots of ``relative_ood_counts`` around an in-distribution phase and an OOD phase: each phase's
+    share beyond the last finite bucket, and the upper bound of the bucket holding each phase's median."""
+    def phase(start: dict[float, float], end: dict[float, float]) -> tuple[float, float]:
+        cumulative = {bound: end[bound] - start[bound] for bound in end}
+        total = cumulative[math.inf]
+        assert total > 0, "no observations in this phase"
+        finite = max(bound for bound in cumulative if not math.isinf(bound))
+        median = next(bound for bound in sorted(cumulative) if cumulative[bound] >= total / 2)
+        return (total - cumulative[finite]) / total, median
+
+    id_inf, id_median = phase(before, between)
+    ood_inf, ood_median = phase(between, after)
+    return id_inf, ood_inf, id_median, ood_median

@@ -70,8 +70,8 @@ def test_per_class_counter_is_bounded_by_the_manifest_labels() -> None:
     text = metrics.expose().decode()
     for label in ("cat", "dog", "eel"):
         assert metric_value(text, "director_class_predictions_total", model="m", version="1", label=label) == 0.0
-    metrics.observe_summary("m", "1", summary_of([1, 1, 2, 1], classes=3), [0.0] * 4, [False] * 4)
-    metrics.observe_summary("m", "1", summary_of([3], classes=4), [0.0], [False])  # not in the manifest
+    metrics.observe_summary("m", "1", summary_of([1, 1, 2, 1], classes=3), [0.0] * 4, [False] * 4, [0.5] * 4)
+    metrics.observe_summary("m", "1", summary_of([3], classes=4), [0.0], [False], [0.5])  # not in the manifest
     text = metrics.expose().decode()
     counts = {label: metric_value(text, "director_class_predictions_total", model="m", version="1", label=label)
               for label in ("cat", "dog", "eel", "unknown")}
