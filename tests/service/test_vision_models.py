@@ -1,5 +1,7 @@
-"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v6
-(v4's sampling at S = 1 with a temperature per input that grows with its Mahalanobis score; the default version), v5
+"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v8 (the
+post-hoc path the kernel's verdict chose: the backbone's own forward with the Mahalanobis score and the temperature
+that follows it; the default version), v7 (v6 re-exported keeping only the score it reads), v6
+(v4's sampling at S = 1 with a temperature per input that grows with its Mahalanobis score), v5
 (v4's weights with the sampled noise shaped on a held-out shift and S = 16 by default), v4
 (partial-depth DIRECTOR with the backbone's last transition and the feature-space statistics, scored by the
 Mahalanobis distance), v3 (the same weights, the kernel error among its candidates), v2 (scored by energy) and v1
@@ -17,13 +19,23 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import REPO_ROOT, Running, copy_version, flagged_share, png_base64, serve, settings_for
+from tests.service.conftest import (
+    REPO_ROOT,
+    Running,
+    copy_version,
+    flagged_share,
+    png_base64,
+    relative_ood_counts,
+    separates_by_relative_score,
+    serve,
+    settings_for,
+)
 
 VISION_MODEL = REPO_ROOT / "model_repository" / "fashion-vit"
 BASELINE = REPO_ROOT / "model_repository" / "fashion-vit-deterministic"
-FOLDERS = {**{("fashion-vit", v): VISION_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7")},
+FOLDERS = {**{("fashion-vit", v): VISION_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7", "8")},
            **{("fashion-vit-deterministic", v): BASELINE / v for v in ("1", "2")}}
-DEFAULT_VERSION = "7"
+DEFAULT_VERSION = "8"
 DEFAULT_BASELINE = "2"
 BUDGET_MIB = 5
 FEATURE_BANK_MIB = 4  # v4-v6 carry the KNN bank: 10,000 training features x 96 floats (3.7 MiB) beside the model
@@ -100,6 +112,27 @@ def test_a_re_export_keeping_only_the_served_score_serves_what_v6_serves(vision_
                 assert b["probabilities"][label] == pytest.approx(p, abs=1e-4)
 
 
+def test_the_default_serves_the_posthoc_path_the_verdict_chose(vision_models: Running) -> None:
+    """v8 serves the backbone's own forward: the labels of the deterministic baseline (the same backbone), every sample
+    the same row (mutual information 0 at S = 4), and the verdict's sentence in ``GET /models``."""
+    manifest = json.loads((VISION_MODEL / DEFAULT_VERSION / "manifest.json").read_text())
+    assert manifest["method"] == "posthoc" and manifest["kernel_verdict"]["served"] == "posthoc"
+    models = {m["name"]: m for m in httpx.get(f"{vision_models.url}/models", timeout=10).json()["models"]}
+    served = next(v for v in models["fashion-vit"]["versions"] if v["version"] == DEFAULT_VERSION)
+    assert served["kernel_verdict"] == manifest["kernel_verdict"]["sentence"]
+    images, _ = held_out(32)
+    body = {"inputs": [{"image_base64": png_base64(img)} for img in images]}
+    answers = {}
+    for model, samples in (("fashion-vit", 4), ("fashion-vit-deterministic", 1)):
+        response = httpx.post(f"{vision_models.url}/predict", json={**body, "model": model, "n_samples": samples},
+                              timeout=300)
+        assert response.status_code == 200, response.text
+        answers[model] = response.json()["predictions"]
+    for posthoc, backbone in zip(answers["fashion-vit"], answers["fashion-vit-deterministic"], strict=True):
+        assert posthoc["label"] == backbone["label"]
+        assert posthoc["mutual_information"] == pytest.approx(0.0, abs=1e-6)
+
+
 @pytest.mark.parametrize("folder", sorted(FOLDERS.values(), key=str), ids=lambda p: f"{p.parent.name}-{p.name}")
 def test_artifact_size_budget(folder: Path) -> None:
     total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
@@ -129,3 +162,18 @@ def test_ood_flag_rate_on_test_images_is_what_the_threshold_was_set_for(vision_m
     responses = [predict(vision_models, images[start : start + 50], start) for start in range(0, 200, 50)]
     rate = flagged_share(manifest, responses)
     assert rate <= 0.12, rate  # 5% expected; 12% is far outside 200 draws' sampling error
+
+
+def test_the_relative_ood_score_histogram_separates_id_from_ood_traffic(vision_models: Running) -> None:
+    """The default's Mahalanobis scores run from ~30 to several hundred: every observation of the raw score landed in
+    +Inf. Relative to the threshold, test images and uniform noise fill finite buckets, and different ones."""
+    images, _ = held_out(64)
+    noise = (np.random.default_rng(0).random((64, 28, 28)) * 255).astype(np.uint8)
+    counts = [relative_ood_counts(vision_models.url, "fashion-vit", DEFAULT_VERSION)]
+    for batch in (images, noise):
+        for start in range(0, 64, 32):
+            predict(vision_models, batch[start:start + 32], seed=start)
+        counts.append(relative_ood_counts(vision_models.url, "fashion-vit", DEFAULT_VERSION))
+    id_inf, ood_inf, id_median, ood_median = separates_by_relative_score(*counts)
+    assert id_inf < 0.1 and ood_inf < 0.1, (id_inf, ood_inf)
+    assert id_median <= 1.0 < ood_median, (id_median, ood_median)
