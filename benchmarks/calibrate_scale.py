@@ -126,7 +126,7 @@ def run_size(root: Path, checkpoint: Path, size: int, args: argparse.Namespace) 
     status, seconds, peak = peak_rss_run(command, root / f"calibrate-{size}.log")
     if status != 0:
         raise SystemExit(f"calibrate at {size} inputs failed: see {root / f'calibrate-{size}.log'}")
-    payload = torch.load(run_dir / "depth-1" / "director.pt", map_location="cpu", weights_only=False)
+    payload = torch.load(run_dir / "depth-1" / "director.pt", map_location="cpu", weights_only=True)
     states = run_dir / "depth-1" / "rank-0" / "start_states.f16"
     images = sum(p.stat().st_size for p in (run_dir / "images").glob("*.u8"))
     return {"train_inputs": size, "seconds": round(seconds, 1), "peak_rss_bytes": peak,

@@ -139,7 +139,8 @@ def minilm_path() -> Path:
 
 def load_minilm_encoder(attn_implementation: str = "eager") -> BertModel:
     """MiniLM-L6 as a transformers ``BertModel``, offline (no hub access), without its unused [CLS] pooler."""
-    encoder = AutoModel.from_pretrained(minilm_path(), attn_implementation=attn_implementation, local_files_only=True)
+    encoder = AutoModel.from_pretrained(minilm_path(), attn_implementation=attn_implementation, local_files_only=True,
+                                        trust_remote_code=False)
     if not isinstance(encoder, BertModel):
         raise TypeError(f"expected a BertModel, got {type(encoder).__name__}")
     encoder.pooler = None  # the classifier pools itself; BertModel.forward skips a None pooler
@@ -148,7 +149,7 @@ def load_minilm_encoder(attn_implementation: str = "eager") -> BertModel:
 
 def load_minilm_tokenizer() -> PreTrainedTokenizerBase:
     """MiniLM-L6's uncased WordPiece tokenizer (its ``tokenizer.json`` is in the same folder)."""
-    return AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
+    return AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True, trust_remote_code=False)
 
 
 def from_pretrained_minilm(

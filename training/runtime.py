@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import pickle
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,19 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+class CheckpointRefused(ValueError):
+    """A run-folder file that is not plain tensors and containers: loading it could run code it carries."""
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """A run's own payload (tensors, numbers, strings and containers of them). ``weights_only``: a file in a run folder
+    is data, never code, so a pickle that would build anything else (a planted ``backbone_ckpt.pt`` that runs a
+    command on resume) is refused instead of executed (docs/operations.md, "Threat model")."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointRefused(f"{path} holds more than weights and plain values, so it is not loaded (it could run "
+                                f"code): {str(exc).splitlines()[0][:200]}") from exc
 
 
 class StepProgress:

@@ -37,9 +37,9 @@ torch.set_num_threads(threads)
 if model_path.endswith(".ts"):
     model = torch.jit.load(model_path, map_location="cpu")
 else:
-    model = torch.load(model_path, map_location="cpu", weights_only=False)
+    model = torch.load(model_path, map_location="cpu", weights_only=False)  # written by the parent just before
 model = model.eval()
-inputs = torch.load(inputs_path)
+inputs = torch.load(inputs_path, weights_only=True)
 def status(key):
     return int(re.search(key + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 with torch.inference_mode():
@@ -89,12 +89,12 @@ def served_forward(model: torch.nn.Module, inputs: Inputs, n_samples: int) -> to
 
 def save_model_file(model: torch.nn.Module, folder: Path, name: str, script: bool) -> Path:
     """Where the memory probe loads ``model`` from: ``<name>.ts`` (TorchScript) or ``<name>.pt`` (a pickled eager
-    module, for models that do not script); kept between runs."""
+    module, for models that do not script). Written again on every call: the probe loads only what this process just
+    wrote, never a file left in the folder (which could carry code)."""
     folder.mkdir(parents=True, exist_ok=True)
     if script:
         path = folder / f"{name}.ts"
-        if not path.exists():
-            save_scripted(script_module(model), path)
+        save_scripted(script_module(model), path)
     else:
         path = folder / f"{name}.pt"
         torch.save(model, path)

@@ -63,11 +63,33 @@ def _hf_config(source: str) -> Any:
     local = Path(source).exists()
     if local and not (Path(source) / "config.json").is_file():
         raise CheckpointError(f"{source}: no config.json; expected a Hugging Face save_pretrained folder")
+    if local:
+        refuse_custom_code(source, json.loads((Path(source) / "config.json").read_text(encoding="utf-8")))
     try:
-        return AutoConfig.from_pretrained(source, local_files_only=local)
+        config = AutoConfig.from_pretrained(source, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as err:
         where = "folder" if local else "hub id (needs internet)"
         raise CheckpointError(f"{source}: cannot read its configuration as a {where}: {err}") from err
+    refuse_custom_code(source, config.to_dict())
+    return config
+
+
+def refuse_custom_code(source: str, config: dict[str, Any]) -> None:
+    """A checkpoint whose configuration names its own Python classes (``auto_map``) would need its code run to load;
+    nothing a checkpoint ships is ever run here (docs/operations.md, "Threat model")."""
+    if config.get("auto_map"):
+        raise CheckpointError(f"{source}: its config.json names its own Python code (auto_map: "
+                              f"{sorted(config['auto_map'])[:3]}); checkpoints that need their own code are refused, "
+                              "never run. Use a checkpoint of a supported family whose classes transformers ships")
+
+
+def weights_format(checkpoint: Checkpoint) -> dict[str, Any]:
+    """``from_pretrained``'s arguments that keep a checkpoint's code from running: never its own classes, and its
+    safetensors weights wherever the folder has them (a ``.bin`` file is a pickle)."""
+    folder = Path(checkpoint.source)
+    safetensors = checkpoint.local and any(folder.glob("*.safetensors"))
+    return {"local_files_only": checkpoint.local, "trust_remote_code": False,
+            **({"use_safetensors": True} if safetensors else {})}
 
 
 def _labels(id2label: dict[Any, str] | None, num_classes: int) -> list[str] | None:
@@ -169,7 +191,7 @@ def load_classifier(checkpoint: Checkpoint, num_classes: int, pad_id: int | None
     if checkpoint.family.name == "bert" and not checkpoint.has_head:  # a bare encoder: a fresh linear head
         from models.checkpoints import bert_family_from_hf, text_classifier_spec
 
-        encoder = AutoModel.from_pretrained(checkpoint.source, local_files_only=checkpoint.local,
+        encoder = AutoModel.from_pretrained(checkpoint.source, **weights_format(checkpoint),
                                             attn_implementation="eager").eval()
         classifier, _ = bert_family_from_hf(encoder, num_classes, pooling=pooling)
         return classifier, text_classifier_spec(classifier)
@@ -179,7 +201,7 @@ def load_classifier(checkpoint: Checkpoint, num_classes: int, pad_id: int | None
         import transformers
 
         auto = getattr(transformers, checkpoint.architecture)
-    model = auto.from_pretrained(checkpoint.source, num_labels=num_classes, local_files_only=checkpoint.local,
+    model = auto.from_pretrained(checkpoint.source, num_labels=num_classes, **weights_format(checkpoint),
                                  attn_implementation="eager").eval()
     if checkpoint.family.name == "vit":
         from models.checkpoints import vit_from_hf, vit_spec
@@ -206,7 +228,7 @@ def _processor_config(checkpoint: Checkpoint) -> dict[str, Any] | None:
         return json.loads(path.read_text()) if path.is_file() else None
     from transformers import AutoImageProcessor
 
-    return AutoImageProcessor.from_pretrained(checkpoint.source).to_dict()
+    return AutoImageProcessor.from_pretrained(checkpoint.source, trust_remote_code=False).to_dict()
 
 
 def _timm_classifier(checkpoint: Checkpoint, num_classes: int) -> tuple[nn.Module, dict[str, Any]]:
@@ -235,7 +257,8 @@ def checkpoint_tokenizer(checkpoint: Checkpoint, max_length: int) -> Tokenizer:
     from transformers import AutoTokenizer
 
     try:
-        wrapper = AutoTokenizer.from_pretrained(checkpoint.source, local_files_only=checkpoint.local)
+        wrapper = AutoTokenizer.from_pretrained(checkpoint.source, local_files_only=checkpoint.local,
+                                                trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{checkpoint.source}: cannot load its tokenizer: {err}") from err
     if not getattr(wrapper, "is_fast", False):
