@@ -137,19 +137,17 @@ class ExportConfig:
     sample_counts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     threshold_images: int = 2000
     ood_validation_images: int = 2000
-    # the OOD-validation set that chooses the served score: a folder of PNG/JPEG images or a UTF-8 text file, one
-    # input per line (training.data.ood_validation); None: sklearn photo patches / Debian licence sentences
+    # a user's OOD-validation set (a folder of PNG/JPEG images or a UTF-8 text file, one input per line:
+    # training.data.ood_validation): one more family beside the built-in ones (training.data.ood_families) that choose
+    # the served score, its regret weighted by ood_validation_weight
     ood_validation_data: str | None = None
-    # that set is one OOD-validation family among the built-in ones (training.data.ood_families), its regret weighted
     ood_validation_weight: float = 1.0
     # what the version serves (docs/method.md, "The kernel earns its place, or steps aside"): DIRECTOR, the post-hoc
-    # path (the backbone's own logits with the same post-hoc tools, no kernel), or auto: DIRECTOR only where, paired
-    # per input against the post-hoc path, it gains beyond noise and beyond a practical margin on one of the verdict's
-    # measures and loses beyond noise and beyond the margin on none (training.export.verdict)
+    # path (the backbone's own logits with the same post-hoc tools, no kernel), or auto: by the kernel's verdict
+    # (training.export.verdict)
     method: Literal["auto", "director", "posthoc"] = "auto"
-    # the practical size of a difference, for a gain and a loss alike: ECE (absolute; a gain counts on the held-out
-    # shift), NLL (relative to the post-hoc path's; validation or the shift), AUROC (absolute; a gain counts on the
-    # OOD-validation families' worst case), FPR95 (absolute; a loss only)
+    # the practical size of a difference, gain or loss: ECE and AUROC absolute (a gain counts on the held-out shift's
+    # ECE and the families' worst AUROC), NLL relative to the post-hoc path's, FPR95 absolute (a loss only)
     verdict_ece: float = 0.01
     verdict_nll_relative: float = 0.02
     verdict_auroc: float = 0.01

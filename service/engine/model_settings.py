@@ -174,7 +174,7 @@ def serving_settings(file: ModelConfigFile | None, shapes: BatchShapes, max_batc
     given = file.given() if file is not None else {}
     delay, timeout = given.get("max_batch_delay_ms", max_batch_delay_ms), given.get("request_timeout_s",
                                                                                       request_timeout_s)
-    if delay >= 1000 * timeout:
+    if ("max_batch_delay_ms" in given or "request_timeout_s" in given) and delay >= 1000 * timeout:
         raise ValueError(f"{CONFIG_FILE}: max_batch_delay_ms {delay:g} leaves no time within request_timeout_s "
                          f"{timeout:g}: every request would time out")
     return ServingSettings(
