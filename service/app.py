@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import torch
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 
 from service import __doc__ as package_doc
 from service import __version__
 from service.api.auth import OPEN_PATHS, docs_paths
+from service.api.cors import Cors
 from service.api.gateway import Gateway
 from service.api.grpc_service import start_grpc
 from service.api.routes import feedback, health, metrics, models, oip, predict, repository
@@ -64,7 +64,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tra
 
         return BatchWorker(artifact, device, serving.max_batch_samples, serving.max_batch_delay_ms, serving.max_queue,
                            on_batch, reservation_timeout_s=serving.request_timeout_s,
-                           max_batch_tokens=serving.max_batch_tokens, instances=serving.instances)
+                           max_batch_tokens=serving.max_batch_tokens, instances=serving.instances,
+                           request_timeout_s=serving.request_timeout_s)
 
     def settings_of(config: ModelConfigFile | None) -> ServingSettings:
         return serving_settings(config, device.shapes, settings.max_batch_delay_ms, settings.max_queue,
@@ -128,7 +129,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     app.add_middleware(Gateway, settings=settings, metrics=metrics_, lifecycle=lifecycle, tracing=tracing,
                        app_state=app.state, open_paths=opened, templates=lambda: [*app.openapi()["paths"], *docs])
     if settings.cors_origins:  # outermost: a browser's preflight carries no key and is answered here
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(Cors, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "Inference-Header-Content-Length"],
                            expose_headers=["Inference-Header-Content-Length", "Retry-After"], max_age=600)
     return app

@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
     grpc_port: int = Field(0, ge=0, le=65535, description="TCP port of the gRPC Open Inference Protocol (KServe's "
                            "inference.GRPCInferenceService, as Triton serves it); 0: off")
+    grpc_max_concurrent_calls: int = Field(16, ge=1, le=1024, description="gRPC calls served at once; more get "
+                                           "RESOURCE_EXHAUSTED (each holds up to max_body_bytes of message)")
     workers: int = Field(1, ge=1, description="uvicorn worker processes (each loads every model)")
     model_repository: Path = Field(Path("model_repository"), description="folder of <model>/<version>/ artifacts")
     default_model: str = Field("fashion-vit", description="model used when a request names none")

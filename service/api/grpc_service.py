@@ -5,11 +5,14 @@ Every call goes through the operations HTTP uses (``service.api.inference_protoc
 ``authorization: Bearer <key>``; liveness and readiness open, as over HTTP), the same batching, limits and errors
 (an HTTP status becomes its gRPC code, the message unchanged) and the same metrics: ``director_requests_total`` and
 ``director_request_duration_seconds`` under the endpoint ``/inference.GRPCInferenceService/<method>``, with the HTTP
-status the call would have had, so one alert covers both. Shared memory, tracing, log settings and streaming are
-not offered (UNIMPLEMENTED)."""
+status the call would have had, so one alert covers both: a cancelled or expired call is counted 499, a message that
+does not parse 400 (INVALID_ARGUMENT, one rate-limited log line, no traceback), a call past
+``grpc_max_concurrent_calls`` 429 (RESOURCE_EXHAUSTED). Shared memory, tracing, log settings and streaming are not
+offered (UNIMPLEMENTED, counted 501)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -34,24 +37,58 @@ CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTIC
          403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
          408: grpc.StatusCode.DEADLINE_EXCEEDED, 409: grpc.StatusCode.FAILED_PRECONDITION,
          413: grpc.StatusCode.RESOURCE_EXHAUSTED, 422: grpc.StatusCode.INVALID_ARGUMENT,
+         429: grpc.StatusCode.RESOURCE_EXHAUSTED, 501: grpc.StatusCode.UNIMPLEMENTED,
          503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+CANCELLED = 499  # what HTTP counts for a client that went away
+UNOFFERED = ("ModelStreamInfer", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+             "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+             "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings")
+UNDECODABLE_LOG_INTERVAL_S = 10.0
+
+
+class Undecodable:
+    """A request message that did not parse. gRPC's own deserializer would raise inside the library (UNKNOWN, an
+    ERROR traceback, no count); this one hands the call its error, so the handler answers INVALID_ARGUMENT."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = f"{type(error).__name__}"
+
+
+def tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # protobuf's DecodeError, or anything else a hostile message triggers
+            return Undecodable(exc)
+
+    return deserialize
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
 def call(method: str, open_: bool = False) -> Callable[[Handler], Handler]:
-    """A servicer method with the API key checked (unless ``open_``), errors as gRPC codes, and counted."""
+    """A servicer method bounded in concurrency, with the API key checked (unless ``open_``), an undecodable message
+    refused, errors as gRPC codes, and counted with the status it got."""
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
         async def wrapped(self: GrpcInferenceService, request: Any, context: grpc.aio.ServicerContext) -> Any:
             started, status = time.perf_counter(), 200
+            self.in_flight += 1
             try:
+                if self.in_flight > self.max_calls:
+                    raise ApiError(429, f"more than {self.max_calls} gRPC calls at once; retry shortly")
                 if not open_:
                     self.authorize(context)
+                if isinstance(request, Undecodable):
+                    self.log_undecodable(method, request)
+                    raise ApiError(400, f"the message is not a valid {method} request ({request.error})")
                 return await handler(self, request, context)
             except ApiError as exc:
                 status = exc.status
                 await context.abort(CODES.get(exc.status, grpc.StatusCode.UNKNOWN), exc.message)
+            except asyncio.CancelledError:  # the client cancelled, or its deadline passed
+                status = CANCELLED
+                raise
             except Exception:
                 if context.code() is not None:  # already aborted with its own code
                     raise
@@ -59,6 +96,7 @@ def call(method: str, open_: bool = False) -> Callable[[Handler], Handler]:
                 log.exception("gRPC %s failed", method)
                 await context.abort(grpc.StatusCode.INTERNAL, "internal error")
             finally:
+                self.in_flight -= 1
                 self.count(method, status, time.perf_counter() - started)
 
         return wrapped
@@ -69,6 +107,17 @@ def call(method: str, open_: bool = False) -> Callable[[Handler], Handler]:
 class GrpcInferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, state: AppState) -> None:
         self.state = state
+        self.max_calls = state.settings.grpc_max_concurrent_calls
+        self.in_flight = 0
+        self.last_undecodable_log = -UNDECODABLE_LOG_INTERVAL_S
+
+    def log_undecodable(self, method: str, request: Undecodable) -> None:
+        """One line at most every ``UNDECODABLE_LOG_INTERVAL_S``: a client sending garbage cannot flood the log."""
+        now = time.monotonic()
+        if now - self.last_undecodable_log >= UNDECODABLE_LOG_INTERVAL_S:
+            self.last_undecodable_log = now
+            log.warning("gRPC %s: a message that is not a valid request (%s); further ones are not logged for %gs",
+                        method, request.error, UNDECODABLE_LOG_INTERVAL_S)
 
     def authorize(self, context: grpc.aio.ServicerContext) -> None:
         header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
@@ -134,14 +183,44 @@ class GrpcInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return grpc_tensors.infer_response(answer.response())
 
 
+def unoffered(method: str) -> Handler:
+    async def refuse(self: GrpcInferenceService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raise ApiError(501, f"{method} is not offered by this server")
+
+    refuse.__name__ = method
+    return call(method)(refuse)
+
+
+for _method in UNOFFERED:
+    setattr(GrpcInferenceService, _method, unoffered(_method))
+
+
+def method_handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
+    """Every RPC of the service with a deserializer that never raises (``tolerant``), in place of the generated
+    ``add_GRPCInferenceServiceServicer_to_server``."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        factory = grpc.stream_stream_rpc_method_handler if method.client_streaming else \
+            grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = factory(getattr(servicer, method.name),
+                                        request_deserializer=tolerant(request.FromString),
+                                        response_serializer=response.SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
 async def start_grpc(state: AppState, settings: Settings) -> grpc.aio.Server | None:
-    """The gRPC server on ``settings.grpc_port`` (None when it is 0): messages bounded like HTTP bodies, the port
-    shared by the workers of a multi-process server (SO_REUSEPORT)."""
+    """The gRPC server on ``settings.grpc_port`` (None when it is 0): messages bounded like HTTP bodies, calls bounded
+    by ``grpc_max_concurrent_calls`` (counted and refused by the servicer; twice as many refused by gRPC itself before
+    their messages are read, so message bytes in flight stay bounded whatever the servicer does), the port shared by
+    the workers of a multi-process server (SO_REUSEPORT)."""
     if settings.grpc_port == 0:
         return None
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", settings.max_body_bytes),
+    server = grpc.aio.server(maximum_concurrent_rpcs=2 * settings.grpc_max_concurrent_calls,
+                             options=[("grpc.max_receive_message_length", settings.max_body_bytes),
                                       ("grpc.so_reuseport", 1)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcInferenceService(state), server)
+    server.add_generic_rpc_handlers((method_handlers(GrpcInferenceService(state)),))
     address = f"{settings.host}:{settings.grpc_port}"
     if server.add_insecure_port(address) == 0:
         raise RuntimeError(f"gRPC could not listen on {address}")

@@ -51,6 +51,9 @@ def request_body(request: Any) -> tuple[dict[str, Any], bytes]:
                       ["body", "inputs"])
     inputs, chunks = [], []
     for i, tensor in enumerate(request.inputs):
+        if raw and tensor.HasField("contents"):  # one of the two would be dropped without a word
+            raise invalid(f"inputs.{i}: sent both in typed contents and in raw_input_contents; send one of them",
+                          ["body", "inputs", i])
         data = raw[i] if raw else contents_bytes(tensor, i)
         inputs.append({"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape),
                        "parameters": {"binary_data_size": len(data)}})

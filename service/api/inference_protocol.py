@@ -152,6 +152,8 @@ async def load_model(state: AppState, name: str) -> None:
     controllable(state)
     if not await state.repository.load(name):
         raise not_found(f"no model folder {shown(name)} in the repository")
+    if name in state.repository.unloaded:  # an unload of the same model ran while this load scanned
+        raise ApiError(409, f"model {shown(name)} was unloaded while it loaded; load it again to serve it")
     if state.repository.default_version(name) is None:
         reasons = "; ".join(f"version {v.version}: {v.reason}" for v in state.repository.versions(name) if v.reason)
         raise ApiError(400, f"model {shown(name)} has no version that loaded" + (f" ({reasons})" if reasons else ""))

@@ -27,6 +27,7 @@ from service.engine.texts import surrogate_message
 from service.errors import bad_input, invalid, shown
 
 HEADER_LENGTH = "inference-header-content-length"
+MAX_REQUEST_ID = 128  # as X-Request-ID (service.api.request_context)
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "UINT8": np.uint8}
 # the outputs every model answers with, and their OIP datatypes: probabilities [N, K], each other one value per input
 OUTPUT_TYPES = {"probabilities": "FP32", "confidence": "FP32", "predictive_entropy": "FP32", "expected_entropy": "FP32",
@@ -220,12 +221,15 @@ def seed_parameter(parameters: dict[str, Any]) -> int | None:
 
 
 def request_id(body: dict[str, Any]) -> str | None:
-    """The request's ``id`` (a string, echoed in the response), or None when there is none."""
+    """The request's ``id`` (a string of at most ``MAX_REQUEST_ID`` characters, as ``X-Request-ID``: it is echoed,
+    and logged with every input of the request), or None when there is none."""
     if "id" not in body:
         return None
     value = body["id"]
     if not isinstance(value, str):
         raise invalid(f"id must be a string, got {type(value).__name__}", ["body", "id"])
+    if len(value) > MAX_REQUEST_ID:
+        raise invalid(f"id must be at most {MAX_REQUEST_ID} characters, got {len(value)}", ["body", "id"])
     surrogate = surrogate_message(value)
     if surrogate is not None:
         raise invalid(f"id {surrogate}", ["body", "id"])

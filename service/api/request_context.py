@@ -25,7 +25,10 @@ from service.random_ids import random_hex
 REQUEST_KEY = "director.request"  # {"request_id", "trace_id", "span_id"} in the scope
 BAD_REQUEST_ID = "X-Request-ID must be 1-128 characters of letters, digits and ._:~@/+=-"
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:~@/+=-]{1,128}")
-TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+# version 00 exactly; a later version (not ff) may carry more fields after the flags, which a version-00 parser reads
+# past (W3C Trace Context, "Versioning of traceparent")
+TRACEPARENT = re.compile(r"(?:00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})|"
+                         r"(?!ff|00)[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?)")
 ZERO_TRACE, ZERO_SPAN = "0" * 32, "0" * 16
 
 
@@ -33,8 +36,10 @@ def caller_of(header: bytes | None) -> tuple[str, str, str] | None:
     """(trace id, the caller's span id, trace flags) of a valid ``traceparent``, else None."""
     if header is not None:
         match = TRACEPARENT.fullmatch(header.decode("latin-1").strip())
-        if match and match.group(1) != ZERO_TRACE and match.group(2) != ZERO_SPAN:
-            return match.group(1), match.group(2), match.group(3)
+        if match:
+            trace_id, span_id, flags = match.groups()[:3] if match.group(1) else match.groups()[3:]
+            if trace_id != ZERO_TRACE and span_id != ZERO_SPAN:
+                return trace_id, span_id, flags
     return None
 
 

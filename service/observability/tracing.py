@@ -16,6 +16,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from service import __version__
 
 SERVICE_NAME = "director-serving"
+# how long one export may take, retries included: a collector that is down or silent must not hold a shutdown (its
+# default, 10 s of retries with backoff, made SIGTERM take 30 s)
+EXPORT_TIMEOUT_S = 2.0
 
 
 class Tracing:
@@ -28,8 +31,9 @@ class Tracing:
 
             resource = Resource.create({"service.name": SERVICE_NAME, "service.version": __version__})
             self._provider = TracerProvider(resource=resource)
-            exporter = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces")
-            self._provider.add_span_processor(BatchSpanProcessor(exporter))
+            exporter = OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces", timeout=EXPORT_TIMEOUT_S)
+            self._provider.add_span_processor(BatchSpanProcessor(exporter,
+                                                                 export_timeout_millis=1000 * EXPORT_TIMEOUT_S))
             self.tracer = self._provider.get_tracer("service")
 
     def span(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any]) -> None:
@@ -39,6 +43,6 @@ class Tracing:
             span.end(end_time=end_ns)
 
     def shutdown(self) -> None:
-        """Export what is still buffered, then stop."""
+        """Export what is still buffered, then stop: within about ``EXPORT_TIMEOUT_S`` whatever the collector does."""
         if self._provider is not None:
             self._provider.shutdown()

@@ -35,7 +35,12 @@ def test_traceparent_continues_a_valid_trace_and_starts_one_otherwise(tiny_serve
     answered = httpx.get(f"{tiny_server.url}/models", headers={"traceparent": valid}, timeout=30)
     version, trace, span, flags = answered.headers["traceparent"].split("-")
     assert (version, trace, flags) == ("00", TRACE, "01") and span != "00f067aa0ba902b7"  # this hop's own span
-    for broken in ("00-zz-00f067aa0ba902b7-01", f"00-{'0' * 32}-00f067aa0ba902b7-01", "garbage"):
+    # a later version with a field more is read as version 00 (W3C); it started a new trace
+    later = f"01-{TRACE}-00f067aa0ba902b7-01-what-comes-next"
+    continued = httpx.get(f"{tiny_server.url}/models", headers={"traceparent": later}, timeout=30)
+    assert continued.headers["traceparent"].split("-")[1] == TRACE
+    for broken in ("00-zz-00f067aa0ba902b7-01", f"00-{'0' * 32}-00f067aa0ba902b7-01", "garbage",
+                   f"00-{TRACE}-00f067aa0ba902b7-01-extra", f"ff-{TRACE}-00f067aa0ba902b7-01"):
         fresh = httpx.get(f"{tiny_server.url}/models", headers={"traceparent": broken}, timeout=30)
         assert fresh.status_code == 200
         assert fresh.headers["traceparent"].split("-")[1] not in (TRACE, "0" * 32)

@@ -87,3 +87,28 @@ def test_no_endpoint_no_spans_and_the_ids_still_flow(tiny_server: object) -> Non
     _, trace_id, span_id, flags = response.headers["traceparent"].split("-")
     assert trace_id == CALLER_TRACE and span_id != CALLER_SPAN and flags == "01"
     assert not tiny_server.app_state.predictor.tracing.enabled  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("collector", ["closed", "silent"])
+def test_a_dead_collector_cannot_hold_the_shutdown(collector: str) -> None:
+    """A collector whose port is closed, or that accepts and never answers: the buffered span's export gives up
+    within the export timeout (its default retries made a shutdown take 30 s)."""
+    import socket
+    import time
+
+    from service.observability.tracing import EXPORT_TIMEOUT_S, Tracing
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if collector == "silent":
+            listener.listen(8)  # connections are accepted by the kernel and never read
+        else:
+            listener.close()
+        tracing = Tracing(f"http://127.0.0.1:{port}")
+        now = time.time_ns()
+        tracing.span("inference", now, now + 1000, {})
+        started = time.monotonic()
+        tracing.shutdown()
+        took = time.monotonic() - started
+    assert took < 3 * EXPORT_TIMEOUT_S + 2, took  # 30 s before; a loose bound, not a speed claim

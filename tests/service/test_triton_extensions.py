@@ -175,6 +175,12 @@ def test_cors_is_off_by_default_and_answers_preflight_when_set(tiny_server: Runn
         other = httpx.options(f"{running.url}/v2/models/tiny/infer", timeout=30,
                               headers={**preflight, "Origin": "https://evil.example.com"})
         assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+        # preflights are answered like everything else: an id (the caller's when valid), errors in the JSON shape
+        assert allowed.headers["x-request-id"] and other.headers["x-request-id"]
+        assert (other.json()["error"], other.json()["status"]) == ("Disallowed CORS origin", 400)
+        echoed = httpx.options(f"{running.url}/v2/models/tiny/infer", timeout=30,
+                               headers={**preflight, "X-Request-ID": "trace-me-1"})
+        assert echoed.headers["x-request-id"] == "trace-me-1"
         answered = httpx.post(f"{running.url}/v2/models/tiny/infer", timeout=30,
                               headers={"Origin": "https://app.example.com", **auth()},
                               json={"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 1, 28, 28],

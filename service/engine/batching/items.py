@@ -20,6 +20,13 @@ class WorkItem:
     seed: int | None
     future: asyncio.Future[BatchResult]
     enqueued: float = field(default_factory=time.perf_counter)
+    units_per_input: int = 0  # the batch cost of one of its inputs, at the whole request's widest (set when queued)
+
+    @property
+    def units(self) -> int:
+        """Its inputs' share of the worker's queued work (a divided request's parts keep the request's width, so the
+        parts' units add up to the request's)."""
+        return self.size * self.units_per_input
 
     @property
     def size(self) -> int:

@@ -6,7 +6,10 @@ it started waiting; the forward runs in a thread so the event loop keeps serving
 request. A request with a ``seed`` runs in a batch of its own under that seed. A request that costs more than one
 batch runs one batch-sized part at a time, the rest going back to the end of the queue between parts, so requests
 queued behind it interleave (``service.engine.batching.divided``). A full queue refuses at once (``QueueFull``,
-``service.engine.batching.slots``)."""
+``service.engine.batching.slots``), and so does a queue whose work would not finish within the request timeout
+(``OverBudget``): the worker measures its seconds per unit of batch cost on every forward, and refuses a request when
+the queued work and its own would take more than ``ADMIT_FRACTION`` of the timeout. Without it, twenty costly requests
+admitted together ran part by part, interleaved, all finished late and were all answered 504: every forward wasted."""
 
 from __future__ import annotations
 
@@ -22,12 +25,18 @@ from models.uncertainty import UncertaintySummary, temperature_for
 from service.engine.artifact import Artifact
 from service.engine.batching.divided import Divided, joined
 from service.engine.batching.items import BatchResult, BatchStats, WorkItem
-from service.engine.batching.slots import Slots, Ticket
+from service.engine.batching.slots import QueueFull, Slots, Ticket
 from service.engine.codecs.base import Forward, InputBatch
 from service.engine.device import Device
 from service.engine.inference import split_scores, summarize_requests
 
 log = logging.getLogger("service.engine.batching")
+ADMIT_FRACTION = 0.8  # of the request timeout the queued work may fill: the estimate's margin
+RATE_SMOOTHING = 0.3  # weight of the newest forward in the seconds-per-unit estimate
+
+
+class OverBudget(QueueFull):
+    """The queued work would not finish within the request timeout: refused now (503) rather than answered 504."""
 
 
 class Draining(Exception):
@@ -37,7 +46,8 @@ class Draining(Exception):
 class BatchWorker:
     def __init__(self, artifact: Artifact, device: Device, max_batch_samples: int, max_batch_delay_ms: float,
                  max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
-                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048, instances: int = 1) -> None:
+                 reservation_timeout_s: float = 30.0, max_batch_tokens: int = 2048, instances: int = 1,
+                 request_timeout_s: float | None = None) -> None:
         self.artifact = artifact
         self.temperature = artifact.temperature  # of every sampled logit row, or per input (fixed per artifact)
         self.device = device
@@ -54,6 +64,9 @@ class BatchWorker:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._busy = 0  # tasks between taking a batch's first request and finishing its forward
+        self.request_timeout_s = request_timeout_s  # None: no admission by work
+        self.queued_units = 0  # batch cost of every input queued or running, by ``WorkItem.units``
+        self.seconds_per_unit: float | None = None  # measured on every forward; None before the first one
 
     @property
     def max_queue(self) -> int:
@@ -94,9 +107,28 @@ class BatchWorker:
         self.slots.take(ticket, self.depth)
         if not isinstance(inputs, InputBatch):
             raise TypeError("inputs must be decoded by the model's codec (an InputBatch)")
-        item = WorkItem(inputs, n_samples, seed, asyncio.get_running_loop().create_future())
+        item = WorkItem(inputs, n_samples, seed, asyncio.get_running_loop().create_future(),
+                        units_per_input=n_samples * self.batch_cost.width(inputs.longest))
+        self._admit(item.units)
         self.queue.put_nowait(item)  # queued + held + reserved <= max_queue: the slots counted it
+        self.queued_units += item.units
         return item.future
+
+    def estimated_wait_s(self, units: int = 0) -> float | None:
+        """Seconds the queued work (and ``units`` more) would take at the measured rate; None before a forward."""
+        if self.seconds_per_unit is None:
+            return None
+        return (self.queued_units + units) * self.seconds_per_unit / self.instances
+
+    def _admit(self, units: int) -> None:
+        """``OverBudget`` when the queue is busy and its work with these ``units`` would not fit the timeout (a
+        request alone is always admitted: the per-request cost bound is the route's)."""
+        wait = self.estimated_wait_s(units)
+        if wait is None or self.request_timeout_s is None or self.queued_units == 0:
+            return
+        if wait > ADMIT_FRACTION * self.request_timeout_s:
+            raise OverBudget(f"about {wait:.1f}s of work is queued, more than its {self.request_timeout_s:g}s "
+                             f"request timeout allows")
 
     async def close(self, timeout_s: float) -> None:
         """Refuse new requests, finish the queued ones (up to ``timeout_s``), then stop."""
@@ -172,6 +204,7 @@ class BatchWorker:
                         item.future.set_exception(exc)
             finally:
                 self._busy -= 1
+                self.queued_units -= sum(item.units for item in batch)
                 if divided is not None:
                     self._running_parts -= 1
                     self._after_part(divided, batch[0])
@@ -181,6 +214,7 @@ class BatchWorker:
         otherwise the rest goes back to the end of the queue."""
         request = divided.item.future
         if request.done():  # timed out, cancelled or the client gone: the rest never runs
+            self.queued_units -= divided.item.units - divided.done * divided.item.units_per_input - part.units
             return
         if not part.future.done() or part.future.cancelled():
             request.set_exception(Draining("the request's part did not run"))
@@ -200,6 +234,7 @@ class BatchWorker:
         seed = batch[0].seed if len(batch) == 1 else None
         forward, summaries, scores_of = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
         inference_s = time.perf_counter() - started
+        self._measure(inference_s, sum(item.units for item in batch))
         waits = [started - item.enqueued for item in batch]
         for item, summary, scores, wait in zip(batch, summaries, scores_of, waits, strict=True):
             if not item.future.done():
@@ -207,6 +242,11 @@ class BatchWorker:
                                                    sum(repeats), forward.padded_length))
         if self.on_batch is not None:
             self.on_batch(BatchStats(len(batch), sum(sizes), sum(repeats), inference_s, waits, forward.tokens))
+
+    def _measure(self, seconds: float, units: int) -> None:
+        rate = seconds / max(units, 1)
+        old = self.seconds_per_unit
+        self.seconds_per_unit = rate if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * rate
 
     def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
                seed: int | None) -> tuple[Forward, list[UncertaintySummary], list[torch.Tensor | None]]:
