@@ -40,3 +40,5 @@ def test_costly_requests_sent_together_are_answered_or_refused_at_once_never_tim
         text = httpx.get(f"{server.url}/metrics", timeout=10).text
         assert metric_value(text, "director_rejected_requests_total", model="tiny", version="1",
                             reason="timeout") == 0.0
+        worker = server.app_state.repository.default_version("tiny").worker
+        assert worker.queued_units == 0  # every admitted request answered: its work is off the queue's account

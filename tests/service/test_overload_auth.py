@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.service.conftest import metric_value, random_pixels, raw_request, serve, settings_for
+from tests.service.conftest import metric_value, random_pixels, raw_request, serve, settings_for, wait_for
 
 HEAVY = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
 
@@ -46,6 +46,9 @@ def test_request_over_its_time_limit_gets_504(tiny_repository: Path, tmp_path: P
         text = httpx.get(f"{server.url}/metrics").text
         assert metric_value(text, "director_rejected_requests_total", model="tiny", version="1",
                             reason="timeout") == 1.0
+        # the timed-out request's parts that never ran come off the worker's account of queued work
+        worker = server.app_state.repository.default_version("tiny").worker
+        wait_for(lambda: worker.queued_units == 0, "the queued work to drain", timeout_s=30)
 
 
 def test_api_key_guards_everything_but_health_and_metrics(tiny_repository: Path, tmp_path: Path) -> None:

@@ -211,15 +211,19 @@ class BatchWorker:
 
     def _after_part(self, divided: Divided, part: WorkItem) -> None:
         """A divided request's part has run: its failure is the request's, its last part completes the request, and
-        otherwise the rest goes back to the end of the queue."""
+        otherwise the rest goes back to the end of the queue. A request that ends before its rest ran takes the
+        rest's units off the queued work."""
         request = divided.item.future
+        rest = divided.item.units - divided.done * divided.item.units_per_input - part.units  # after this part
         if request.done():  # timed out, cancelled or the client gone: the rest never runs
-            self.queued_units -= divided.item.units - divided.done * divided.item.units_per_input - part.units
+            self.queued_units -= rest
             return
         if not part.future.done() or part.future.cancelled():
             request.set_exception(Draining("the request's part did not run"))
+            self.queued_units -= rest
         elif part.future.exception() is not None:
             request.set_exception(part.future.exception())  # type: ignore[arg-type]
+            self.queued_units -= rest
         elif divided.add(part):
             request.set_result(joined(divided.parts))
         else:
