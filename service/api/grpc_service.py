@@ -84,20 +84,21 @@ def call(method: str, open_: bool = False) -> Callable[[Handler], Handler]:
                     raise ApiError(400, f"the message is not a valid {method} request ({request.error})")
                 return await handler(self, request, context)
             except ApiError as exc:
-                status = exc.status
-                await context.abort(CODES.get(exc.status, grpc.StatusCode.UNKNOWN), exc.message)
+                status, refusal = exc.status, (CODES.get(exc.status, grpc.StatusCode.UNKNOWN), exc.message)
             except asyncio.CancelledError:  # the client cancelled, or its deadline passed
                 status = CANCELLED
                 raise
             except Exception:
                 if context.code() is not None:  # already aborted with its own code
                     raise
-                status = 500
+                status, refusal = 500, (grpc.StatusCode.INTERNAL, "internal error")
                 log.exception("gRPC %s failed", method)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
             finally:
                 self.in_flight -= 1
                 self.count(method, status, time.perf_counter() - started)
+            # aborted outside the handlers above: an abort raised inside one would chain the error, whose traceback
+            # holds the call's frames (its whole message) for as long as gRPC keeps the abort
+            await context.abort(*refusal)
 
         return wrapped
 
