@@ -49,7 +49,7 @@ async def burst(url: str, body: dict[str, Any], clients: int, timeout_s: float) 
     codes = [r.status_code for r in responses]
     answered = sum(len(body["inputs"]) for r in responses if r.status_code == 200)
     return {"clients": clients, "codes": {str(c): codes.count(c) for c in sorted(set(codes))},
-            "wall_s": round(wall, 2), "goodput_inputs_per_s": round(answered / wall, 2)}
+            "answered_inputs": answered, "wall_s": round(wall, 2), "goodput_inputs_per_s": round(answered / wall, 2)}
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
