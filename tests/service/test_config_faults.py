@@ -6,8 +6,6 @@ leaves every other model served and its own served once fixed."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,7 +14,7 @@ import pytest
 import service.engine.repository as repository_module
 from service.engine.model_settings import MAX_CONFIG_BYTES, read_config, serving_settings
 from service.engine.shapes import BatchShapes
-from tests.service.conftest import copy_version, serve, settings_for
+from tests.service.conftest import copy_version, serve, settings_for, wait_for
 
 ALIAS_BOMB = ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
               "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
@@ -80,13 +78,6 @@ def test_a_batch_delay_that_leaves_no_time_within_the_timeout_is_refused(tmp_pat
         serving_settings(read_config(tmp_path / "model"), shapes, 0.0, 64, 30.0)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-
-
 def test_a_bad_config_at_startup_stops_only_its_own_model(tiny_artifact: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A 2,000-deep list raised RecursionError out of the first scan, which ended the repository task: no model was
@@ -106,6 +97,14 @@ def test_a_bad_config_at_startup_stops_only_its_own_model(tiny_artifact: Path, t
         return original(model_dir, root)
 
     monkeypatch.setattr(repository_module, "read_config", counted)
+    scans_done: list[int] = []
+    scan = repository_module.ModelRepository.scan
+
+    async def counted_scan(self: repository_module.ModelRepository) -> None:
+        await scan(self)
+        scans_done.append(1)
+
+    monkeypatch.setattr(repository_module.ModelRepository, "scan", counted_scan)
     with serve(settings_for(repository, tmp_path, poll_interval_s=0.1, default_model="fine")) as running:
         pixels = {"inputs": [{"pixels": [[0.5] * 28] * 28}]}
         assert httpx.post(f"{running.url}/predict", json={**pixels, "model": "fine"}).status_code == 200
@@ -113,15 +112,14 @@ def test_a_bad_config_at_startup_stops_only_its_own_model(tiny_artifact: Path, t
         assert "nested deeper than 8 levels" in broken["config_error"]
         assert broken["versions"][0]["state"] == "unavailable"
         scans = running.app_state.repository
-        wait_for(lambda: reads.count("fine") >= 1 and len(reads) >= 2)
-        before = len(reads)
-        deadline = time.monotonic() + 1.0  # ten polls or more
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: reads.count("fine") >= 1 and len(reads) >= 2, "both files read")
+        before, scanned = len(reads), len(scans_done)
+        wait_for(lambda: len(scans_done) >= scanned + 5, "five more scans")
         assert len(reads) == before and reads.count("fine") == 1  # neither file changed: neither parsed again
         staged = tmp_path / "config.yaml.new"
         staged.write_text("max_queue: 4\n")
         staged.replace(config)
-        wait_for(lambda: httpx.get(f"{running.url}/models/broken").json()["versions"][0]["state"] == "ready")
+        wait_for(lambda: httpx.get(f"{running.url}/models/broken").json()["versions"][0]["state"] == "ready",
+                 "the fixed model to load")
         assert httpx.post(f"{running.url}/predict", json={**pixels, "model": "broken"}).status_code == 200
         assert scans.configs["broken"].max_queue == 4

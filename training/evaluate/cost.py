@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Hashable, Mapping
 from pathlib import Path
@@ -37,7 +38,8 @@ torch.set_num_threads(threads)
 if model_path.endswith(".ts"):
     model = torch.jit.load(model_path, map_location="cpu")
 else:
-    model = torch.load(model_path, map_location="cpu", weights_only=False)  # written by the parent just before
+    # a module pickled by the parent just before, in a folder only it can write (save_model_file)
+    model = torch.load(model_path, map_location="cpu", weights_only=False)
 model = model.eval()
 inputs = torch.load(inputs_path, weights_only=True)
 def status(key):
@@ -89,14 +91,15 @@ def served_forward(model: torch.nn.Module, inputs: Inputs, n_samples: int) -> to
 
 def save_model_file(model: torch.nn.Module, folder: Path, name: str, script: bool) -> Path:
     """Where the memory probe loads ``model`` from: ``<name>.ts`` (TorchScript) or ``<name>.pt`` (a pickled eager
-    module, for models that do not script). Written again on every call: the probe loads only what this process just
-    wrote, never a file left in the folder (which could carry code)."""
+    module, for models that do not script), written again on every call. A pickle can only be loaded whole (it runs
+    what it names), so it goes into a fresh folder only this user can write (``mkdtemp``, mode 0700) inside
+    ``folder``: the probe unpickles what this process just wrote, never a file someone left in the run folder."""
     folder.mkdir(parents=True, exist_ok=True)
     if script:
         path = folder / f"{name}.ts"
         save_scripted(script_module(model), path)
     else:
-        path = folder / f"{name}.pt"
+        path = Path(tempfile.mkdtemp(prefix="probe-", dir=folder)) / f"{name}.pt"
         torch.save(model, path)
     return path
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -140,6 +141,8 @@ def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) 
             "parameters": parameter_count(source.model), "latency_ms": latencies[(source_name, n_samples)],
             "peak_memory_bytes": peak_memory_bytes(path, batch, n_samples, cfg.threads or 1),
         }
+        if not scriptable:  # the pickle's private folder (save_model_file): nothing pickled stays behind
+            shutil.rmtree(path.parent)
     base = measured[("deterministic", 1)]
     out: dict[str, Any] = {}
     for method in methods:
