@@ -191,9 +191,9 @@ class EvaluateConfig:
     noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     shift_noise_scale_grid: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])
     noise_fit_images: int = 1000
-    # an exported version of this run (model_repository/<export.name>/<version>): also evaluated as it samples by
-    # default (its manifest's token correlation, noise temperature, default S and temperature), the row
-    # "DIRECTOR as served"
+    # an exported version of this run (model_repository/<export.name>/<version>): also evaluated as it serves by
+    # default (its manifest's token correlation, noise temperature, default S and temperature rule), the row
+    # "DIRECTOR as served", or "Post-hoc as served" for a version that serves the post-hoc path
     served_version: int | None = None
     corruption_images: int = 2000
     shift_texts: int | None = None  # texts per shifted domain (drawn under the seed); None: all of them

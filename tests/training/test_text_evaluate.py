@@ -13,8 +13,8 @@ import yaml
 from tests.conftest import tiny_text_config_dict
 from training.cli import main
 
-METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "kep_svgp", "director_s1", "director_s4",
-           "director_s4_ts", "director_s4_noise", "director_s4_shift_noise"]
+METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "kep_svgp", "posthoc", "director_s1",
+           "director_s4", "director_s4_ts", "director_s4_noise", "director_s4_shift_noise"]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,13 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
             assert all(0.0 <= r["auroc"] <= 1.0 for r in report.values())
     assert set(results["detectors"]["served_score_auroc"]) == {"fortunes_quotes", "python_docstrings",
                                                                "shifted_nyt_editorials"}
-    assert "licences" in results["ood_validation_set"]
+    families = results["ood_validation_set"]  # every text family, not one set
+    assert "licences" in families and "Python standard-library code" in families
+    # the post-hoc path on texts: the backbone's logits, its feature scores as candidates, ablated against DIRECTOR
+    assert rows["posthoc"]["test"]["accuracy"] == rows["deterministic"]["test"]["accuracy"]
+    assert "vim" in rows["posthoc"]["ood_selection_auroc"]
+    ablation = results["kernel_ablation"]["rows"]["director_s4"]  # no served version: S = 1 and the default S
+    assert set(ablation["shift"]) == {"mean"} and "shifted_nyt_editorials" in ablation["ood"]
     pair = results["paired"]["director_s4 - temperature_scaling"]  # DIRECTOR minus a baseline, same inputs
     for metric in ("accuracy", "ece", "nll"):
         low, high = pair[metric]["ci95"]

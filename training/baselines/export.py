@@ -62,7 +62,7 @@ def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = N
     if ecfg.temperature_scaling:
         val_logits = sample_split(served, data.val, baseline.default_samples, cfg.seed + 2)  # [S, N, C]
         temperature, temperature_fit = served_temperature(val_logits, data.val.labels)
-    stats = served_statistics(served, data, ecfg, sorted(counts), baseline.default_samples, cfg.seed,
+    stats = served_statistics(served, data.val, ecfg, sorted(counts), baseline.default_samples, cfg.seed,
                               parts.ood_families, temperature)
     manifest = Manifest(
         format_version=FORMAT_VERSION, name=name, version=str(ecfg.version), method=method, modality=cfg.modality,

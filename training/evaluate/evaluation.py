@@ -25,7 +25,8 @@ from training.evaluate.sets import EvalInputs, load_eval_inputs
 from training.export.calibration import fit_temperature
 from training.export.feature_statistics import attach_feature_scores
 from training.export.ood_selection import Candidate, InputScores, split_input_scores
-from training.export.parts import with_teacher
+from training.export.parts import posthoc_builder, with_teacher
+from training.export.served_path import fit_served_path
 from training.export.served_statistics import fit_noise_scale, fit_noise_shape
 from training.loading import (
     BACKBONE_FILE,
@@ -40,6 +41,8 @@ from training.loading import (
 from training.runtime import save_checkpoint
 
 DetectorScores = dict[str, torch.Tensor]  # set name -> [N, detectors] (``training.evaluate.detectors``)
+SCORED_FAMILIES = {"director": "director", "posthoc": "posthoc"}  # method family -> the source of its per-input scores
+POSTHOC = "posthoc"
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class Method:
     source: str  # which model's cached logits it reads
     n_samples: int
     temperature: float = 1.0
-    family: str = "director"  # deterministic | mc_dropout | ensemble | kep_svgp | director
+    family: str = "director"  # deterministic | mc_dropout | ensemble | kep_svgp | posthoc | director
     by_score: ScoreTemperature | None = None  # a temperature per input instead (an exported version's), base included
 
 
@@ -60,6 +63,11 @@ class Source:
     model: torch.nn.Module
     model_id: str
     draws: int  # samples drawn per input on every set (test draws max(sweep) for the sweep)
+
+
+def family_set(name: str) -> str:
+    """The set name (logit cache, per-input scores) of the OOD-validation family ``name``."""
+    return f"ood_family_{name}"
 
 
 def summary_of(logits: torch.Tensor, method: Method, inputs: InputScores | None = None) -> UncertaintySummary:
@@ -82,23 +90,37 @@ class Evaluation:
         self.inputs: EvalInputs = load_eval_inputs(cfg)
         self.cache = LogitCache(self.run_dir / "eval" / "logits")
         self.sources: dict[str, Source] = {}
-        self.input_scores: dict[str, InputScores] = {}  # set name -> DIRECTOR's per-input scores (scored_rows)
+        self.input_scores: dict[tuple[str, str], InputScores] = {}  # (source, set) -> its per-input scores
         self.served_scores: dict[str, torch.Tensor] = {}  # set name -> DIRECTOR's chosen score at S = 1 [N]
+        self.chosen_scores: dict[str, dict[str, torch.Tensor]] = {}  # method key -> set -> its own OOD score [N]
         self.flag_rules: dict[str, tuple[Candidate, float]] = {}  # method key -> its OOD score and 95%-TPR threshold
         self.served: dict[str, Any] = {}  # the exported version's sampling (``add_served_source``), when evaluated
+        self.posthoc_fit: dict[str, Any] = {}  # the post-hoc path's fitted tools (``posthoc_method``)
 
     # --- models -----------------------------------------------------------------------------------------
     def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
         self.sources[name] = Source(model.eval(), model_id, draws)
 
+    def source_input_scores(self, source: str, set_name: str, split: AnySplit) -> InputScores | None:
+        """A source's per-input scores on a set, as its artifact's ``scored_rows`` returns them (DIRECTOR: the kernel
+        error and the feature-space scores; the post-hoc path: the feature-space scores, none when the run fits
+        none), computed once."""
+        if (source, set_name) not in self.input_scores:
+            self.input_scores[(source, set_name)] = split_input_scores(self.sources[source].model, split)
+        return self.input_scores[(source, set_name)]
+
     def director_input_scores(self, set_name: str, split: AnySplit) -> InputScores:
-        """DIRECTOR's per-input scores on a set (the kernel error and the feature-space scores, as its artifact's
-        ``scored_rows`` returns them), computed once."""
-        if set_name not in self.input_scores:
-            scores = split_input_scores(self.sources["director"].model, split)
-            assert scores is not None  # build_sources gives DIRECTOR the backbone's last transitions
-            self.input_scores[set_name] = scores
-        return self.input_scores[set_name]
+        """DIRECTOR's per-input scores: it always has the kernel error (``build_sources`` gives it the backbone's
+        last transitions)."""
+        scores = self.source_input_scores("director", set_name, split)
+        assert scores is not None
+        return scores
+
+    def native_scores(self, method: Method, set_name: str, split: AnySplit) -> InputScores | None:
+        """The per-input scores ``method`` reads (its OOD score candidates, its temperature per input), or None for a
+        baseline whose artifact returns none. Every DIRECTOR row reads DIRECTOR's: its noise moves no such score."""
+        source = SCORED_FAMILIES.get(method.family)
+        return None if source is None else self.source_input_scores(source, set_name, split)
 
     def detector_scores(self, source: Source, sets: dict[str, AnySplit], compute: Callable[[], DetectorScores]
                         ) -> DetectorScores:
@@ -128,7 +150,8 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     draws_test = max([*ev.sweep_samples, ev.samples])
     family, _ = run_family(run)  # the same three baseline modules serve every family
     classifier, contract = family.classifier, family.contract
-    backbone = classifier(load_backbone(run))
+    raw_backbone = load_backbone(run)
+    backbone = classifier(raw_backbone)
     backbone_id = fingerprint(run / BACKBONE_FILE)
     evaluation.add_source("deterministic", contract(DeterministicModel(backbone)), f"det-{backbone_id}", 1)
     evaluation.add_source("mc_dropout", contract(MCDropoutModel(backbone)), f"mcd-{backbone_id}", ev.samples)
@@ -139,13 +162,15 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
                           len(members))
     if cfg.kep_svgp.in_evaluation:
         add_kep_svgp_source(evaluation)
+    train = evaluation.inputs.train
     director, _ = load_director(run)
     director = with_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
     if cfg.export.feature_scores:  # as exported: the feature-space statistics of the training split beside it
-        train = evaluation.inputs.train
         attach_feature_scores(director, train, int(train.labels.max()) + 1, cfg.seed, cfg.export.knn_bank)
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
+    posthoc = posthoc_builder(cfg, family, raw_backbone, train, int(train.labels.max()) + 1)(director, director)
+    evaluation.add_source(POSTHOC, posthoc, f"posthoc-{director_id}", 1)
     noisy = copy.deepcopy(director)
 
     def fit_scale() -> dict[str, Any]:
@@ -178,17 +203,19 @@ def add_served_source(evaluation: Evaluation, director: torch.nn.Module, directo
         raise FileNotFoundError(f"evaluate.served_version: no manifest at {folder / MANIFEST}")
     manifest = parse_manifest(read_document(folder))
     sampling = manifest.sampling
-    record = {"version": version, "token_correlation": sampling.token_correlation or 0.0,
+    record = {"version": version, "method": manifest.method, "token_correlation": sampling.token_correlation or 0.0,
               "noise_scale": sampling.noise_scale if sampling.noise_scale is not None else 1.0,
               "default_samples": sampling.default_samples, "temperature": manifest.temperature}
     if manifest.temperature_by_score is not None:
         record["temperature_by_score"] = manifest.temperature_by_score.document()
+    evaluation.served = record
+    if manifest.method == POSTHOC:  # the post-hoc source already is what it serves: only its temperature rule differs
+        return record
     served = copy.deepcopy(director)
     served.rollout.set_token_correlation(record["token_correlation"])
     served.rollout.noise_scale.fill_(record["noise_scale"])
     evaluation.add_source("director_served", served, f"dir-{director_id}-rho{record['token_correlation']:g}"
                           f"-noise{record['noise_scale']:g}", record["default_samples"])
-    evaluation.served = record
     return record
 
 
@@ -249,6 +276,7 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
         Method("ensemble", f"Deep ensemble (M={m})", "ensemble", m, family="ensemble"),
         *([Method("kep_svgp", f"KEP-SVGP (S={s}, last {evaluation.cfg.kep_svgp.layers} layer(s))", "kep_svgp", s,
                   family="kep_svgp")] if "kep_svgp" in evaluation.sources else []),
+        posthoc_method(evaluation),
         Method("director_s1", "DIRECTOR (S=1)", "director", 1),
         Method(f"director_s{s}", f"DIRECTOR (S={s})", "director", s),
         Method(f"director_s{s}_ts", f"DIRECTOR (S={s}) + TS (T={dir_t:.2f})", "director", s, dir_t),
@@ -259,15 +287,38 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
     ]
 
 
+def temperature_shown(t: float, by_score: ScoreTemperature | None) -> str:
+    return f"T={t:.2f}" if by_score is None else f"T={t:.2f} x exp({by_score.slope:g} * score)"
+
+
 def served_method(served: dict[str, Any]) -> Method:
     """The row of ``add_served_source``: the version's default S and served temperature (per input when the version
-    makes it grow with a score)."""
+    makes it grow with a score); a post-hoc version's row reads the post-hoc source."""
     s, t = served["default_samples"], served["temperature"]
     section = served.get("temperature_by_score")
     by_score = None if section is None else ScoreTemperature(
         t, section["slope"], tuple(ScoreTerm(x["score"], x["weight"], x["center"], x["scale"], x.get("log", False))
                                    for x in section["terms"]))
-    shown = f"T={t:.2f}" if by_score is None else f"T={t:.2f} x exp({by_score.slope:g} * score)"
+    shown = temperature_shown(t, by_score)
+    if served.get("method") == POSTHOC:
+        return Method("posthoc_served", f"Post-hoc as served (v{served['version']}, {shown})", POSTHOC, 1, t,
+                      family=POSTHOC, by_score=by_score)
     return Method("director_served", f"DIRECTOR as served (v{served['version']}, S={s}, rho "
                   f"{served['token_correlation']:g}, noise x{served['noise_scale']:g}, {shown})",
                   "director_served", s, t, by_score=by_score)
+
+
+def posthoc_method(evaluation: Evaluation) -> Method:
+    """The post-hoc path with its tools fitted as an export fits them (``training.export.served_path``), on the same
+    validation split, held-out shift and OOD-validation families: the temperature, kept only when it wins on held-out
+    validation, then a temperature per input that follows its OOD score when ``export.temperature_slope_grid`` offers
+    slopes. The fit's record is kept in ``evaluation.posthoc_fit``."""
+    cfg, val = evaluation.cfg, evaluation.inputs.val
+    model = evaluation.sources[POSTHOC].model
+    path = fit_served_path(POSTHOC, model, model, val, evaluation.inputs.ood_families, cfg, 1, [1],
+                           held_out_shift(cfg, val), None)
+    by_score = path.by_score.temperature if path.by_score else None
+    evaluation.posthoc_fit = {"temperature": path.temperature, "temperature_fit": path.temperature_fit,
+                              "ood_score": path.stats.choice.label}
+    return Method(POSTHOC, f"Post-hoc path ({temperature_shown(path.temperature, by_score)})", POSTHOC, 1,
+                  path.temperature, family=POSTHOC, by_score=by_score)

@@ -22,7 +22,7 @@ from models.uncertainty import FEATURE_SCORES, KERNEL_ERROR, summarize
 from training.config import PipelineConfig
 from training.evaluate.ablations import ablation_config, ensure_distilled
 from training.evaluate.detectors import paired_auroc_difference
-from training.evaluate.evaluation import Evaluation
+from training.evaluate.evaluation import Evaluation, family_set
 from training.export.ood_selection import Candidate, OodChoice, ScoreInputs, choose_ood_score, split_input_scores
 from training.export.parts import with_teacher
 from training.loading import AnySplit, load_director, load_view
@@ -51,11 +51,13 @@ def best(choice: OodChoice, keep: Callable[[str, Candidate], bool]) -> str:
     return max(labels, key=choice.selection_auroc.__getitem__)
 
 
-def depth_report(scores: dict[str, ScoreInputs], ood_sets: list[str], n_boot: int, seed: int) -> dict[str, Any]:
+def depth_report(scores: dict[str, ScoreInputs], families: dict[str, float], ood_sets: list[str], n_boot: int,
+                 seed: int) -> dict[str, Any]:
     """One K: the exporter's choice on the validation sets of ``scores`` (set name -> summary and per-input scores
-    with this K's kernel error), then per reported set the kernel error, the best feature score and the best
-    kernel-error + feature combination (both chosen on OOD validation), and combination minus feature score."""
-    choice = choose_ood_score(scores["val"], {"ood_validation": scores["ood_val"]}, 1)
+    with this K's kernel error; ``families``: the OOD-validation family sets and their weights), then per reported set
+    the kernel error, the best feature score and the best kernel-error + feature combination (both chosen on OOD
+    validation), and combination minus feature score."""
+    choice = choose_ood_score(scores["val"], {name: scores[name] for name in families}, 1, families)
     feature = best(choice, lambda label, _: label in FEATURE_SCORES)
     combined = best(choice, lambda _, c: is_kernel_and_feature(c))
     rows = {"kernel_error": choice.candidates[KERNEL_ERROR], "feature": choice.candidates[feature],
@@ -116,7 +118,9 @@ def evaluate_kernel_depth(evaluation: Evaluation, draws_test: int, served: str) 
     inputs, cfg = evaluation.inputs, evaluation.cfg
     transitions = load_view(evaluation.run_dir).num_steps
     main_depth = int(evaluation.sources["director"].model.rollout.num_steps)
-    sets = {"val": inputs.val, "ood_val": inputs.ood_validation, "test": inputs.test, **inputs.ood}
+    families = {family_set(name): family.weight for name, family in inputs.ood_families.items()}
+    sets = {"val": inputs.val, **{family_set(name): family.split for name, family in inputs.ood_families.items()},
+            "test": inputs.test, **inputs.ood}
     main = {name: evaluation.director_input_scores(name, split) for name, split in sets.items()}  # K-free features
     summaries = {name: summarize(evaluation.logits("director", name, split, draws_test if name == "test" else None
                                                    )[:1]) for name, split in sets.items()}  # the S = 1 summary
@@ -127,7 +131,7 @@ def evaluate_kernel_depth(evaluation: Evaluation, draws_test: int, served: str) 
         errors = ({name: main[name][KERNEL_ERROR] for name in sets} if depth == main_depth
                   else kernel_errors(with_teacher(director, load_view(run)), sets))  # set -> [N]
         scores = {name: ScoreInputs(summaries[name], {**main[name], KERNEL_ERROR: errors[name]}) for name in sets}
-        report = depth_report(scores, list(inputs.ood), cfg.evaluate.bootstrap, cfg.seed)
+        report = depth_report(scores, families, list(inputs.ood), cfg.evaluate.bootstrap, cfg.seed)
         depths[str(depth)] = {"epochs": len(payload["history"]), "tau": payload["tau"], "run": str(run),
                               "cost": cost(depth, transitions), **report}
     return {"transitions": transitions, "served_depth": main_depth, "served_score": served, "skipped": skipped,

@@ -1,13 +1,13 @@
 """The input sets of an evaluation, per modality: validation and test splits, the reported OOD sets, the
-OOD-validation set (score choice only) and the shifted sets, all as splits (``Split`` of images or
+OOD-validation families (score choice only) and the shifted sets, all as splits (``Split`` of images or
 ``TokenSplit`` of tokenised texts) so the evaluation samples and scores them alike.
 
-Images (Fashion-MNIST): OOD uniform noise, upsampled sklearn digits and rendered letters; OOD validation sklearn
-photo patches; shift the corrupted test subsets (type x severity). Texts (movie reviews): OOD quotes of the Debian
-``fortunes`` package and Python standard-library docstrings; OOD validation Debian software-licence sentences; shift
-the tweets, NYT editorial and Amazon review sentences of the same corpus (one level each: a domain, not a severity),
-and those named in ``evaluate.shifted_domains_as_ood`` also as OOD sets (can a score tell the domain from the test
-split?).
+Images (Fashion-MNIST): OOD uniform noise, upsampled sklearn digits and rendered letters; shift the corrupted test
+subsets (type x severity). Texts (movie reviews): OOD quotes of the Debian ``fortunes`` package and Python
+standard-library docstrings; shift the tweets, NYT editorial and Amazon review sentences of the same corpus (one level
+each: a domain, not a severity), and those named in ``evaluate.shifted_domains_as_ood`` also as OOD sets (can a score
+tell the domain from the test split?). Either: the OOD-validation families that choose every method's score are the
+export's own (``training.data.ood_families``), a user's OOD-validation set among them.
 """
 
 from __future__ import annotations
@@ -25,13 +25,10 @@ from training.data.images import (
     Split,
     digits_images,
     letter_images,
-    photo_patch_images,
     uniform_noise_images,
 )
-from training.data.ood_families import IMAGE_OOD_SELECTION_SET, unlabelled
-from training.data.ood_validation import describe, user_ood_images, user_ood_texts
+from training.data.ood_families import OodFamily, image_ood_families, text_ood_families, unlabelled
 from training.data.tokens import (
-    TEXT_OOD_SELECTION_SET,
     TokenDataset,
     TokenSplit,
     encode,
@@ -56,8 +53,7 @@ class EvalInputs:
     val: AnySplit
     test: AnySplit
     ood: dict[str, AnySplit]  # reported OOD sets
-    ood_validation: AnySplit  # picks the OOD score; none of the reported sets
-    ood_validation_name: str
+    ood_families: dict[str, OodFamily]  # the OOD-validation families that pick each method's OOD score
     unit: str  # "images" | "texts"
 
     def singles(self, split: AnySplit, n: int) -> list[ForwardArgs]:
@@ -72,24 +68,16 @@ def image_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> Eval
     ood = {"uniform_noise": unlabelled(uniform_noise_images(ev.ood_images, shape, seed + 1)),
            "sklearn_digits": unlabelled(digits_images(shape)[: ev.ood_images]),
            "letters": unlabelled(letter_images(ev.ood_images, shape, seed + 2))}
-    user_set = cfg.export.ood_validation_data
-    if user_set is None:
-        ood_val = unlabelled(photo_patch_images(cfg.export.ood_validation_images, shape, seed))
-        return EvalInputs(data.train, data.val, data.test, ood, ood_val, IMAGE_OOD_SELECTION_SET, "images")
-    ood_val = user_ood_images(user_set, cfg.export.ood_validation_images, shape, seed)
-    return EvalInputs(data.train, data.val, data.test, ood, ood_val, describe(user_set), "images")
+    families = image_ood_families(cfg, data.val, shape)
+    return EvalInputs(data.train, data.val, data.test, ood, families, "images")
 
 
 def text_eval_inputs(cfg: PipelineConfig, data: Dataset | TokenDataset) -> EvalInputs:
     tokenizer = load_run_tokenizer(cfg.run_dir)
-    ood, ood_val = text_ood_splits(tokenizer, cfg.text, cfg.evaluate.ood_images, cfg.export.ood_validation_images,
-                                   cfg.seed)
-    name, user_set = TEXT_OOD_SELECTION_SET, cfg.export.ood_validation_data
-    if user_set is not None:
-        name = describe(user_set)
-        ood_val = user_ood_texts(user_set, cfg.export.ood_validation_images, tokenizer, cfg.text.max_characters,
-                                 cfg.seed)
-    return EvalInputs(data.train, data.val, data.test, {**ood, **shifted_domains_as_ood(cfg)}, ood_val, name, "texts")
+    ood, licences = text_ood_splits(tokenizer, cfg.text, cfg.evaluate.ood_images, cfg.export.ood_validation_images,
+                                    cfg.seed)
+    families = text_ood_families(cfg, tokenizer, licences)
+    return EvalInputs(data.train, data.val, data.test, {**ood, **shifted_domains_as_ood(cfg)}, families, "texts")
 
 
 def shifted_domains_as_ood(cfg: PipelineConfig) -> dict[str, TokenSplit]:

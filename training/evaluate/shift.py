@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from training.evaluate.evaluation import Evaluation, Method, summary_of
+from training.evaluate.evaluation import POSTHOC, Evaluation, Method, summary_of
 from training.evaluate.sets import shift_sets
 from training.export.ood_selection import ScoreInputs
 from training.metrics import classification_report, paired_bootstrap
@@ -25,21 +25,22 @@ def flag_split(flagged: torch.Tensor, correct: torch.Tensor) -> dict[str, float 
             "accuracy_flagged": share(flagged)}
 
 
-REFERENCE = "temperature_scaling"  # what every DIRECTOR method is paired against under shift
+REFERENCES = {"temperature_scaling": "paired_vs_temperature_scaling", POSTHOC: "paired_vs_posthoc"}  # paired against
 
 
 def paired_against_reference(pooled: dict[str, dict[str, list[torch.Tensor]]], labels: dict[str, list[torch.Tensor]],
-                             methods: list[Method], n_boot: int, seed: int) -> dict[str, dict[str, Any]]:
+                             methods: list[Method], reference: str, n_boot: int, seed: int
+                             ) -> dict[str, dict[str, Any]]:
     """Per DIRECTOR method and level (a severity, or "mean" over the text domains): its accuracy, ECE and NLL minus
-    temperature scaling's on the level's inputs pooled over the corruption types or domains, with paired bootstrap
-    intervals (``training.metrics.paired_bootstrap``; the pooled ECE is one ECE over all those inputs, not the mean
-    of the per-type ECEs the tables show)."""
-    if REFERENCE not in pooled:
+    the ``reference`` method's on the level's inputs pooled over the corruption types or domains, with paired
+    bootstrap intervals (``training.metrics.paired_bootstrap``; the pooled ECE is one ECE over all those inputs, not
+    the mean of the per-type ECEs the tables show)."""
+    if reference not in pooled:
         return {}
     out: dict[str, dict[str, Any]] = {}
     for method in (m for m in methods if m.family == "director"):
         out[method.key] = {level: paired_bootstrap(torch.cat(pooled[method.key][level]),
-                                                   torch.cat(pooled[REFERENCE][level]), torch.cat(labels[level]),
+                                                   torch.cat(pooled[reference][level]), torch.cat(labels[level]),
                                                    n_boot, seed)
                            for level in labels}
     return out
@@ -50,7 +51,7 @@ def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, A
     from ``test_and_ood``) does there: the share flagged and the accuracy of kept against flagged inputs. Images: per
     corruption type and severity, and per severity averaged over the types (``by_type``, ``by_severity``); texts: per
     domain and averaged over the domains (``by_domain``). Every DIRECTOR method is also paired against temperature
-    scaling per level (``paired_vs_temperature_scaling``)."""
+    scaling and against the post-hoc path per level (``paired_vs_temperature_scaling``, ``paired_vs_posthoc``)."""
     per_method: dict[str, Any] = {m.key: {} for m in methods}
     pooled: dict[str, dict[str, list[torch.Tensor]]] = {m.key: {} for m in methods}  # method -> level -> [N, C]s
     pooled_labels: dict[str, list[torch.Tensor]] = {}  # level -> [N]s
@@ -58,8 +59,7 @@ def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, A
         level = "mean" if shifted.level is None else str(shifted.level)
         pooled_labels.setdefault(level, []).append(shifted.split.labels)
         for method in methods:
-            native = (evaluation.director_input_scores(shifted.set_name, shifted.split)
-                      if method.family == "director" else None)
+            native = evaluation.native_scores(method, shifted.set_name, shifted.split)
             summary = summary_of(evaluation.logits(method.source, shifted.set_name, shifted.split), method, native)
             pooled[method.key].setdefault(level, []).append(summary.probabilities)
             report = classification_report(summary.probabilities, shifted.split.labels)
@@ -81,9 +81,11 @@ def evaluate_shift(evaluation: Evaluation, methods: list[Method]) -> dict[str, A
         result["by_severity"] = {str(severity): mean_entry([by_level[str(severity)]
                                                             for by_level in result["by_type"].values()])
                                  for severity in evaluation.ev.severities}
-    paired = paired_against_reference(pooled, pooled_labels, methods, evaluation.ev.bootstrap, evaluation.cfg.seed)
-    for key, by_level in paired.items():
-        per_method[key]["paired_vs_temperature_scaling"] = by_level
+    for reference, field in REFERENCES.items():
+        paired = paired_against_reference(pooled, pooled_labels, methods, reference, evaluation.ev.bootstrap,
+                                          evaluation.cfg.seed)
+        for key, by_level in paired.items():
+            per_method[key][field] = by_level
     return per_method
 
 

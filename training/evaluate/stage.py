@@ -27,17 +27,18 @@ from tqdm import tqdm
 
 from models.uncertainty import ood_score, summarize
 from training.config import PipelineConfig
+from training.data.ood_families import selection_description
 from training.evaluate.ablations import ablation_config, ensure_distilled, seed_config
 from training.evaluate.cost import latencies_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
 from training.evaluate.detectors import evaluate_detectors
-from training.evaluate.evaluation import Evaluation, Method, build_methods, build_sources, summary_of
+from training.evaluate.evaluation import Evaluation, Method, build_methods, build_sources, family_set, summary_of
+from training.evaluate.kernel_ablation import kernel_ablation
 from training.evaluate.kernel_depth import evaluate_kernel_depth
 from training.evaluate.logit_cache import fingerprint
 from training.evaluate.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
 from training.evaluate.shift import evaluate_shift
 from training.evaluate.targets import RESULTS, write_targets
 from training.export.ood_selection import (
-    InputScores,
     ScoreInputs,
     choose_ood_score,
 )
@@ -63,61 +64,59 @@ def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) ->
 
 def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int) -> dict[str, Any]:
     """Test-split calibration table and, per OOD set, every reported score of every method; each method's own score is
-    chosen on the OOD-validation set as the exporter chooses the manifest's (``training.export.ood_selection``).
-    DIRECTOR's candidates include what its artifact's ``scored_rows`` returns (the kernel error and the feature-space
-    scores); its S = 1 choice is recorded as the served score the detectors stage compares against."""
+    chosen over the OOD-validation families as the exporter chooses the manifest's (``training.export.ood_selection``).
+    DIRECTOR's and the post-hoc path's candidates include what their artifacts' ``scored_rows`` return (the kernel
+    error, the feature-space scores); DIRECTOR's S = 1 choice is recorded as the served score the detectors stage
+    compares against, and every method's chosen score on the test and OOD sets is kept for the paired comparisons."""
     inputs, ev, seed = evaluation.inputs, evaluation.ev, evaluation.cfg.seed
-    test, ood_sets, ood_val = inputs.test, inputs.ood, inputs.ood_validation
+    test, ood_sets = inputs.test, inputs.ood
+    families = {family_set(name): family.split for name, family in inputs.ood_families.items()}
+    weights = {family_set(name): family.weight for name, family in inputs.ood_families.items()}
     director = evaluation.sources["director"].model
-    sets = {"test": test, "val": inputs.val, "ood_val": ood_val, **ood_sets}
-    # DIRECTOR-native: the kernel's squared error against the backbone's own next state and the feature scores
-    # (candidates: the artifact carries both) and the mean predicted log-variance (reported only)
-    native_scores = {name: evaluation.director_input_scores(name, split) for name, split in sets.items()}
-    logvar = {name: mean_logvar_score(director, split, seed) for name, split in sets.items()}  # name -> [N]
+    # the mean predicted log-variance along DIRECTOR's rollout (reported only, never a candidate)
+    logvar = {name: mean_logvar_score(director, split, seed)
+              for name, split in {"test": test, "val": inputs.val, **families, **ood_sets}.items()}  # name -> [N]
     results: dict[str, Any] = {}
     for method in tqdm(methods, desc="test + OOD", leave=False):
-        native = method.family == "director"
-        scores_of = native_scores if native else None
-
-        def score_inputs(set_name: str, split: AnySplit, draws: int | None = None,
-                         method: Method = method, scores_of: dict[str, InputScores] | None = scores_of
+        def score_inputs(set_name: str, split: AnySplit, draws: int | None = None, method: Method = method
                          ) -> ScoreInputs:
-            native = None if scores_of is None else scores_of[set_name]
+            native = evaluation.native_scores(method, set_name, split)
             return ScoreInputs(summary_of(evaluation.logits(method.source, set_name, split, draws), method, native),
                                native)
 
         draws = draws_test if method.source in ("director", "mc_dropout") else None
-        test_inputs = score_inputs("test", test, draws)
-        choice = choose_ood_score(score_inputs("val", inputs.val), {"ood_validation": score_inputs("ood_val", ood_val)},
-                                  method.n_samples)
+        test_inputs, val_inputs = score_inputs("test", test, draws), score_inputs("val", inputs.val)
+        choice = choose_ood_score(val_inputs, {name: score_inputs(name, split) for name, split in families.items()},
+                                  method.n_samples, weights)
         selection = dict(choice.selection_auroc)
-        if native:
-            selection["mean_logvar"] = ood_report(logvar["val"], logvar["ood_val"])["auroc"]
+        if method.family == "director":
+            selection["mean_logvar"] = sum(ood_report(logvar["val"], logvar[name])["auroc"] * weights[name]
+                                           for name in families) / sum(weights.values())
         rule = choice.rule_at(method.n_samples)
-        threshold = threshold_at_tpr(score_inputs("val", inputs.val).score(rule.name, rule.terms))
+        threshold = threshold_at_tpr(val_inputs.score(rule.name, rule.terms))
         evaluation.flag_rules[method.key] = (rule, threshold)
-        if method.key == "director_s1":
-            served = choice.rule_at(1)
-            evaluation.served_scores = {name: score_inputs(name, split, draws_test if name == "test" else None)
-                                        .score(served.name, served.terms) for name, split in
-                                        {"test": test, **ood_sets}.items()}
+        chosen = {"test": test_inputs.score(rule.name, rule.terms)}  # set -> the method's own score [N]
         per_set = {}
         for set_name, split in ood_sets.items():
             set_inputs = score_inputs(set_name, split)
+            chosen[set_name] = set_inputs.score(rule.name, rule.terms)
             row = {label: ood_report(test_inputs.score(c.name, c.terms), set_inputs.score(c.name, c.terms))
                    for label, c in choice.reported().items()}
-            if native:
+            if method.family == "director":
                 row["mean_logvar"] = ood_report(logvar["test"], logvar[set_name])
             row["mean_mutual_information"] = float(set_inputs.summary.mutual_information.mean())
             per_set[set_name] = row
+        evaluation.chosen_scores[method.key] = chosen
+        if method.key == "director_s1":
+            evaluation.served_scores = dict(chosen)
         results[method.key] = {
             "label": method.label, "n_samples": method.n_samples, "temperature": method.temperature,
             **({"temperature_slope": method.by_score.slope} if method.by_score else {}),
             "test": {**calibration_block(test_inputs.summary.probabilities, test.labels, ev.bootstrap),
                      "mean_mutual_information": float(test_inputs.summary.mutual_information.mean())},
-            "ood_selection_auroc": selection, "ood_score": choice.label, "ood": per_set,
-            "flag_threshold": threshold, "test_flag_rate": float((test_inputs.score(rule.name, rule.terms)
-                                                                 > threshold).float().mean()),
+            "ood_selection_auroc": selection, "ood_selection_regret": choice.regret[choice.label],
+            "ood_score": choice.label, "ood": per_set, "flag_threshold": threshold,
+            "test_flag_rate": float((chosen["test"] > threshold).float().mean()),
         }
     return results
 
@@ -263,7 +262,8 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         "noise_scale": fitted["noise_scale"], "noise_scale_val_nll": fitted["noise_scale_val_nll"],
         "shift_noise": fitted.get("shift_noise"), "served": fitted.get("served"),
         "test_draws": draws_test, "modality": cfg.modality, "unit": evaluation.inputs.unit,
-        "ood_validation_set": evaluation.inputs.ood_validation_name,
+        "ood_validation_set": selection_description(evaluation.inputs.ood_families),
+        "posthoc_fit": evaluation.posthoc_fit,
         "methods": [asdict(m) for m in methods],
     }
     stages: list[tuple[str, Stage]] = [
@@ -281,9 +281,9 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
     test = evaluation.inputs.test
     probs = {m.key: summary_of(evaluation.logits(m.source, "test", test,
                                                   draws_test if m.source in ("director", "mc_dropout") else None),
-                               m, evaluation.director_input_scores("test", test) if m.by_score else None
-                               ).probabilities for m in methods}
+                               m, evaluation.native_scores(m, "test", test)).probabilities for m in methods}
     results["paired"] = paired_differences(methods, probs, test.labels, cfg.evaluate.bootstrap, cfg.seed)
+    results["kernel_ablation"] = kernel_ablation(evaluation, methods, results)
     results["seconds"]["total"] = round(time.perf_counter() - start, 1)
     out_dir = Path(cfg.export.docs_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,8 @@ import torch
 from models.uncertainty import ScoreTemperature, Temperature, summarize, temperature_for
 from training.config import PipelineConfig
 from training.data.held_out_shift import HeldOutShift
+from training.data.ood_families import OodFamily
 from training.export.ood_selection import ScoreInputs
-from training.export.parts import ExportParts
 from training.export.served_statistics import (
     ServedStatistics,
     fit_temperature_slope,
@@ -30,17 +30,17 @@ from training.export.served_statistics import (
 from training.loading import AnySplit
 
 
-def temperature_draws(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int
+def temperature_draws(served: torch.nn.Module, val: AnySplit, cfg: PipelineConfig, default_s: int
                       ) -> torch.Tensor | None:
     """The validation draws [S, N, C] at the default S that the served temperature and its slope are fitted on (a
     seed of their own), or None when neither is fitted."""
     ecfg = cfg.export
     if not ecfg.temperature_scaling and not any(ecfg.temperature_slope_grid):
         return None
-    return sample_split(served, parts.data.val, default_s, cfg.seed + 2)  # [S, N, C]
+    return sample_split(served, val, default_s, cfg.seed + 2)  # [S, N, C]
 
 
-def choose_temperature(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
+def choose_temperature(served: torch.nn.Module, val: AnySplit, cfg: PipelineConfig, default_s: int,
                        shift: HeldOutShift | None, clean: torch.Tensor | None) -> tuple[float, dict[str, float]]:
     """The served temperature on the sampled logits ``clean`` (``temperature_draws``): kept when it wins on held-out
     validation (else 1), and, when the noise was shaped on the held-out ``shift``, when it does not undo that there
@@ -48,7 +48,6 @@ def choose_temperature(served: torch.nn.Module, parts: ExportParts, cfg: Pipelin
     ecfg, seed = cfg.export, cfg.seed
     if not ecfg.temperature_scaling or clean is None:
         return 1.0, {}
-    val = parts.data.val
     temperature, record = served_temperature(clean, val.labels)
     if shift is None or temperature == 1.0:
         return temperature, record
@@ -63,14 +62,14 @@ class ScoreTemperatureFit:
     record: dict[str, Any]  # the slope, the terms, what it was fitted on, every slope's figures
 
 
-def choose_temperature_by_score(served: torch.nn.Module, parts: ExportParts, cfg: PipelineConfig, default_s: int,
+def choose_temperature_by_score(served: torch.nn.Module, val: AnySplit, cfg: PipelineConfig, default_s: int,
                                 temperature: float, stats: ServedStatistics, clean: torch.Tensor | None,
                                 shift: HeldOutShift) -> ScoreTemperatureFit | None:
     """A temperature per input that grows with the served OOD score, when ``export.temperature_slope_grid`` offers
     slopes: fitted on validation and its held-out ``shift`` (``fit_temperature_slope``), served when its slope is
     above 0 (the reference distributions are then measured again under it). None when no slope is offered; not fitted
     when the served score reads the logits (``temperature_terms``)."""
-    ecfg, seed, val = cfg.export, cfg.seed, parts.data.val
+    ecfg, seed = cfg.export, cfg.seed
     if not any(ecfg.temperature_slope_grid) or clean is None:
         return None
     val_scores = stats.input_scores("val", val)
@@ -134,18 +133,18 @@ class ServedPath:
         return inputs.score(rule.name, rule.terms)
 
 
-def fit_served_path(method: str, module: torch.nn.Module, served: torch.jit.ScriptModule, parts: ExportParts,
-                    cfg: PipelineConfig, default_s: int, sample_counts: list[int], shift: HeldOutShift,
-                    noise_shift: HeldOutShift | None) -> ServedPath:
+def fit_served_path(method: str, module: torch.nn.Module, served: torch.nn.Module, val: AnySplit,
+                    families: dict[str, OodFamily], cfg: PipelineConfig, default_s: int, sample_counts: list[int],
+                    shift: HeldOutShift, noise_shift: HeldOutShift | None) -> ServedPath:
     """The post-hoc tools of one path, fitted on validation and its held-out ``shift``: the served temperature (which
     also answers to ``noise_shift``, the shift DIRECTOR's noise was shaped on, when it was), the statistics and OOD
     score, then a temperature per input."""
     ecfg = cfg.export
-    clean = temperature_draws(served, parts, cfg, default_s)
-    temperature, temperature_fit = choose_temperature(served, parts, cfg, default_s, noise_shift, clean)
-    stats = served_statistics(served, parts.data, ecfg, sample_counts, default_s, cfg.seed, parts.ood_families,
+    clean = temperature_draws(served, val, cfg, default_s)
+    temperature, temperature_fit = choose_temperature(served, val, cfg, default_s, noise_shift, clean)
+    stats = served_statistics(served, val, ecfg, sample_counts, default_s, cfg.seed, families,
                               temperature)
-    by_score = choose_temperature_by_score(served, parts, cfg, default_s, temperature, stats, clean, shift)
+    by_score = choose_temperature_by_score(served, val, cfg, default_s, temperature, stats, clean, shift)
     if by_score is not None:  # kept or not, the slope's fit is recorded
         temperature_fit = {**temperature_fit, "by_score": by_score.record}
     return ServedPath(method, module, served, default_s, temperature, temperature_fit, by_score, stats)

@@ -21,9 +21,7 @@ from models.uncertainty import (
     summarize,
 )
 from training.config import ExportConfig
-from training.data.images import Dataset
 from training.data.ood_families import OodFamily, selection_description
-from training.data.tokens import TokenDataset
 from training.export.calibration import fit_temperature
 from training.export.ood_selection import (
     LOG_SCALED,
@@ -241,17 +239,17 @@ class ServedStatistics:
     family_logits: dict[str, torch.Tensor]  # OOD-validation family -> its draws [S, M, C] at the default S
 
 
-def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecfg: ExportConfig,
+def served_statistics(served: torch.nn.Module, val: AnySplit, ecfg: ExportConfig,
                       sample_counts: list[int], default_s: int, seed: int, families: dict[str, OodFamily],
                       temperature: float = 1.0) -> ServedStatistics:
     """Reference distributions on validation, the OOD score chosen over the OOD-validation ``families`` (none of the
     reported sets; ``training.export.ood_selection``), and its 95%-TPR threshold per sample count, all under the
     served ``temperature``."""
-    val_logits = sample_split(served, data.val, default_s, seed)  # [S, Nv, C]
+    val_logits = sample_split(served, val, default_s, seed)  # [S, Nv, C]
     val_summary = summarize(val_logits, temperature)
-    reference = reference_section(val_summary, data.val.labels, default_s)
+    reference = reference_section(val_summary, val.labels, default_s)
     input_scores = InputScoreCache(served)
-    val_inputs = ScoreInputs(val_summary, input_scores("val", data.val))
+    val_inputs = ScoreInputs(val_summary, input_scores("val", val))
     family_logits = {name: sample_split(served, family.split, default_s, seed) for name, family in families.items()}
     family_inputs = {name: ScoreInputs(summarize(family_logits[name], temperature),
                                        input_scores(f"ood_validation:{name}", family.split))
@@ -261,7 +259,7 @@ def served_statistics(served: torch.nn.Module, data: Dataset | TokenDataset, ecf
 
     thresholds: dict[str, dict[str, Any]] = {}
     # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
-    id_subset = data.val.head(ecfg.threshold_images)
+    id_subset = val.head(ecfg.threshold_images)
     for n_samples in sample_counts:
         if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
             inputs = val_inputs.head(len(id_subset))

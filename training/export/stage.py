@@ -231,9 +231,10 @@ def both_paths(run: ExportRun, sampling: SamplingChoice, artifact_module: torch.
     posthoc_module = parts.build_posthoc(run.director, artifact_module)
     posthoc_served = script_and_verify(posthoc_module, posthoc_module, parts.data.val.first_args(8),
                                        Path(cfg.run_dir) / POSTHOC_FILE)
-    kernel = fit_served_path("director", artifact_module, served, parts, cfg, sampling.default_samples,
+    val, families = parts.data.val, parts.ood_families
+    kernel = fit_served_path("director", artifact_module, served, val, families, cfg, sampling.default_samples,
                              cfg.export.sample_counts, shift, sampling.shift)
-    plain = fit_served_path("posthoc", posthoc_module, posthoc_served, parts, cfg, 1, [1], shift, None)
+    plain = fit_served_path("posthoc", posthoc_module, posthoc_served, val, families, cfg, 1, [1], shift, None)
     plain.stats.ood["thresholds"] = {str(n): plain.stats.ood["thresholds"]["1"] for n in cfg.export.sample_counts}
     return kernel, plain
 

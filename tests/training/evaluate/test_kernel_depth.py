@@ -90,7 +90,7 @@ def test_the_feature_score_and_combination_are_chosen_on_ood_validation_only() -
     # on OOD validation knn separates a little and the kernel error a little; on the reported set rmds alone does
     scores = {"val": synthetic(400, {}, 0), "ood_val": synthetic(400, {"knn": 0.3, KERNEL_ERROR: 0.3}, 1),
               "test": synthetic(400, {}, 2), "far": synthetic(400, {"rmds": 1.0}, 3)}
-    report = depth_report(scores, ["far"], n_boot=50, seed=0)
+    report = depth_report(scores, {"ood_val": 1.0}, ["far"], n_boot=50, seed=0)
     assert report["feature_score"] == "knn"  # not rmds, which only the reported set rewards
     assert report["combined_score"].startswith(f"combined ({KERNEL_ERROR} w=") and "+ knn)" in report["combined_score"]
     assert report["validation_auroc"]["combined"] > report["validation_auroc"]["feature"]

@@ -48,7 +48,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return config, results
 
 
-METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "director_s1", "director_s4",
+METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "posthoc", "director_s1", "director_s4",
            "director_s4_ts", "director_s4_noise", "director_s4_shift_noise", "director_served"]
 
 
@@ -56,13 +56,55 @@ def test_the_exported_version_is_evaluated_as_it_serves(evaluated: tuple[Path, d
     config, results = evaluated
     manifest = json.loads((config.parent / "repo" / "tiny" / "1" / "manifest.json").read_text())
     served, sampling = results["served"], manifest["sampling"]
-    assert served == {"version": 1, "token_correlation": sampling.get("token_correlation", 0.0),
+    assert served == {"version": 1, "method": "director", "token_correlation": sampling.get("token_correlation", 0.0),
                       "noise_scale": sampling["noise_scale"], "default_samples": sampling["default_samples"],
                       "temperature": manifest["temperature"]}
     row = results["test_and_ood"]["director_served"]
     assert row["n_samples"] == sampling["default_samples"] and row["temperature"] == manifest["temperature"]
     assert "1" in results["shift"]["director_served"]["paired_vs_temperature_scaling"]
     assert "samples the run's kernel as version 1 does" in (config.parent / "docs" / "tiny-task.md").read_text()
+
+
+def test_the_posthoc_path_is_a_row_and_the_kernel_is_ablated_against_it(evaluated: tuple[Path, dict[str, Any]]
+                                                                       ) -> None:
+    config, results = evaluated
+    rows = results["test_and_ood"]
+    posthoc = rows["posthoc"]
+    # the backbone's own logits under the export's temperature rule: the deterministic row's accuracy, no spread
+    assert posthoc["n_samples"] == 1 and posthoc["test"]["accuracy"] == rows["deterministic"]["test"]["accuracy"]
+    assert posthoc["test"]["mean_mutual_information"] == 0.0
+    assert posthoc["temperature"] == results["posthoc_fit"]["temperature"] > 0
+    # its candidates are the feature scores beside the logit scores, never the kernel error
+    assert "mds" in posthoc["ood_selection_auroc"] and "kernel_error" not in posthoc["ood_selection_auroc"]
+    assert "kernel_error" in rows["director_s1"]["ood_selection_auroc"]
+    # every score is chosen over the export's OOD-validation families, not one set
+    assert "blurred Gaussian noise" in results["ood_validation_set"]
+    assert all(row["ood_selection_regret"] >= 0.0 for row in rows.values())
+    ablation = results["kernel_ablation"]
+    assert ablation["posthoc"]["label"] == posthoc["label"] and set(ablation["rows"]) == {"director_s1",
+                                                                                           "director_served"}
+    for key, row in ablation["rows"].items():
+        assert row["test"] == results["paired"][f"{key} - posthoc"]
+        assert set(row["shift"]) == {"1", "5"} and set(row["ood"]) == {"uniform_noise", "sklearn_digits", "letters"}
+        for d in row["ood"].values():
+            assert d["auroc"]["difference"] == pytest.approx(d["auroc"]["director"] - d["auroc"]["posthoc"])
+            assert d["fpr95"]["ci95"][0] <= d["fpr95"]["ci95"][1]
+    page = (config.parent / "docs" / "tiny-task.md").read_text()
+    assert "## What the kernel adds: DIRECTOR minus the post-hoc path, paired" in page
+    assert page.count("better than the post-hoc path beyond noise on") == 2
+
+
+def test_a_posthoc_version_is_served_from_the_posthoc_source() -> None:
+    from training.evaluate.evaluation import served_method
+
+    method = served_method({"version": 3, "method": "posthoc", "token_correlation": 0.0, "noise_scale": 1.0,
+                            "default_samples": 1, "temperature": 1.2,
+                            "temperature_by_score": {"slope": 0.1, "terms": [{"score": "mds", "weight": 1.0,
+                                                                              "center": 3.0, "scale": 0.5,
+                                                                              "log": True}]}})
+    assert (method.key, method.source, method.family, method.n_samples) == ("posthoc_served", "posthoc", "posthoc", 1)
+    assert method.by_score is not None and method.by_score.slope == 0.1
+    assert method.label == "Post-hoc as served (v3, T=1.20 x exp(0.1 * score))"
 
 
 def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) -> None:

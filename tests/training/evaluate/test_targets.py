@@ -32,11 +32,14 @@ def verdicts(checks: list[Check]) -> dict[str, bool | None]:
 
 def test_text_targets_hold_director_against_the_backbone() -> None:
     spec = next(t for t in TARGETS if t.task == "movie-reviews")
-    shift = {"deterministic": {"mean": {"accuracy": 0.76}}, "director_s1": {"mean": {"accuracy": 0.75}}}
+    shift = {"deterministic": {"mean": {"accuracy": 0.76, "ece": 0.08}},
+             "temperature_scaling": {"mean": {"accuracy": 0.76, "ece": 0.05}},
+             "director_s1": {"mean": {"accuracy": 0.75, "ece": 0.05}}}
     got = verdicts(task_checks(spec, results(0.80, shift), 1, None))
     assert got == {
         "accuracy >= the backbone's - 0.5 point": True,  # 89.7 vs 90.0: within the margin
         "ECE <= temperature scaling's": True,
+        "mean shifted-domain ECE <= temperature scaling's": True,  # a tie is enough
         "mean shifted-domain accuracy >= the backbone's - 1.0 point": True,  # exactly at the margin
         "OOD AUROC on quotes >= the backbone's": True,  # a tie with the backbone is enough
         "latency at the default S <= 3x the backbone's": False,
@@ -94,3 +97,41 @@ def test_the_mi_alternative_reads_the_version_s_own_note() -> None:
     check = models_note_check(Path("model_repository"), spec)
     assert check.met is True and "is not its OOD score" in check.director
     assert models_note_check(Path("no-such-repository"), spec).met is None
+
+
+def interval(difference: float, low: float, high: float) -> dict[str, Any]:
+    return {"difference": difference, "ci95": [low, high]}
+
+
+def test_a_posthoc_version_is_held_within_directors_paired_intervals() -> None:
+    spec = next(t for t in TARGETS if t.task == "fashion-mnist")
+    res = results(0.9, None)
+    res["test_and_ood"]["posthoc_served"] = {**res["test_and_ood"]["deterministic"], "label": "Post-hoc as served"}
+    res["kernel_ablation"] = {"rows": {"director_s1": {
+        "test": {"accuracy": interval(0.001, -0.001, 0.003), "ece": interval(0.001, -0.002, 0.004),
+                 "nll": interval(-0.004, -0.005, -0.003)},  # DIRECTOR's NLL lower beyond noise
+        "shift": {"5": {"ece": interval(0.01, 0.002, 0.02), "nll": interval(0.0, -0.01, 0.01)}},  # worse: fine
+        "ood": {"quotes": {"auroc": interval(0.0, 0.0, 0.0)}}}}}
+    got = verdicts(task_checks(spec, res, 1, None))
+    within = {k: v for k, v in got.items() if "the post-hoc path within" in k}
+    assert within == {
+        "accuracy on the test split: the post-hoc path within DIRECTOR's paired interval": True,
+        "ece on the test split: the post-hoc path within DIRECTOR's paired interval": True,
+        "nll on the test split: the post-hoc path within DIRECTOR's paired interval": False,
+        "ece at severity 5: the post-hoc path within DIRECTOR's paired interval": True,
+        "nll at severity 5: the post-hoc path within DIRECTOR's paired interval": True,
+        "OOD AUROC on quotes: the post-hoc path within DIRECTOR's paired interval": True,
+    }
+    assert got["accuracy >= the backbone's - 0.3 point"] is True  # the served row is the one held to the targets
+
+
+def test_the_text_default_holds_its_shifted_ece_to_temperature_scaling() -> None:
+    spec = next(t for t in TARGETS if t.task == "movie-reviews")
+    shift = {"deterministic": {"mean": {"accuracy": 0.76, "ece": 0.09}},
+             "temperature_scaling": {"mean": {"accuracy": 0.76, "ece": 0.05}},
+             "director_served": {"mean": {"accuracy": 0.76, "ece": 0.06}}}
+    res = results(0.8, shift)
+    res["test_and_ood"]["director_served"] = dict(res["test_and_ood"]["director_s1"])
+    got = verdicts(task_checks(spec, res, 1, None))
+    assert got["mean shifted-domain ECE <= temperature scaling's"] is False  # 6% against 5%
+    assert not any("the post-hoc path within" in k for k in got)  # a DIRECTOR version is not held to equivalence
