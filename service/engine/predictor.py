@@ -21,7 +21,7 @@ from service.engine.batching import BatchResult, Draining, QueueFull, Ticket
 from service.engine.codecs.base import InputBatch, InputLimits, RawInput, Text
 from service.engine.decoding import DecodePool
 from service.engine.device import DeviceOutOfMemory
-from service.engine.repository import ModelRepository, ReadyVersion, VersionState
+from service.engine.repository import ModelRepository, ModelVersion, ReadyVersion, VersionState
 from service.errors import ApiError, invalid, not_found, overloaded, shown, too_large
 from service.feedback.store import FeedbackStore
 from service.observability.drift import DriftMonitor
@@ -75,7 +75,7 @@ class Predictor:
             known = ", ".join(v.version for v in repo.versions(name))
             raise not_found(f"model {shown(name)} has no version {shown(version)}; known: {known}")
         if entry is None:
-            raise overloaded(f"model {shown(name)} has no ready version yet", retry_after_s=5)
+            entry = self.newest_not_ready(name)
         if entry.state is VersionState.LOADING:
             raise overloaded(f"model {shown(name)} version {entry.version} is still loading", retry_after_s=5)
         if entry.state is VersionState.UNAVAILABLE:
@@ -84,6 +84,15 @@ class Predictor:
         if ready is None:  # READY without its artifact or worker cannot happen: the repository sets all three at once
             raise ApiError(503, f"model {shown(name)} version {entry.version} is not ready")
         return ready
+
+    def newest_not_ready(self, name: str) -> ModelVersion:
+        """The version that says why a model has no ready one: one still loading (a retry will find it) before the
+        newest that cannot load (its reason, as ``GET /models`` shows it)."""
+        versions = self.repository.versions(name)
+        if not versions:
+            raise overloaded(f"model {shown(name)} has no version yet", retry_after_s=5)
+        loading = [v for v in versions if v.state is VersionState.LOADING]
+        return (loading or versions)[-1]
 
     def samples(self, entry: ReadyVersion, n_samples: int | None) -> int:
         """The request's sample count (the model's default when it names none), within the model's maximum (its

@@ -100,9 +100,3 @@ def pad_batch(ids: list[list[int]], pad_id: int, max_length: int) -> tuple[torch
         input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
     return input_ids, mask
-
-
-def warm_up_texts(max_length: int) -> list[str]:
-    """A short text and one longer than ``max_length`` tokens (each word is at least one token): the warm-up forward
-    runs at the full width, with padding and truncation, before the first request does."""
-    return ["a warm-up sentence.", "warm up " * max_length]

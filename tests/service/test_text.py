@@ -135,6 +135,9 @@ def test_models_show_the_text_input_section(text_server: Running) -> None:
     overlong = versions["overlong-text"]
     assert overlong["state"] == "unavailable" and "warm-up forward failed" in overlong["reason"]
     assert "max_length" in overlong["reason"] and "\n" not in overlong["reason"]  # the error, not its traceback
+    for name, listed in (("broken-text", broken), ("overlong-text", overlong)):  # why, not "wait": it will not load
+        error = post(text_server, {"model": name, "inputs": [{"text": SHORT}]}, 503)["error"]
+        assert error == f"model '{name}' version 1 is unavailable: {listed['reason']}"
     detail = httpx.get(f"{text_server.url}/models/{TEXT_MODEL}", timeout=30).json()
     assert detail["manifest"]["modality"] == "text" and "tokenizer.json" in detail["manifest"]["files"]
     assert httpx.get(f"{text_server.url}/health/ready", timeout=30).status_code == 200  # none is required

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig
 from training.data.image_task import image_store
 from training.data.sources import DataError, check_class_count
@@ -41,6 +43,17 @@ def check_labels(checkpoint: Checkpoint, labels: list[str], named: bool) -> None
                         "with --set data.labels=[...]")
 
 
+def refuse_unread_texts(root: str, split: str, texts: list[str], tokenizer: Tokenizer) -> None:
+    """Texts in which the tokenizer reads nothing but the special tokens it adds ([CLS] and [SEP], or none for a
+    decoder's): the model would see the same input for each of them, whatever they say."""
+    unread = [text for text, encoding in zip(texts, tokenizer.encode_batch(texts), strict=True)
+              if not any(flag == 0 for flag in encoding.special_tokens_mask)]
+    if unread:
+        raise DataError(f"{root}: the checkpoint's tokenizer reads nothing but its special tokens in {len(unread)} "
+                        f"{split} texts, e.g. {unread[0][:80]!r}; remove them or use the tokenizer the model was "
+                        "trained with")
+
+
 def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
     data = cfg.data
     labels = data.labels or None
@@ -70,11 +83,7 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
                                          data.test_fraction, data.split_seed, cfg.text.max_characters, count_tokens,
                                          cfg.text.max_length)
         for name, split in (("train", texts.train), ("val", texts.val), ("test", texts.test)):
-            empty = [t for t, n in zip(split.texts, count_tokens(split.texts), strict=True) if n == 0]
-            if empty:
-                raise DataError(f"{data.root}: the checkpoint's tokenizer reads no token in {len(empty)} {name} "
-                                f"texts, e.g. {empty[0][:80]!r}; remove them or use the tokenizer the model was "
-                                "trained with")
+            refuse_unread_texts(data.root, name, split.texts, tokenizer)
         inputs = len(texts.train) + len(texts.val) + len(texts.test)
         if checkpoint.max_positions is not None and cfg.text.max_length > checkpoint.max_positions:
             raise DataError(f"text.max_length {cfg.text.max_length} exceeds the checkpoint's "

@@ -1,17 +1,25 @@
 """The config of a calibrate run, built from the command line on top of a base config (``configs/calibrate/<modality>
 .yaml`` or ``--config``) and written to ``<run_dir>/calibrate.yaml``, so every stage and a rerun read the same thing
-(``python -m training all --config runs/<name>/calibrate.yaml`` reproduces it stage by stage)."""
+(``python -m training all --config runs/<name>/calibrate.yaml`` reproduces it stage by stage).
+
+A rerun resumes only from trained files, with the config they were made from: a run folder holding none (a dry run's,
+or one stopped before its first checkpoint) is built again from the command. A rerun whose checkpoint, data or columns
+differ from the trained files' is refused, naming each difference and ``--no-resume`` (docs/your-own-model.md says
+why). What only the export reads (``--method``, ``--ood-validation``, ``--version``) applies to a resumed run too,
+since the export always runs again. A user's results page goes to the run folder, never to the project's docs."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from artifact.contract import is_published
-from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig, load_config
+from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig, check_config, validated
 from training.families.checkpoint import Checkpoint
 
 CONFIG_FILE = "calibrate.yaml"
@@ -33,6 +41,10 @@ def depth_candidates(requested: list[int], layers: int) -> list[int]:
     return sorted({k for k in chosen if 1 <= k <= layers})
 
 
+def run_folder(args: argparse.Namespace) -> Path:
+    return Path(args.run_dir or f"runs/{args.name}")
+
+
 def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node = raw
     *parents, leaf = dotted.split(".")
@@ -41,18 +53,87 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def build_run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict[str, Any]) -> Path:
-    """Write ``<run_dir>/calibrate.yaml`` for this checkpoint and data (the same one again on a rerun: a resumed run
-    keeps its version and its choices) and return its path."""
-    run_dir = Path(args.run_dir or f"runs/{args.name}")
+@dataclass
+class RunConfig:
+    """The run's config, not yet written: built from the command, or (``resumes``) the run folder's own with what
+    the command changes in the export, to go on from its ``trained`` files."""
+
+    path: Path  # <run_dir>/calibrate.yaml
+    raw: dict[str, Any]
+    header: str  # the comment above the YAML
+    trained: list[str]  # the files in the run folder a rerun would resume from
+    resumes: bool
+
+    def config(self) -> PipelineConfig:
+        """Typed and checked as ``load_config`` reads the file."""
+        cfg = validated(self.raw)
+        cfg.source = str(self.path)
+        check_config(cfg)
+        return cfg
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(self.header + yaml.safe_dump(self.raw, sort_keys=False))
+
+
+def export_values(args: argparse.Namespace) -> dict[str, Any]:
+    """What the command sets that only the export reads (a resumed run exports again, so these apply to it too)."""
+    values: dict[str, Any] = {"export.docs_dir": str(run_folder(args))}  # the user's results stay in the run folder
+    if args.method:
+        values["export.method"] = args.method
+    if args.ood_validation:
+        values["export.ood_validation_data"] = str(Path(args.ood_validation).resolve())
+    if args.version:
+        values["export.version"] = args.version
+    return values
+
+
+def changed_inputs(recorded: PipelineConfig, args: argparse.Namespace, checkpoint: Checkpoint) -> list[str]:
+    """The inputs the command names that differ from those the run's trained files were made from, each as its flag,
+    the command's value and the run's (a flag left out keeps the run's value)."""
+    pairs = [("--backbone", checkpoint.source, recorded.pretrained.source, True),
+             ("--checkpoint", checkpoint.weights, recorded.pretrained.checkpoint, True),
+             ("--data", args.data, recorded.data.root, True),
+             ("--text-column", args.text_column, recorded.data.text_column, False),
+             ("--label-column", args.label_column, recorded.data.label_column, False)]
+    return [f"{flag} {given} (the run's: {kept})" for flag, given, kept, path in pairs
+            if given is not None and not _same(given, kept, path)]
+
+
+def _same(given: str, kept: str | None, path: bool) -> bool:
+    """Paths (or hub ids) name the same thing when they resolve to the same place from here."""
+    if kept is None or not path:
+        return given == kept
+    return os.path.realpath(given) == os.path.realpath(kept)
+
+
+def resumed_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict[str, Any], trained: list[str]
+                   ) -> RunConfig:
+    """The run folder's config, with the command's export values and ``--set`` values, when the command names the
+    inputs its ``trained`` files were made from; else the error naming the differences and the flag that starts
+    fresh."""
+    run_dir = run_folder(args)
     path = run_dir / CONFIG_FILE
-    if path.exists() and not args.no_resume:  # a rerun resumes with its choices, plus what --set changes now
-        raw = yaml.safe_load(path.read_text()) or {}
-        for dotted, value in overrides.items():
-            _set(raw, dotted, value)
-        path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        print(f"resuming the run in {run_dir} ({CONFIG_FILE}{' with the new --set values' if overrides else ''})")
-        return path
+    fresh = ("rerun with --no-resume to start it again from this command (its trained files are replaced), or give "
+             "another --name or --run-dir")
+    if not path.is_file():
+        raise ValueError(f"{run_dir} holds trained files ({', '.join(trained)}) but no {CONFIG_FILE} saying what "
+                         f"they were made from: {fresh}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    changed = changed_inputs(RunConfig(path, raw, "", trained, True).config(), args, checkpoint)
+    if changed:
+        raise ValueError(f"{run_dir} holds a run trained from other inputs than this command names: "
+                         f"{'; '.join(changed)}. To resume it, give its own values; to use these, {fresh}")
+    for dotted, value in {"run_dir": str(run_dir), **export_values(args), **overrides}.items():
+        _set(raw, dotted, value)  # the run goes on where its trained files are, wherever it was first started
+    return RunConfig(path, raw, "", trained, True)
+
+
+def new_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict[str, Any], trained: list[str]
+               ) -> RunConfig:
+    """The run's config for this checkpoint and data, from the base config and the command alone (``trained``: the
+    files in the run folder it replaces)."""
+    run_dir = run_folder(args)
     modality = checkpoint.family.modality
     base = Path(args.config) if args.config else BASE_CONFIGS / f"{modality}.yaml"
     raw: dict[str, Any] = yaml.safe_load(base.read_text()) or {}
@@ -62,7 +143,7 @@ def build_run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides
         "pretrained.source": checkpoint.source, "pretrained.checkpoint": checkpoint.weights,
         "pretrained.model_args": checkpoint.model_args,
         "export.name": args.name, "export.repository": str(repository),
-        "export.version": args.version or next_version(repository, args.name),
+        "export.version": next_version(repository, args.name), **export_values(args),
     }
     if args.data is not None:
         values.update({"data.root": args.data,
@@ -74,10 +155,6 @@ def build_run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides
         base_length = raw.get("text", {}).get("max_length", 128)
         if checkpoint.max_positions is not None and base_length > checkpoint.max_positions:
             values["text.max_length"] = checkpoint.max_positions  # the position table's length
-    if args.method:
-        values["export.method"] = args.method
-    if args.ood_validation:
-        values["export.ood_validation_data"] = str(Path(args.ood_validation).resolve())
     if args.text_column:
         values["data.text_column"] = args.text_column
     if args.label_column:
@@ -88,10 +165,14 @@ def build_run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides
         _set(raw, dotted, value)
     candidates = depth_candidates(raw.get("distil", {}).get("depth_candidates") or [], checkpoint.layers)
     _set(raw, "distil.depth_candidates", candidates)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# written by python -m training calibrate from {base}\n" + yaml.safe_dump(raw, sort_keys=False))
-    return path
+    header = f"# written by python -m training calibrate from {base}\n"
+    return RunConfig(run_dir / CONFIG_FILE, raw, header, trained, False)
 
 
-def load_run_config(path: Path) -> PipelineConfig:
-    return load_config(path)
+def run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict[str, Any], trained: list[str]
+               ) -> RunConfig:
+    """The config a calibrate command runs with: the run folder's, resumed, when it holds ``trained`` files (and
+    ``--no-resume`` is not given), else a new one."""
+    if trained and not args.no_resume:
+        return resumed_config(args, checkpoint, overrides, trained)
+    return new_config(args, checkpoint, overrides, trained)

@@ -18,6 +18,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from artifact.tokenizer import tokenizer_problem
 from training.families.base import Family
 from training.families.registry import UnsupportedBackbone, family_for_model_type, family_of
 
@@ -251,9 +252,36 @@ def _timm_classifier(checkpoint: Checkpoint, num_classes: int) -> tuple[nn.Modul
     return classifier, vit_spec(classifier)
 
 
+def refuse_empty_vocabulary(checkpoint: Checkpoint, wrapper: Any) -> None:
+    """A tokenizer whose vocabulary is its special tokens alone is what transformers builds for a folder without
+    tokenizer files: it reads every text as those tokens, so every input would look the same to the model."""
+    special = set(wrapper.all_special_ids)
+    if not set(wrapper.get_vocab().values()) <= special:
+        return
+    files = list(dict.fromkeys(wrapper.vocab_files_names.values()))
+    missing = [name for name in files if not (Path(checkpoint.source) / name).exists()] if checkpoint.local else files
+    raise CheckpointError(
+        f"{checkpoint.source}: no tokenizer files ({', '.join(missing)} missing), so the tokenizer transformers "
+        f"builds for it holds only {' '.join(wrapper.all_special_tokens)} and reads every text as those alone; add "
+        "the tokenizer the model was trained with (its tokenizer.save_pretrained(FOLDER) writes tokenizer.json and "
+        "tokenizer_config.json)")
+
+
+def refuse_unservable(checkpoint: Checkpoint, tokenizer: Tokenizer, max_length: int) -> None:
+    """The server's own check of a version's tokenizer (``artifact.tokenizer``), run on this one as the server will
+    read it (truncating, not padding), so a version it would refuse is refused before anything is trained."""
+    served = Tokenizer.from_str(tokenizer.to_str())
+    served.no_padding()
+    problem = tokenizer_problem(served, max_length, int(tokenizer.padding["pad_id"]))
+    if problem is not None:
+        raise CheckpointError(f"{checkpoint.source}: the server would refuse to load the model: {problem}; use the "
+                              "tokenizer the model was trained with, or another --set text.max_length")
+
+
 def checkpoint_tokenizer(checkpoint: Checkpoint, max_length: int) -> Tokenizer:
     """The checkpoint's own tokenizer, truncating at ``max_length`` tokens and recording its padding token (right
-    padding: every text starts at position 0), as the run's and the artifact's ``tokenizer.json``."""
+    padding: every text starts at position 0), as the run's and the artifact's ``tokenizer.json``; refused when it
+    reads nothing but special tokens or when the server would refuse it."""
     from transformers import AutoTokenizer
 
     try:
@@ -264,6 +292,7 @@ def checkpoint_tokenizer(checkpoint: Checkpoint, max_length: int) -> Tokenizer:
     if not getattr(wrapper, "is_fast", False):
         raise CheckpointError(f"{checkpoint.source}: its tokenizer has no fast (tokenizer.json) form; the artifact "
                               "ships tokenizer.json")
+    refuse_empty_vocabulary(checkpoint, wrapper)
     pad_token = wrapper.pad_token or wrapper.eos_token
     if pad_token is None:
         raise CheckpointError(f"{checkpoint.source}: its tokenizer names no pad or end-of-text token; add a "
@@ -274,6 +303,7 @@ def checkpoint_tokenizer(checkpoint: Checkpoint, max_length: int) -> Tokenizer:
         raise CheckpointError(f"{checkpoint.source}: pad token {pad_token!r} is not in its vocabulary")
     tokenizer.enable_truncation(max_length, strategy="longest_first", direction="right")
     tokenizer.enable_padding(direction="right", pad_id=pad, pad_token=pad_token)
+    refuse_unservable(checkpoint, tokenizer, max_length)
     return tokenizer
 
 

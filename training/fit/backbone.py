@@ -38,6 +38,7 @@ from training.runtime import (
 )
 
 LOG_EVERY = 20  # steps between progress-bar updates, the only host reads of the loss inside an epoch
+CHECKPOINT_FILE = "backbone_ckpt.pt"  # the fit's progress, one save per epoch: a resumed fit starts from it
 
 
 def image_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool) -> FitTask:
@@ -178,7 +179,7 @@ def fit_backbone(cfg: PipelineConfig, resume: bool = True) -> Path:
     """Fit (resumable, one checkpoint per epoch) and write ``backbone.pt`` with the test figures beside it."""
     run_dir = Path(cfg.run_dir)
     final_path = run_dir / BACKBONE_FILE
-    ckpt_path = run_dir / "backbone_ckpt.pt"
+    ckpt_path = run_dir / CHECKPOINT_FILE
     fit = prepare(cfg, resume, ckpt_path)
     model = fit.task.model
     gen = torch.Generator().manual_seed(cfg.seed)

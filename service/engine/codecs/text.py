@@ -14,6 +14,7 @@ import torch
 from tokenizers import Tokenizer
 
 from artifact.contract import Manifest, TextInput
+from artifact.tokenizer import tokenizer_problem, warm_up_texts
 from service.engine.batch_cost import BatchCost
 from service.engine.codecs.base import (
     Codec,
@@ -28,7 +29,7 @@ from service.engine.codecs.base import (
 from service.engine.device import Device
 from service.engine.inference import Chunk, chunks_by_cost, run_forwards
 from service.engine.shapes import Padding
-from service.engine.texts import PAD_MULTIPLE, EncodedText, check_text, encode, pad_batch, padded_length, warm_up_texts
+from service.engine.texts import PAD_MULTIPLE, EncodedText, check_text, encode, pad_batch, padded_length
 from service.errors import invalid
 
 
@@ -70,11 +71,9 @@ def load_tokenizer(folder: Path, spec: TextInput) -> Tokenizer:
         raise ValueError(f"{spec.tokenizer} is not a tokenizers file: {exc}") from exc
     tokenizer.no_padding()
     tokenizer.enable_truncation(spec.max_length, stride=0, strategy="longest_first", direction=spec.truncation_side)
-    if tokenizer.num_special_tokens_to_add(False) >= spec.max_length:
-        raise ValueError(f"max_length {spec.max_length} leaves no room beside the tokenizer's special tokens")
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-    if spec.pad_id >= vocab:
-        raise ValueError(f"pad_id {spec.pad_id} outside the tokenizer's vocabulary of {vocab}")
+    problem = tokenizer_problem(tokenizer, spec.max_length, spec.pad_id)  # the pipeline refuses the same at plan time
+    if problem is not None:
+        raise ValueError(problem)
     return tokenizer
 
 
@@ -155,12 +154,9 @@ class TextCodec(Codec):
         return Forward(rows, scores, tokens, padded_length(batch.longest, self.spec.max_length))
 
     def example(self) -> tuple[torch.Tensor, ...]:
-        """A short text and one truncated to max_length, padded like a served batch, so the whole position table is
-        used."""
+        """A short text and one truncated to max_length (``load_tokenizer`` checked that it fills it), padded like a
+        served batch, so the whole position table is used."""
         texts = encode(self.tokenizer, warm_up_texts(self.spec.max_length))
-        if texts[1].tokens != self.spec.max_length or not texts[1].truncated:
-            raise ValueError(f"the tokenizer gave {texts[1].tokens} tokens for a text longer than max_length "
-                             f"{self.spec.max_length}")
         return pad_batch([t.ids for t in texts], self.spec.pad_id, self.spec.max_length)  # [2, L] each
 
     def filler(self, inputs: int, rows: int, cost: BatchCost) -> tuple[torch.Tensor, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +31,8 @@ from tests.training.calibrate.tiny_checkpoints import (
     write_image_folder,
 )
 from training.cli import main
+from training.config import load_config
+from training.export.writing import source_record
 
 TINY = ["--set", "distil.epochs=1", "--set", "distil.batch_size=32", "--set", "distil.warmup_steps=2",
         "--set", "distil.tau_images=40", "--set", "distil.stats_batches=1", "--set", "distil.val_images=40",
@@ -47,8 +50,7 @@ def calibrate(tmp: Path, name: str, backbone: str, data: Path, *extra: str, meth
     """``calibrate`` on tiny settings; DIRECTOR is served whatever the kernel's verdict (a tiny kernel's verdict is
     what tests/training/export/test_verdict.py measures) unless ``method`` says otherwise."""
     args = ["calibrate", "--backbone", backbone, "--data", str(data), "--name", name, "--run-dir",
-            str(tmp / "runs" / name), "--repository", str(tmp / "repo"), "--set", f"export.docs_dir={tmp / 'docs'}",
-            "--method", method, *TINY, *extra]
+            str(tmp / "runs" / name), "--repository", str(tmp / "repo"), "--method", method, *TINY, *extra]
     assert main(args) == 0
 
 
@@ -215,6 +217,34 @@ def test_an_unsupported_checkpoint_is_refused_by_name(tmp_path: Path, run_cli: C
     assert "model_type 'gpt2' is not supported" in done.stderr and "decoder: qwen2, llama" in done.stderr
 
 
+def test_what_the_server_could_not_serve_is_refused_at_plan_time(tmp_path: Path, run_cli: Callable[..., Done]) -> None:
+    """A RoBERTa folder saved without its tokenizer (transformers then builds one of its five special tokens alone,
+    which reads every text as ``<s></s>``) is refused by the dry run and by the run, naming the missing files and what
+    to add; so are a max_length the server's own tokenizer check refuses and a text read as special tokens alone."""
+    reviews = write_csv(tmp_path / "reviews.csv", texts(60, 2))
+
+    def dry_run(checkpoint: Path, data: Path, *extra: str) -> Done:
+        return run_cli("calibrate", "--backbone", str(checkpoint), "--data", str(data), "--name", "refused",
+                       "--run-dir", str(tmp_path / "run"), "--repository", str(tmp_path / "repo"), *extra)
+
+    no_tokenizer = save_text_checkpoint(tmp_path / "roberta", "roberta", tokenizer=False)
+    for extra in (["--dry-run"], TINY):
+        done = dry_run(no_tokenizer, reviews, *extra)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert "no tokenizer files (vocab.json, merges.txt, tokenizer.json missing)" in done.stderr, done.stderr
+        assert "reads every text as those alone" in done.stderr and "tokenizer.save_pretrained" in done.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "repo").exists()
+    bert = save_text_checkpoint(tmp_path / "bert", "bert")
+    done = dry_run(bert, reviews, "--dry-run", "--set", "text.max_length=2")
+    assert done.returncode == 2
+    assert "the server would refuse to load the model: max_length 2 leaves no room beside the tokenizer's special " \
+           "tokens" in done.stderr, done.stderr
+    control = write_csv(tmp_path / "control.csv", [*texts(30, 3), ("\x07\x07", "neutral")])
+    done = dry_run(bert, control, "--dry-run")
+    assert done.returncode == 2
+    assert "reads nothing but its special tokens in 1" in done.stderr and "'\\x07\\x07'" in done.stderr, done.stderr
+
+
 def test_data_that_does_not_fit_the_head_is_refused_before_training(tmp_path: Path,
                                                                     run_cli: Callable[..., Done]) -> None:
     checkpoint = save_text_checkpoint(tmp_path / "ckpt", "bert")
@@ -256,3 +286,68 @@ def test_a_text_the_tokenizer_reads_nothing_in_is_refused(server: Running, calib
     assert readable(tokenizer, ["a great film", "GREAT FILM"]) == ["a great film"]
     with pytest.raises(ValueError, match="reads no token in 1 texts"):
         encode(tokenizer, ["a great film", "GREAT FILM"], 100)
+
+
+def test_a_failed_dry_run_changes_nothing_the_next_run_does(tmp_path: Path, run_cli: Callable[..., Done]) -> None:
+    """A dry run with the wrong columns fails; the corrected commands that follow use what they say (another data
+    file, then the right columns), and none of them claims to resume anything: nothing was trained."""
+    checkpoint = save_text_checkpoint(tmp_path / "ckpt", "bert")
+    sources = write_csv(tmp_path / "sources.csv", texts(60, 2), "sentence", "source")
+    reviews = write_csv(tmp_path / "reviews.csv", texts(60, 3))
+    config = tmp_path / "run" / "calibrate.yaml"
+
+    def dry_run(data: Path, *extra: str) -> Done:
+        return run_cli("calibrate", "--backbone", str(checkpoint), "--data", str(data), "--name", "rerun",
+                       "--run-dir", str(tmp_path / "run"), "--repository", str(tmp_path / "repo"), "--dry-run", *extra)
+
+    failed = dry_run(sources)
+    assert failed.returncode == 2 and "text" in failed.stderr
+    for data, extra in ((reviews, []), (sources, ["--text-column", "sentence", "--label-column", "source"])):
+        done = dry_run(data, *extra)
+        assert done.returncode == 0, done.stderr
+        assert f"Data: file {data}" in done.stdout and "resum" not in done.stdout
+        assert load_config(config).data.root == str(data)
+
+
+def test_a_rerun_over_trained_files_does_what_the_command_says(calibrated: Path, tmp_path: Path,
+                                                               run_cli: Callable[..., Done],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from a copy of the project's docs with the default run folder and repository, as a user runs it, over a
+    copy of tiny-bert's trained run: another --data is refused (naming it, the run's, and --no-resume) and changes
+    nothing; a dry run with the run's own inputs would resume; with --no-resume the run trains on the new data. The
+    results page and its plot go to the run folder and the model's card, the last line names the version written, and
+    docs/ is byte for byte as it was."""
+    root = Path(__file__).resolve().parents[3]
+    shutil.copytree(root / "docs", tmp_path / "docs")
+    docs = source_record(str(tmp_path / "docs"))
+    shutil.copytree(calibrated / "runs" / "tiny-bert", tmp_path / "runs" / "tiny-bert", symlinks=True)
+    monkeypatch.chdir(tmp_path)
+    config = Path("runs/tiny-bert/calibrate.yaml")
+    recorded = config.read_text()
+    other = write_csv(tmp_path / "other.csv", texts(90, 7))
+    command = ["calibrate", "--backbone", str(calibrated / "ckpt" / "tiny-bert"), "--name", "tiny-bert", *TINY,
+               "--set", "distil.depth_candidates=[1]", "--method", "director"]
+    for dry in (["--dry-run"], []):
+        refused = run_cli(*command, "--data", str(other), *dry)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert f"--data {other} (the run's: {calibrated / 'reviews.csv'})" in refused.stderr, refused.stderr
+        assert "--no-resume" in refused.stderr and config.read_text() == recorded
+    swapped = run_cli(*command, "--data", str(calibrated / "reviews.csv"), "--backbone",
+                      str(calibrated / "ckpt" / "tiny-roberta"), "--label-column", "class", "--dry-run")
+    assert swapped.returncode == 2 and f"--backbone {calibrated / 'ckpt' / 'tiny-roberta'} (the run's: " in \
+        swapped.stderr and "--label-column class (the run's: label)" in swapped.stderr, swapped.stderr
+    resumed = run_cli(*command, "--data", str(calibrated / "reviews.csv"), "--dry-run")
+    assert resumed.returncode == 0 and "dry run: nothing trained or written; the run resumes from backbone.pt" in \
+        resumed.stdout and "resuming" not in resumed.stdout and config.read_text() == recorded
+    done = run_cli(*command, "--data", str(other), "--no-resume")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(Path("model_repository/tiny-bert/1/manifest.json").read_text())
+    assert manifest["provenance"]["sources"]["data"]["source"] == str(other)
+    assert "resuming" not in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].startswith("wrote model_repository/tiny-bert/1: tiny-bert version 1")
+    page = Path("runs/tiny-bert/tiny-bert.md").read_text()
+    assert Path("model_repository/tiny-bert/README.md").read_text() == page
+    assert "![reliability diagram](tiny-bert-reliability.png)" in page
+    assert Path("model_repository/tiny-bert/tiny-bert-reliability.png").is_file()
+    assert "foundation issue" not in page and "required" not in page  # the project's targets are not the user's
+    assert source_record(str(tmp_path / "docs")) == docs

@@ -71,11 +71,12 @@ def save_tokenizer(folder: Path, special: bool = True) -> int:
     return tokenizer.get_vocab_size()
 
 
-def save_text_checkpoint(folder: Path, kind: str, head: bool = True) -> Path:
-    """A tiny ``kind`` (bert | roberta | distilbert | qwen2 | llama) classifier with the tiny tokenizer."""
+def save_text_checkpoint(folder: Path, kind: str, head: bool = True, tokenizer: bool = True) -> Path:
+    """A tiny ``kind`` (bert | roberta | distilbert | qwen2 | llama) classifier with the tiny tokenizer (or, not
+    ``tokenizer``, with no tokenizer file at all, as a folder holding ``save_pretrained``'s model files alone)."""
     torch.manual_seed(0)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = save_tokenizer(folder, special=kind not in ("qwen2", "llama"))
+    vocab = save_tokenizer(folder, special=kind not in ("qwen2", "llama")) if tokenizer else 0
     shape = {**TEXT, "vocab_size": max(vocab, TEXT["vocab_size"])}
     if kind == "bert":
         config = BertConfig(**shape, max_position_embeddings=64, **LABELS)
