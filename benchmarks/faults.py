@@ -96,7 +96,8 @@ class Probe:
         self._thread.join(timeout=120)
 
     def report(self) -> dict[str, object]:
-        return {**summary(self.latencies), "codes": dict(self.codes),
+        slowest = round(max(self.latencies, default=0.0) * 1000, 2)  # a stall, which a p99 can hide
+        return {**summary(self.latencies), "max_ms": slowest, "codes": dict(self.codes),
                 "server_errors": sum(n for code, n in self.codes.items() if code.startswith("5") and code != "503")}
 
 

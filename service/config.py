@@ -23,7 +23,13 @@ class Settings(BaseSettings):
     grpc_port: int = Field(0, ge=0, le=65535, description="TCP port of the gRPC Open Inference Protocol (KServe's "
                            "inference.GRPCInferenceService, as Triton serves it); 0: off")
     grpc_max_concurrent_calls: int = Field(16, ge=1, le=1024, description="gRPC calls served at once; more get "
-                                           "RESOURCE_EXHAUSTED (each holds up to max_body_bytes of message)")
+                                           "RESOURCE_EXHAUSTED before their messages are read (each may hold up "
+                                           "to max_body_bytes of message)")
+    grpc_max_bytes_in_flight: int | None = Field(None, ge=1024, description="bytes of gRPC request messages held at "
+                                                 "once, from each one's arrival to the end of its call: one that "
+                                                 "would pass it is refused with RESOURCE_EXHAUSTED before it is "
+                                                 "parsed (unset: 4 x max_body_bytes; at least max_body_bytes, so the "
+                                                 "largest message is served alone)")
     workers: int = Field(1, ge=1, description="uvicorn worker processes (each loads every model)")
     model_repository: Path = Field(Path("model_repository"), description="folder of <model>/<version>/ artifacts")
     default_model: str = Field("fashion-vit", description="model used when a request names none")
@@ -146,6 +152,19 @@ class Settings(BaseSettings):
         if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
             raise ValueError("the feedback URL must start with postgresql:// (or postgres://)")
         return value
+
+    @property
+    def grpc_bytes_in_flight_limit(self) -> int:
+        """``grpc_max_bytes_in_flight``, or its default: four messages of the largest size."""
+        return self.grpc_max_bytes_in_flight or 4 * self.max_body_bytes
+
+    @model_validator(mode="after")
+    def _message_fits_in_flight(self) -> Settings:
+        """A bound below the largest message would refuse every such message, even to an idle server."""
+        if self.grpc_max_bytes_in_flight is not None and self.grpc_max_bytes_in_flight < self.max_body_bytes:
+            raise ValueError(f"grpc_max_bytes_in_flight ({self.grpc_max_bytes_in_flight}) is below max_body_bytes "
+                             f"({self.max_body_bytes}): the largest message allowed could never be served")
+        return self
 
     @model_validator(mode="after")
     def _key_from_file(self) -> Settings:

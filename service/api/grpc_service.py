@@ -7,8 +7,11 @@ Every call goes through the operations HTTP uses (``service.api.inference_protoc
 ``director_request_duration_seconds`` under the endpoint ``/inference.GRPCInferenceService/<method>``, with the HTTP
 status the call would have had, so one alert covers both: a cancelled or expired call is counted 499, a message that
 does not parse 400 (INVALID_ARGUMENT, one rate-limited log line, no traceback), a call past
-``grpc_max_concurrent_calls`` 429 (RESOURCE_EXHAUSTED). Shared memory, tracing, log settings and streaming are not
-offered (UNIMPLEMENTED, counted 501)."""
+``grpc_max_concurrent_calls`` or a message past the bytes in progress (``service.api.grpc_messages``) 429
+(RESOURCE_EXHAUSTED). Shared memory, tracing, log settings and streaming are not offered (UNIMPLEMENTED, counted 501).
+
+Every unary RPC is served as gRPC's stream-unary kind (the same on the wire), so that a call reads its one message
+itself, and only after its call bound and key are checked: a refused call never costs its message."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from service.api import grpc_tensors
 from service.api import inference_protocol as protocol
 from service.api.auth import MESSAGE, bearer_matches
+from service.api.grpc_messages import LARGE_MESSAGE_BYTES, MessageBytes
 from service.config import Settings
 from service.errors import ApiError
 from service.state import AppState
@@ -46,32 +50,24 @@ UNOFFERED = ("ModelStreamInfer", "SystemSharedMemoryStatus", "SystemSharedMemory
 UNDECODABLE_LOG_INTERVAL_S = 10.0
 
 
-class Undecodable:
-    """A request message that did not parse. gRPC's own deserializer would raise inside the library (UNKNOWN, an
-    ERROR traceback, no count); this one hands the call its error, so the handler answers INVALID_ARGUMENT."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = f"{type(error).__name__}"
-
-
-def tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    def deserialize(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except Exception as exc:  # protobuf's DecodeError, or anything else a hostile message triggers
-            return Undecodable(exc)
-
-    return deserialize
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Parse = Callable[[bytes], Any]
+DESCRIPTOR = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 
-def call(method: str, open_: bool = False) -> Callable[[Handler], Handler]:
-    """A servicer method bounded in concurrency, with the API key checked (unless ``open_``), an undecodable message
-    refused, errors as gRPC codes, and counted with the status it got."""
+def request_type(method: str) -> Any:
+    return getattr(pb, DESCRIPTOR.methods_by_name[method].input_type.name)
+
+
+def call(method: str, open_: bool = False, reads: bool = True, message: Any = None) -> Callable[[Handler], Handler]:
+    """A servicer method bounded in concurrency, with the API key checked (unless ``open_``), then its message read
+    (unless not ``reads``: the handler gets None), bounded in bytes and parsed (``message``: its type, by default the
+    RPC's); errors as gRPC codes, and counted with the status it got."""
+    parse: Parse | None = (message or request_type(method)).FromString if reads else None
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
-        async def wrapped(self: GrpcInferenceService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wrapped(self: GrpcInferenceService, requests: Any, context: grpc.aio.ServicerContext) -> Any:
             started, status = time.perf_counter(), 200
             self.in_flight += 1
             try:
@@ -79,10 +75,7 @@ def call(method: str, open_: bool = False) -> Callable[[Handler], Handler]:
                     raise ApiError(429, f"more than {self.max_calls} gRPC calls at once; retry shortly")
                 if not open_:
                     self.authorize(context)
-                if isinstance(request, Undecodable):
-                    self.log_undecodable(method, request)
-                    raise ApiError(400, f"the message is not a valid {method} request ({request.error})")
-                return await handler(self, request, context)
+                return await self.answer(method, handler, parse, context)
             except ApiError as exc:
                 status, refusal = exc.status, (CODES.get(exc.status, grpc.StatusCode.UNKNOWN), exc.message)
             except asyncio.CancelledError:  # the client cancelled, or its deadline passed
@@ -96,8 +89,9 @@ def call(method: str, open_: bool = False) -> Callable[[Handler], Handler]:
             finally:
                 self.in_flight -= 1
                 self.count(method, status, time.perf_counter() - started)
+                self.message_bytes.settle()
             # aborted outside the handlers above: an abort raised inside one would chain the error, whose traceback
-            # holds the call's frames (its whole message) for as long as gRPC keeps the abort
+            # holds the call's frames for as long as gRPC keeps the abort (the message itself lives in ``answer``)
             await context.abort(*refusal)
 
         return wrapped
@@ -110,15 +104,40 @@ class GrpcInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.state = state
         self.max_calls = state.settings.grpc_max_concurrent_calls
         self.in_flight = 0
+        self.message_bytes = MessageBytes(state.settings.grpc_bytes_in_flight_limit)
         self.last_undecodable_log = -UNDECODABLE_LOG_INTERVAL_S
 
-    def log_undecodable(self, method: str, request: Undecodable) -> None:
-        """One line at most every ``UNDECODABLE_LOG_INTERVAL_S``: a client sending garbage cannot flood the log."""
+    async def answer(self, method: str, handler: Handler, parse: Parse | None,
+                     context: grpc.aio.ServicerContext) -> Any:
+        """``handler`` on the call's one message, read now, held within the bytes in progress and parsed. Only this
+        frame holds the message, and it is gone by the time a refused call is aborted."""
+        if parse is None:
+            return await handler(self, None, context)
+        data = await context.read()
+        if data is grpc.aio.EOF:
+            raise ApiError(400, f"the {method} call carried no request message")
+        with self.message_bytes.hold(len(data)):
+            request = await self.parse(method, parse, data)
+            del data  # parsed: the message is its copy now
+            return await handler(self, request, context)
+
+    async def parse(self, method: str, parse: Parse, data: bytes) -> Any:
+        """The message parsed, a large one in the decode pool (15 MiB take 10-70 ms: on the event loop, a burst of
+        them stalled every other call and ``/health/live``). One that does not parse is the call's error
+        (INVALID_ARGUMENT) with one log line at most every ``UNDECODABLE_LOG_INTERVAL_S``: a client sending garbage
+        cannot flood the log, nor get a traceback written."""
+        try:
+            if len(data) >= LARGE_MESSAGE_BYTES:
+                return await self.state.decoder.run(parse, data)
+            return parse(data)
+        except Exception as exc:  # protobuf's DecodeError, or anything else a hostile message triggers
+            error = type(exc).__name__
         now = time.monotonic()
         if now - self.last_undecodable_log >= UNDECODABLE_LOG_INTERVAL_S:
             self.last_undecodable_log = now
             log.warning("gRPC %s: a message that is not a valid request (%s); further ones are not logged for %gs",
-                        method, request.error, UNDECODABLE_LOG_INTERVAL_S)
+                        method, error, UNDECODABLE_LOG_INTERVAL_S)
+        raise ApiError(400, f"the message is not a valid {method} request ({error})")
 
     def authorize(self, context: grpc.aio.ServicerContext) -> None:
         header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
@@ -189,7 +208,7 @@ def unoffered(method: str) -> Handler:
         raise ApiError(501, f"{method} is not offered by this server")
 
     refuse.__name__ = method
-    return call(method)(refuse)
+    return call(method, reads=False)(refuse)
 
 
 for _method in UNOFFERED:
@@ -197,25 +216,26 @@ for _method in UNOFFERED:
 
 
 def method_handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
-    """Every RPC of the service with a deserializer that never raises (``tolerant``), in place of the generated
-    ``add_GRPCInferenceServiceServicer_to_server``."""
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    """Every RPC of the service, in place of the generated ``add_GRPCInferenceServiceServicer_to_server``: a unary
+    one as stream-unary, so that gRPC hands its handler the call before reading its message (``answer`` reads and
+    parses it, after the call's checks), and no deserializer, so that a message that does not parse is the call's
+    own error (gRPC's would be UNKNOWN with a traceback, uncounted)."""
     handlers = {}
-    for method in service.methods:
-        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
-        factory = grpc.stream_stream_rpc_method_handler if method.client_streaming else \
-            grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = factory(getattr(servicer, method.name),
-                                        request_deserializer=tolerant(request.FromString),
+    for method in DESCRIPTOR.methods:
+        response = getattr(pb, method.output_type.name)
+        factory = grpc.stream_stream_rpc_method_handler if method.server_streaming else \
+            grpc.stream_unary_rpc_method_handler
+        handlers[method.name] = factory(getattr(servicer, method.name), request_deserializer=None,
                                         response_serializer=response.SerializeToString)
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+    return grpc.method_handlers_generic_handler(DESCRIPTOR.full_name, handlers)
 
 
 async def start_grpc(state: AppState, settings: Settings) -> grpc.aio.Server | None:
-    """The gRPC server on ``settings.grpc_port`` (None when it is 0): messages bounded like HTTP bodies, calls bounded
-    by ``grpc_max_concurrent_calls`` (counted and refused by the servicer; twice as many refused by gRPC itself before
-    their messages are read, so message bytes in flight stay bounded whatever the servicer does), the port shared by
-    the workers of a multi-process server (SO_REUSEPORT)."""
+    """The gRPC server on ``settings.grpc_port`` (None when it is 0): a message bounded like an HTTP body (gRPC
+    refuses a larger one with RESOURCE_EXHAUSTED), calls by ``grpc_max_concurrent_calls`` and the bytes of messages in
+    progress by ``grpc_max_bytes_in_flight`` (both counted and refused by the servicer; the health calls, exempt from
+    the call bound, by gRPC itself past twice as many calls, before it reads their messages), the port shared by the
+    workers of a multi-process server (SO_REUSEPORT)."""
     if settings.grpc_port == 0:
         return None
     server = grpc.aio.server(maximum_concurrent_rpcs=2 * settings.grpc_max_concurrent_calls,

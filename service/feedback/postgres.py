@@ -15,7 +15,14 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from service.feedback.store import FeedbackStore, FeedbackUnavailable, LoggedPrediction, Row
+from service.feedback.store import (
+    FeedbackStore,
+    FeedbackUnavailable,
+    LoggedPrediction,
+    Row,
+    client_ids,
+    prediction_rows,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS predictions (
@@ -37,13 +44,29 @@ ALTER TABLE predictions ADD COLUMN IF NOT EXISTS client_request_id TEXT;
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
 CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created);
+CREATE TABLE IF NOT EXISTS client_requests (
+    request_id TEXT PRIMARY KEY,
+    client_request_id TEXT NOT NULL,
+    created DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS client_requests_client ON client_requests (client_request_id, created);
+CREATE INDEX IF NOT EXISTS client_requests_created ON client_requests (created);
 """
+# as in the SQLite store: the client's request id is stored once per request in client_requests; the predictions
+# column keeps the ids of rows written before (or by a replica of an earlier release during an upgrade) readable
 INSERT = ("INSERT INTO predictions (request_id, idx, model, version, n_samples, class_index, label, confidence, "
-          "created, client_request_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (request_id, "
+          "created) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (request_id, "
           "idx) DO UPDATE SET model = EXCLUDED.model, version = EXCLUDED.version, n_samples = EXCLUDED.n_samples, "
           "class_index = EXCLUDED.class_index, label = EXCLUDED.label, confidence = EXCLUDED.confidence, "
-          "created = EXCLUDED.created, correct = NULL, feedback_at = NULL, "
-          "client_request_id = EXCLUDED.client_request_id")
+          "created = EXCLUDED.created, correct = NULL, feedback_at = NULL, client_request_id = NULL")
+INSERT_CLIENT_ID = ("INSERT INTO client_requests (request_id, client_request_id, created) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (request_id) DO UPDATE SET client_request_id = EXCLUDED.client_request_id, "
+                    "created = EXCLUDED.created")
+PRUNE_CLIENT_IDS = ("DELETE FROM client_requests WHERE created < COALESCE((SELECT MIN(created) FROM predictions), "
+                    "'Infinity'::double precision)")
+PREDICTION_OF = ("SELECT request_id FROM (SELECT request_id, created FROM client_requests WHERE client_request_id = "
+                 "%s UNION ALL SELECT request_id, created FROM predictions WHERE client_request_id = %s) AS named "
+                 "ORDER BY created DESC LIMIT 1")
 # replicas serialise schema creation and pruning on this advisory lock (any constant of the application's choosing)
 LOCK_KEY = 0x44495245  # "DIRE"
 POOL_MIN, POOL_MAX = 1, 4  # the flusher, /feedback and /metrics at once; more replicas mean more connections
@@ -84,7 +107,8 @@ class PostgresFeedbackStore(FeedbackStore):
 
     def _insert(self, rows: list[Row]) -> None:
         with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
-            cur.executemany(INSERT, rows)
+            cur.executemany(INSERT, prediction_rows(rows))
+            cur.executemany(INSERT_CLIENT_ID, client_ids(rows))
 
     def _prune(self, cutoff: float) -> int:
         with self._connection() as conn:
@@ -99,6 +123,7 @@ class PostgresFeedbackStore(FeedbackStore):
             removed += conn.execute(
                 "DELETE FROM predictions WHERE (request_id, idx) IN (SELECT request_id, idx FROM predictions "
                 "ORDER BY created DESC, request_id DESC, idx DESC OFFSET %s)", (self.max_rows,)).rowcount
+            conn.execute(PRUNE_CLIENT_IDS)
             return removed
 
     def _count(self) -> int:
@@ -113,8 +138,7 @@ class PostgresFeedbackStore(FeedbackStore):
 
     def _prediction_of(self, client_request_id: str) -> str | None:
         with self._connection() as conn:
-            row = conn.execute("SELECT request_id FROM predictions WHERE client_request_id = %s ORDER BY created "
-                               "DESC LIMIT 1", (client_request_id,)).fetchone()
+            row = conn.execute(PREDICTION_OF, (client_request_id, client_request_id)).fetchone()
         return None if row is None else str(row[0])
 
     def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:

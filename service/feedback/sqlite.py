@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from service.feedback.store import FeedbackStore, FeedbackUnavailable, LoggedPrediction, Row
+from service.feedback.store import (
+    FeedbackStore,
+    FeedbackUnavailable,
+    LoggedPrediction,
+    Row,
+    client_ids,
+    prediction_rows,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS predictions (
@@ -28,12 +35,28 @@ CREATE TABLE IF NOT EXISTS predictions (
 );
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
+CREATE TABLE IF NOT EXISTS client_requests (
+    request_id TEXT PRIMARY KEY,
+    client_request_id TEXT NOT NULL,
+    created REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS client_requests_client ON client_requests (client_request_id, created);
+CREATE INDEX IF NOT EXISTS client_requests_created ON client_requests (created);
 """
-# a database written before the client's request id was stored gains the column (NULL for its rows)
+# the client's request id was once a column of every prediction row: a database written then keeps its rows' ids
+# readable there (new rows leave it NULL and store the id once in client_requests); an older one gains the column
 CLIENT_ID_COLUMN = "ALTER TABLE predictions ADD COLUMN client_request_id TEXT"
 CLIENT_ID_INDEX = "CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created)"
 INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
-          "confidence, created, client_request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+          "confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+INSERT_CLIENT_ID = "INSERT OR REPLACE INTO client_requests (request_id, client_request_id, created) VALUES (?, ?, ?)"
+# a client id whose request has no row left goes with it: rows are pruned oldest first, so those are the ones older
+# than the oldest row (all of them when no row is left)
+PRUNE_CLIENT_IDS = ("DELETE FROM client_requests WHERE created < COALESCE((SELECT MIN(created) FROM predictions), "
+                    "9e999)")
+PREDICTION_OF = ("SELECT request_id FROM (SELECT request_id, created FROM client_requests WHERE client_request_id = ? "
+                 "UNION ALL SELECT request_id, created FROM predictions WHERE client_request_id = ?) ORDER BY created "
+                 "DESC LIMIT 1")
 
 
 class SqliteFeedbackStore(FeedbackStore):
@@ -70,7 +93,8 @@ class SqliteFeedbackStore(FeedbackStore):
         with self._database():
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany(INSERT, rows)
+                self._conn.executemany(INSERT, prediction_rows(rows))
+                self._conn.executemany(INSERT_CLIENT_ID, client_ids(rows))
             except BaseException:
                 if self._conn.in_transaction:  # SQLite rolls back itself on some errors (a full disk, SQLITE_FULL)
                     self._conn.execute("ROLLBACK")
@@ -83,6 +107,7 @@ class SqliteFeedbackStore(FeedbackStore):
             cur = self._conn.execute(
                 "DELETE FROM predictions WHERE rowid IN (SELECT rowid FROM predictions ORDER BY created DESC, "
                 "rowid DESC LIMIT -1 OFFSET ?)", (self.max_rows,))
+            self._conn.execute(PRUNE_CLIENT_IDS)
             return removed + cur.rowcount
 
     def _count(self) -> int:
@@ -97,8 +122,7 @@ class SqliteFeedbackStore(FeedbackStore):
 
     def _prediction_of(self, client_request_id: str) -> str | None:
         with self._database():
-            row = self._conn.execute("SELECT request_id FROM predictions WHERE client_request_id = ? ORDER BY "
-                                     "created DESC LIMIT 1", (client_request_id,)).fetchone()
+            row = self._conn.execute(PREDICTION_OF, (client_request_id, client_request_id)).fetchone()
         return None if row is None else str(row[0])
 
     def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:

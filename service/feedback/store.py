@@ -1,6 +1,8 @@
 """Logged predictions and delayed ground truth: the store interface, its write buffer and the choice of backend.
 
-Each predicted input is a row keyed by (request id, input index). ``POST /feedback`` sets its true label;
+Each predicted input is a row keyed by (request id, input index); the client's own request id (``X-Request-ID``, or
+gRPC's OIP ``id``), when there is one, is stored once per request beside them, not once per row, so a request grows
+the store by its rows' fixed size plus one id whatever its id's length. ``POST /feedback`` sets its true label;
 live accuracy and ECE are computed over the latest ``window`` labelled rows of a model version. Rows older
 than ``max_age_s`` or beyond the newest ``max_rows`` are pruned. Two backends keep the same schema and bounds:
 an embedded SQLite file (``service.feedback.sqlite``, the default) and PostgreSQL
@@ -31,7 +33,8 @@ FLUSH_INTERVAL_S = 0.1
 FLUSH_CHUNK = 1000  # rows per transaction: a store short of space still takes a small one once space returns
 Row = tuple[str, int, str, str, int, int, str, float, float, str | None]  # request_id (the prediction id), idx,
 # model, version, n_samples, class_index, label, confidence, created, client_request_id (the X-Request-ID of the
-# request that made it): the columns of an insert, in the schema's order
+# request that made it, shared by its rows in memory and stored once per request: ``client_ids``)
+ClientId = tuple[str, str, float]  # request_id, client_request_id, created: one per request that carried an id
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class FeedbackStore(ABC):
         self._flush_lock = threading.Lock()  # one flush at a time; taken before _pending_lock
         self._pending_lock = threading.Lock()
         self._pending: list[Row] = []  # rows logged and not yet written, oldest first
+        self._writing = 0  # rows a flush has taken from _pending and not yet written
         self._inserts = 0
         self.dropped = 0  # rows dropped unwritten (the buffer past max_rows, or at close)
         self.on_drop: Callable[[int], None] | None = None  # told of every drop (a metric)
@@ -89,8 +93,9 @@ class FeedbackStore(ABC):
 
     @property
     def pending(self) -> int:
-        """Rows logged and not yet written."""
-        return len(self._pending)
+        """Rows logged and not yet written: queued, or in a write still in progress (a write a lock holds up)."""
+        with self._pending_lock:
+            return len(self._pending) + self._writing
 
     def flush(self) -> int:
         """Write the logged rows, oldest first, in transactions of at most ``FLUSH_CHUNK`` rows; returns how many.
@@ -98,6 +103,7 @@ class FeedbackStore(ABC):
         with self._flush_lock:
             with self._pending_lock:
                 rows, self._pending = self._pending, []
+                self._writing = len(rows)
             if not rows:
                 return 0
             written = 0
@@ -106,9 +112,12 @@ class FeedbackStore(ABC):
                     chunk = rows[start : start + FLUSH_CHUNK]
                     self._insert(chunk)
                     written += len(chunk)
+                    with self._pending_lock:
+                        self._writing = len(rows) - written
             except BaseException:
                 with self._pending_lock:  # kept for the next flush, ahead of what came since
                     self._pending[:0] = rows[written:]
+                    self._writing = 0
                     overflow = max(0, len(self._pending) - self.max_rows)
                     del self._pending[:overflow]
                 if overflow:
@@ -194,6 +203,17 @@ class FeedbackStore(ABC):
 
     @abstractmethod
     def _close(self) -> None: ...
+
+
+def prediction_rows(rows: list[Row]) -> list[tuple[str, int, str, str, int, int, str, float, float]]:
+    """The columns of a prediction row, the client's request id left out (``client_ids`` stores it)."""
+    return [row[:9] for row in rows]
+
+
+def client_ids(rows: list[Row]) -> list[ClientId]:
+    """One (request id, client's request id, created) per request among ``rows`` that carried one: a 256-input request
+    stores its client's id once, not 256 times."""
+    return list({row[0]: (row[0], row[9], row[8]) for row in rows if row[9] is not None}.values())
 
 
 def live_ece(rows: list[tuple[float, int]]) -> float:

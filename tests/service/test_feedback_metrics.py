@@ -124,6 +124,68 @@ def test_a_database_from_before_the_request_id_column_is_migrated(tmp_path: Path
     store.close()
 
 
+def on_database(store: FeedbackStore, sql: str) -> list[tuple]:
+    """Run ``sql`` on the store's own database, what is logged written first."""
+    store.flush()
+    if isinstance(store, SqliteFeedbackStore):
+        with store._database():  # the connection's lock: a server's flusher thread shares it
+            return store._conn.execute(sql).fetchall()
+    assert isinstance(store, PostgresFeedbackStore)
+    with store._connection() as conn:
+        cursor = conn.execute(sql)  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []
+
+
+def stored_id_characters(store: FeedbackStore) -> int:
+    """Characters of clients' request ids the store holds, in either place one may sit."""
+    return int(on_database(store, "SELECT (SELECT COALESCE(SUM(LENGTH(client_request_id)), 0) FROM predictions) + "
+                                  "(SELECT COALESCE(SUM(LENGTH(client_request_id)), 0) FROM client_requests)")[0][0])
+
+
+def test_a_requests_client_id_is_stored_once_not_once_per_row(open_store: Callable[..., FeedbackStore]) -> None:
+    """Both backends: a 128-character id on a 256-input request is stored once (it was stored with every row: one gRPC
+    call with a 1 MiB id and 256 texts grew the store by 499 MB); the id goes when its request's rows are pruned."""
+    store = open_store(max_rows=256, max_age_s=3600, window=100)
+    store.log("p1", "m", "1", 4, [(0, "a", 0.9)] * 256, client_request_id="x" * 128)
+    assert stored_id_characters(store) == 128 and store.prediction_of("x" * 128) == "p1"
+    store.log("p2", "m", "1", 4, [(1, "b", 0.8)] * 256)  # the newest max_rows rows: every row of p1 is pruned
+    store.prune()
+    assert store.lookup("p1", 0) is None and store.lookup("p2", 255) is not None
+    assert stored_id_characters(store) == 0 and store.prediction_of("x" * 128) is None
+    store.close()
+
+
+def test_ids_stored_with_every_row_by_an_earlier_release_stay_readable(open_store: Callable[..., FeedbackStore]
+                                                                       ) -> None:
+    """Rows written when the id was a column of each row (an older database, or a replica of the earlier release
+    sharing PostgreSQL during an upgrade) are still found by their id, and a newer prediction under it wins."""
+    store = open_store(max_rows=100, max_age_s=3600, window=100)
+    on_database(store, "INSERT INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
+                       f"confidence, created, client_request_id) VALUES ('old', 0, 'm', '1', 4, 0, 'a', 0.9, "
+                       f"{time.time() - 1}, 'order-1')")
+    assert store.prediction_of("order-1") == "old"
+    store.log("new", "m", "1", 4, [(0, "a", 0.9)], client_request_id="order-1")  # a retry, logged as now
+    assert store.prediction_of("order-1") == "new"
+    store.close()
+
+
+def test_a_long_client_id_grows_the_sqlite_file_by_one_id_at_most(tmp_path: Path) -> None:
+    """The file's growth for 256 rows under a 128-character id is that of the same rows without one, plus at most a
+    page for the id (it was 256 copies in the table and 256 in its index: 16 pages more)."""
+
+    def growth(name: str, client_id: str | None) -> int:
+        store = SqliteFeedbackStore(tmp_path / name, max_rows=1000, max_age_s=3600, window=100)
+        page = store._conn.execute("PRAGMA page_size").fetchone()[0]
+        before = on_database(store, "PRAGMA page_count")[0][0] * page
+        store.log("p" * 32, "m", "1", 4, [(3, "Dress", 0.75)] * 256, client_request_id=client_id)
+        after = on_database(store, "PRAGMA page_count")[0][0] * page
+        store.close()
+        return after - before
+
+    plain, named = growth("plain.sqlite3", None), growth("named.sqlite3", "x" * 128)
+    assert plain > 0 and named - plain <= 4096, (plain, named)
+
+
 def test_feedback_log_is_buffered_then_written_in_one_transaction_and_read_through(tmp_path: Path) -> None:
     """``log`` does no I/O (it runs on the event loop); a read sees what was logged; ``close`` writes the rest."""
     path = tmp_path / "f.sqlite3"
