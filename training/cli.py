@@ -32,6 +32,9 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="what the version serves: auto (default) serves DIRECTOR only where, paired against your "
                         "backbone with the same post-hoc tools, it gains beyond noise and a practical margin and loses "
                         "nowhere; else the post-hoc path (docs/your-own-model.md)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse to publish a version less accurate than your backbone (on validation or the test "
+                        "split, beyond noise); without it such a version is published with a warning")
     p.add_argument("--repository", help="the model repository to export into (default: model_repository)")
     p.add_argument("--version", type=int, help="the version to export (default: one past the highest)")
     p.add_argument("--run-dir", help="where the run's files go (default: runs/<name>)")

@@ -42,6 +42,7 @@ class DataConfig:
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     image_shape: list[int] | None = None
+    max_classes: int = 10_000  # a user's data without a head fixing its classes: more distinct labels are refused
 
 
 @dataclass
@@ -68,8 +69,7 @@ class FitConfig:
     augment: bool = True
     max_steps: int | None = None
     grad_clip: float | None = None  # max gradient norm (None: no clipping)
-    # what fit-backbone trains: the whole backbone, or the head alone on the frozen body (a pretrained checkpoint
-    # without a classification head)
+    # what fit-backbone trains: the whole backbone, or the head alone on the frozen body (a checkpoint without a head)
     train: str = "all"
 
 

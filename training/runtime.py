@@ -126,24 +126,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 class StepProgress:
-    """A bar over a stage's named steps, showing the step under way ("export 3/7: both paths' post-hoc tools")."""
+    """A stage's named steps, each printed as it starts ("export 4/7: the kernel's verdict"): a line per step
+    stays readable in a log, where a bar of unnamed steps updated every few minutes says nothing."""
 
     def __init__(self, stage: str, steps: tuple[str, ...]) -> None:
-        from tqdm import tqdm
-
         self.stage, self.steps, self.index = stage, steps, 0
-        self.bar = tqdm(total=len(steps), leave=False)
-        self._describe()
+        self._announce()
 
-    def _describe(self) -> None:
+    def _announce(self) -> None:
         if self.index < len(self.steps):
-            self.bar.set_description(f"{self.stage} {self.index + 1}/{len(self.steps)}: {self.steps[self.index]}")
+            print(f"{self.stage} {self.index + 1}/{len(self.steps)}: {self.steps[self.index]}", flush=True)
 
     def done(self) -> None:
         """The current step finished; the next one starts."""
         self.index += 1
-        self.bar.update()
-        self._describe()
-
-    def close(self) -> None:
-        self.bar.close()
+        self._announce()

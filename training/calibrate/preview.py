@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig
 from training.data.image_task import image_store
-from training.data.sources import DataError, check_class_count
+from training.data.sources import DataError, LabelLimit, check_class_count
 from training.families.checkpoint import Checkpoint, checkpoint_tokenizer
 
 TEXT_INPUT_BYTES = 2 * 8  # ids and mask, int64 per token
@@ -43,6 +43,19 @@ def check_labels(checkpoint: Checkpoint, labels: list[str], named: bool) -> None
                         "with --set data.labels=[...]")
 
 
+def label_limit(cfg: PipelineConfig, checkpoint: Checkpoint, column: str, hint: str) -> LabelLimit | None:
+    """The most distinct labels the data may hold when they name its classes: the head's count, or
+    ``data.max_classes`` without a head (none when ``data.labels`` names the classes: a label not among them is
+    refused at its row)."""
+    if cfg.data.labels:
+        return None
+    if checkpoint.has_head and checkpoint.num_classes is not None:
+        return LabelLimit(checkpoint.num_classes, f"the checkpoint's head has {checkpoint.num_classes} classes",
+                          column, hint)
+    return LabelLimit(cfg.data.max_classes, f"at most data.max_classes = {cfg.data.max_classes} without a head; "
+                      "--set data.max_classes=N allows more", column, hint)
+
+
 def refuse_unread_texts(root: str, split: str, texts: list[str], tokenizer: Tokenizer) -> None:
     """Texts in which the tokenizer reads nothing but the special tokens it adds ([CLS] and [SEP], or none for a
     decoder's): the model would see the same input for each of them, whatever they say."""
@@ -61,8 +74,10 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         from training.data.sources import load_image_folder
 
         channels, height, width = data.image_shape or (0, 0, 0)
+        limit = label_limit(cfg, checkpoint, "the class folders", "; each class folder is a class")
         dataset, summary = load_image_folder(Path(data.root), channels, height, width, labels, data.val_fraction,
-                                             data.test_fraction, data.split_seed, store=image_store(cfg))
+                                             data.test_fraction, data.split_seed, store=image_store(cfg),
+                                             label_limit=limit)
         inputs = len(dataset.train) + len(dataset.val) + len(dataset.test)
         patch = int(checkpoint.config.get("patch_size") or 16)
         tokens = (height // patch) * (width // patch) + 1
@@ -79,9 +94,11 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         def count_tokens(texts: list[str]) -> list[int]:
             return [len(e.ids) for e in tokenizer.encode_batch(texts)]
 
+        limit = label_limit(cfg, checkpoint, f"the column {data.label_column!r}",
+                            f" Is {data.label_column!r} the labels' column? --label-column names it")
         texts, summary = load_text_table(data.root, data.text_column, data.label_column, labels, data.val_fraction,
                                          data.test_fraction, data.split_seed, cfg.text.max_characters, count_tokens,
-                                         cfg.text.max_length)
+                                         cfg.text.max_length, limit)
         for name, split in (("train", texts.train), ("val", texts.val), ("test", texts.test)):
             refuse_unread_texts(data.root, name, split.texts, tokenizer)
         inputs = len(texts.train) + len(texts.val) + len(texts.test)

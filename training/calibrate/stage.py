@@ -1,9 +1,10 @@
 """Run ``python -m training calibrate``: summarise the data and print the plan (refusing a run this machine cannot
 hold or the server could not serve), write the run's config, then fit-backbone (the checkpoint converted; a missing
 head fitted), distil at each depth candidate in its own sub-run, keep the depth with the best validation NLL, export
-it and put its results page beside it as the model's card. Every stage resumes where it stopped, so rerunning the
-same command after an interruption goes on (``training.calibrate.run_config`` says when a rerun resumes). With
-``--nproc-per-node N`` each depth is distilled in N DDP processes under torchrun."""
+it (with ``--strict``, never a version less accurate than its backbone) and put its results page beside it as the
+model's card. Every stage resumes where it stopped, so rerunning the same command after an interruption goes on
+(``training.calibrate.run_config`` says when a rerun resumes). With ``--nproc-per-node N`` each depth is distilled in
+N DDP processes under torchrun."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from typing import Any
 
 import yaml
 
+from artifact.contract import MANIFEST, parse_manifest
 from training.calibrate.plan import Plan, plan_run
 from training.calibrate.preview import preview_data
 from training.calibrate.run_config import CONFIG_FILE, RunConfig, run_config, run_folder
 from training.config import PipelineConfig, config_dict
 from training.distil.stage import CHECKPOINT_FILE as DISTIL_CHECKPOINT_FILE
 from training.distil.stage import distil
+from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning
 from training.export.stage import export
 from training.families.checkpoint import inspect_checkpoint, parameter_count
 from training.fit.backbone import CHECKPOINT_FILE as FIT_CHECKPOINT_FILE
@@ -103,13 +106,24 @@ def distil_under_torchrun(cfg: PipelineConfig, processes: int, resume: bool) -> 
                              f"{' '.join(command[2:])}")
 
 
+def depth_search_line(candidates: list[int], to_run: list[int]) -> str:
+    """What the depth search will do: the candidates, those it distils and those distilled before (resumed)."""
+    done = [k for k in candidates if k not in to_run]
+    line = f"depth search: K in {candidates}, distilling {len(to_run)}" + (f" (K in {to_run})" if to_run else "")
+    return line + (f"; K in {done} distilled before, resumed" if done else "")
+
+
 def choose_depth(cfg: PipelineConfig, resume: bool, processes: int = 1) -> PipelineConfig:
     """Distil every depth candidate (in ``processes`` DDP ranks when > 1) and return the sub-run of the one with the
     best validation NLL (ties: the smaller K, the cheaper artifact)."""
+    subs = {depth: depth_config(cfg, depth) if depth else cfg
+            for depth in cfg.distil.depth_candidates or [cfg.distil.depth or 0]}
+    to_run = [k for k, sub in subs.items() if not (resume and (Path(sub.run_dir) / DIRECTOR_FILE).exists())]
+    print(depth_search_line(list(subs), to_run), flush=True)
     scores: dict[int, float] = {}
-    for depth in cfg.distil.depth_candidates or [cfg.distil.depth or 0]:
-        sub = depth_config(cfg, depth) if depth else cfg
-        if not (resume and (Path(sub.run_dir) / DIRECTOR_FILE).exists()):
+    for depth, sub in subs.items():
+        if depth in to_run:
+            print(f"depth {to_run.index(depth) + 1} of {len(to_run)}: distilling K={depth}", flush=True)
             if processes > 1:
                 distil_under_torchrun(sub, processes, resume)
             else:
@@ -166,8 +180,14 @@ def calibrate(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         print(f"resuming the run in {run.path.parent} from {', '.join(run.trained)}", flush=True)
     resume = not args.no_resume
     fit_backbone(cfg, resume=resume)
-    version_dir = export(choose_depth(cfg, resume, args.nproc_per_node))
+    try:
+        version_dir = export(choose_depth(cfg, resume, args.nproc_per_node), strict=args.strict)
+    except LessAccurateThanBackbone as err:
+        raise CalibrateError(str(err)) from err
     card = publish_model_card(cfg, version_dir)
     print(f"results page {Path(cfg.export.docs_dir) / f'{cfg.export.name}.md'}, model card {card}", flush=True)
-    print(f"wrote {version_dir}: {cfg.export.name} version {version_dir.name}, which `make serve` serves", flush=True)
+    verdict = parse_manifest(json.loads((version_dir / MANIFEST).read_text())).kernel_verdict
+    warned = " (less accurate than its backbone: see the warning above)" if backbone_warning(verdict) else ""
+    print(f"wrote {version_dir}: {cfg.export.name} version {version_dir.name}, which `make serve` serves{warned}",
+          flush=True)
     return 0

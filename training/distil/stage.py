@@ -105,7 +105,8 @@ def prepare_teacher(cfg: PipelineConfig, family: Family, view: View, prefix: tor
         tau, tau_accuracies = select_tau(view, prefix, floors, data.val.head(dcfg.tau_images), dcfg.tau_grid,
                                          dcfg.tau_tolerance, device, cfg.seed)
     if verbose:
-        print(f"depth {depth} of {view.num_steps}; observed variance: {dcfg.observed_variance}, tau={tau} "
+        print(f"K={depth} (the last {depth} of {view.num_steps} transitions diffused); observed variance: "
+              f"{dcfg.observed_variance}, tau={tau} "
               f"(S=1 val accuracy {tau_accuracies})")
     return Teacher(stats, depth, floors, tau, tau_accuracies)
 

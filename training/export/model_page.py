@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from artifact.contract import Manifest, Ood, Provenance
+from training.export.backbone_accuracy import TEST_SPLIT, backbone_warning
 
 
 def _pct(value: float) -> str:
@@ -192,13 +193,18 @@ def _verdict(manifest: Manifest) -> list[str]:
     verdict = manifest.kernel_verdict
     if verdict is None:
         return []
-    scaled = {"ece", "fpr95"}
+    scaled = {"ece", "fpr95", "accuracy"}
+    # a manifest exported before the accuracy joined the verdict keeps its page's words
+    points = ("ECE, FPR95 and accuracy" if any(c.metric == "accuracy" for c in verdict.comparisons)
+              else "ECE and FPR95")
+    test_read = ("the verdict reads its accuracy alone, so that a DIRECTOR less accurate than its backbone is not "
+                 "served by auto" if any(c.set == TEST_SPLIT for c in verdict.comparisons) else "never used to decide")
     lines = ["## What the kernel adds: DIRECTOR against the post-hoc path", "", verdict.sentence, "",
              "Each row is DIRECTOR as it would be served minus the post-hoc path (the backbone's own forward with the "
              "same post-hoc tools: its own temperature rule and OOD score, chosen by the same rules), paired per "
-             "input, with a 95% interval (docs/method.md, \"The kernel earns its place, or steps aside\"). ECE and "
-             "FPR95 in points. A difference counts only beyond noise and beyond its practical margin, in either "
-             "direction; a gain counts for the kernel on the measures marked *.", "",
+             f"input, with a 95% interval (docs/method.md, \"The kernel earns its place, or steps aside\"). {points} "
+             "in points. A difference counts only beyond noise and beyond its practical margin, in either direction; "
+             "a gain counts for the kernel on the measures marked *.", "",
              "| set | measure | DIRECTOR | post-hoc | difference [95% CI] | beyond noise for | practical margin |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in verdict.comparisons:
@@ -211,7 +217,7 @@ def _verdict(manifest: Manifest) -> list[str]:
                      f"{margin} |")
     paired = _test_metrics(manifest).get("director_minus_posthoc")
     if paired:
-        lines += ["", "On the test split (never used to decide), DIRECTOR minus post-hoc, paired bootstrap: "
+        lines += ["", f"On the test split ({test_read}), DIRECTOR minus post-hoc, paired bootstrap: "
                   + ", ".join(f"{name} {100 * v['difference']:+.2f} points [{100 * v['ci95'][0]:+.2f}, "
                               f"{100 * v['ci95'][1]:+.2f}]" if name != "nll" else
                               f"NLL {v['difference']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}]"
@@ -331,11 +337,18 @@ def _distillation(manifest: Manifest) -> list[str]:
     return lines
 
 
+def _backbone_warning(manifest: Manifest) -> list[str]:
+    """The warning of a version less accurate than its backbone, first on the page (nothing otherwise)."""
+    warning = backbone_warning(manifest.kernel_verdict)
+    return [f"**Warning: less accurate than its backbone.** {warning[0].upper()}{warning[1:]}.", ""] if warning else []
+
+
 def render_results(manifest: Manifest, command: str, reliability_png: str | None) -> str:
     """The page, section by section, read from the typed manifest the server reads too: what the page states is
     what the artifact carries."""
     return "\n".join([
         *_header(manifest, command),
+        *_backbone_warning(manifest),
         *_test_split(manifest),
         *_sampling_choice(manifest),
         *_verdict(manifest),

@@ -4,8 +4,9 @@ manifest needs (docs/architecture.md).
 The steps: calibrate the sampling on validation (noise temperature, default sample count), build and verify the
 TorchScript artifact of DIRECTOR and of the post-hoc path, give each its post-hoc tools (served temperature, OOD score
 and thresholds, reference distributions, a temperature per input), compare them paired (the kernel's verdict, which
-also decides what ``export.method: auto`` serves), measure the test split, write the manifest of the served path and
-the results page. ``ExportParts`` (``training.export.parts``) is what a modality contributes.
+also decides what ``export.method: auto`` serves), measure the test split (its accuracy joins the verdict:
+``training.export.backbone_accuracy``), write the manifest of the served path and the results page. ``ExportParts``
+(``training.export.parts``) is what a modality contributes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from artifact.contract import (
 from training.config import PipelineConfig
 from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import split_rollout_trace
+from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning, with_test_split
 from training.export.figures import SplitFigures, test_split_figures
 from training.export.final_artifact import finish_artifact
 from training.export.model_page import write_results
@@ -248,9 +250,37 @@ def serve_path(run: ExportRun, path: ServedPath, tmp_dir: Path) -> None:
         shutil.copyfile(run_dir / POSTHOC_FILE, tmp_dir / ARTIFACT)
 
 
-def export(cfg: PipelineConfig) -> Path:
+def measure_test_split(run: ExportRun, verdict: KernelVerdict, kernel: ServedPath, plain: ServedPath
+                       ) -> tuple[KernelVerdict, ServedPath, ServedPath, SplitFigures]:
+    """The served path's test figures, and the verdict with the test split's accuracy among its comparisons
+    (``training.export.backbone_accuracy``): where that turns it to the post-hoc path, the figures are measured again
+    with the post-hoc path served. Returns (verdict, served path, other path, figures)."""
+    paths = {"director": (kernel, plain), "posthoc": (plain, kernel)}
+    path, other = paths[verdict.served]
+    figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, run.cfg.seed)
+    checked = with_test_split(verdict, figures.metrics, run.cfg.export)
+    if checked.served != verdict.served:
+        path, other = paths[checked.served]
+        figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, run.cfg.seed)
+    return checked, path, other, figures
+
+
+def refuse_unless_as_accurate(verdict: KernelVerdict, tmp_dir: Path, out_dir: Path) -> None:
+    """``strict``: a version serving a DIRECTOR less accurate than its backbone is not published; its staged files go,
+    and so does its model's folder when nothing else is in it."""
+    warning = backbone_warning(verdict)
+    if warning is None:
+        return
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    if out_dir.parent.is_dir() and not any(out_dir.parent.iterdir()):
+        out_dir.parent.rmdir()
+    raise LessAccurateThanBackbone(f"--strict: {warning}; nothing was published ({out_dir} was not written)")
+
+
+def export(cfg: PipelineConfig, strict: bool = False) -> Path:
     """Calibrate the sampling, stage and verify the artifact, fit both paths' post-hoc tools, compare them (the
-    kernel's verdict), then write the manifest of the one served, swap the version in and write the reports."""
+    kernel's verdict), then write the manifest of the one served, swap the version in and write the reports.
+    ``strict``: refuse (``LessAccurateThanBackbone``) to publish a version less accurate than its backbone."""
     t_start = time.perf_counter()
     set_threads(cfg.threads)
     ecfg = cfg.export
@@ -266,11 +296,12 @@ def export(cfg: PipelineConfig) -> Path:
     kernel, plain = both_paths(run, sampling, artifact_module, served, shift)
     progress.done()
     verdict = kernel_verdict(kernel, plain, run.parts, shift, cfg, run.backbone_parameters)
-    path, other = (kernel, plain) if verdict.served == "director" else (plain, kernel)
     progress.done()
-    figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, cfg.seed)
+    verdict, path, other, figures = measure_test_split(run, verdict, kernel, plain)
     diagnostics = split_rollout_trace(run.director, run.parts.data.test.head(500), cfg.seed)
     progress.done()
+    if strict:
+        refuse_unless_as_accurate(verdict, tmp_dir, out_dir)
     record = provenance(run, sampling, path.temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
     serve_path(run, path, tmp_dir)
     draft = version_manifest(run, path, sampling, verdict, record, tmp_dir)
@@ -281,7 +312,6 @@ def export(cfg: PipelineConfig) -> Path:
     progress.done()
     write_reports(run, manifest, figures)
     progress.done()
-    progress.close()
     metrics = figures.metrics
     served_block = metrics["posthoc"] if path.method == "posthoc" else metrics[f"director_s{kernel.default_samples}"]
     by_score = path.by_score.temperature if path.by_score else None
@@ -291,4 +321,7 @@ def export(cfg: PipelineConfig) -> Path:
           f"ece {metrics['backbone']['ece']:.4f}, served acc {served_block['accuracy']:.4f} "
           f"ece {served_block['ece']:.4f}")
     print(f"kernel verdict: {verdict.sentence}")
+    warning = backbone_warning(verdict)
+    if warning is not None:
+        print(f"warning: {warning}")
     return out_dir

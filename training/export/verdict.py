@@ -2,10 +2,11 @@
 against the post-hoc path with the same post-hoc tools, paired per input, and which of the two a version serves.
 
 Each path comes with its own served temperature rule and its own OOD score, chosen by the same rules on the same
-validation data. They are compared on validation and on the held-out shift (NLL and ECE of the served probabilities)
-and on every OOD-validation family (AUROC and FPR95 of the served score against validation, and the AUROC of the
-worst family). Each comparison is DIRECTOR minus post-hoc with a 95% interval: the paired per-input mean and its
-standard error for the NLL, a paired bootstrap (the same resample for both paths) for the others.
+validation data. They are compared on validation and on the held-out shift (NLL and ECE of the served probabilities;
+on validation also the accuracy, whose practical size is 0) and on every OOD-validation family (AUROC and FPR95 of the
+served score against validation, and the AUROC of the worst family). Each comparison is DIRECTOR minus post-hoc with a
+95% interval: the paired per-input mean and its standard error for the NLL and the accuracy, a paired bootstrap (the
+same resample for both paths) for the others.
 
 Every measure has a practical size (``verdict_ece`` and ``verdict_auroc`` absolute, ``verdict_nll_relative`` of the
 post-hoc path's NLL, ``verdict_fpr95`` absolute). ``export.method: auto`` serves DIRECTOR only when it gains beyond
@@ -33,7 +34,7 @@ from training.export.served_statistics import paired_difference
 from training.metrics import ece, paired_bootstrap
 from training.ood_metrics import auroc, fpr_at_tpr
 
-LOWER_IS_BETTER = {"nll": True, "ece": True, "fpr95": True, "auroc": False, "worst_auroc": False}
+LOWER_IS_BETTER = {"nll": True, "ece": True, "fpr95": True, "auroc": False, "worst_auroc": False, "accuracy": False}
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,18 @@ def calibration_comparisons(set_name: str, director: ScoreInputs, posthoc: Score
     return [nll, calibration]
 
 
+def accuracy_comparison(set_name: str, director: ScoreInputs, posthoc: ScoreInputs, labels: torch.Tensor
+                        ) -> VerdictComparison:
+    """Accuracy, paired per input: the post-hoc path predicts the backbone's own labels (its temperatures rescale the
+    backbone's logits), so this is DIRECTOR against its backbone. Its margin is 0: a DIRECTOR less accurate than its
+    backbone beyond noise is never served by ``auto`` (docs/your-own-model.md)."""
+    right_dir = (director.summary.probabilities.argmax(-1) == labels).double()  # [N]
+    right_post = (posthoc.summary.probabilities.argmax(-1) == labels).double()  # [N]
+    mean, stderr = paired_difference(right_dir - right_post)
+    return comparison(set_name, "accuracy", float(right_dir.mean()), float(right_post.mean()),
+                      (mean - 1.96 * stderr, mean + 1.96 * stderr), margin=0.0)
+
+
 def ood_comparisons(director: PathFigures, posthoc: PathFigures, descriptions: dict[str, str], ecfg: ExportConfig,
                     seed: int) -> list[VerdictComparison]:
     """AUROC and FPR95 of each path's served score, validation against each OOD-validation family, and the AUROC of
@@ -152,7 +165,8 @@ def compare_paths(director: PathFigures, posthoc: PathFigures, val_labels: torch
                   shift_name: str, descriptions: dict[str, str], ecfg: ExportConfig, seed: int
                   ) -> list[VerdictComparison]:
     """Every comparison the verdict reads, in the order the pages show them."""
-    return [*calibration_comparisons("validation", director.val, posthoc.val, val_labels, ecfg, seed, shift=False),
+    return [accuracy_comparison("validation", director.val, posthoc.val, val_labels),
+            *calibration_comparisons("validation", director.val, posthoc.val, val_labels, ecfg, seed, shift=False),
             *calibration_comparisons(shift_name, director.shift, posthoc.shift, shift_labels, ecfg, seed + 1,
                                      shift=True),
             *ood_comparisons(director, posthoc, descriptions, ecfg, seed + 2)]
@@ -160,8 +174,9 @@ def compare_paths(director: PathFigures, posthoc: PathFigures, val_labels: torch
 
 def described(c: VerdictComparison) -> str:
     """One comparison in words: 'NLL on validation +0.012 [+0.004, +0.020]'."""
-    names = {"nll": "NLL", "ece": "ECE", "auroc": "AUROC", "fpr95": "FPR95", "worst_auroc": "worst-family AUROC"}
-    scale = 100.0 if c.metric in ("ece", "fpr95") else 1.0
+    names = {"nll": "NLL", "ece": "ECE", "auroc": "AUROC", "fpr95": "FPR95", "worst_auroc": "worst-family AUROC",
+             "accuracy": "accuracy"}
+    scale = 100.0 if c.metric in ("ece", "fpr95", "accuracy") else 1.0
     unit = " points" if scale == 100.0 else ""
     low, high = c.ci95
     return (f"{names[c.metric]} on {c.set} {scale * c.difference:+.3f}{unit} "

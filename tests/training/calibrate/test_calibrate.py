@@ -351,3 +351,31 @@ def test_a_rerun_over_trained_files_does_what_the_command_says(calibrated: Path,
     assert Path("model_repository/tiny-bert/tiny-bert-reliability.png").is_file()
     assert "foundation issue" not in page and "required" not in page  # the project's targets are not the user's
     assert source_record(str(tmp_path / "docs")) == docs
+
+
+def test_a_label_column_with_too_many_labels_is_refused_in_a_few_words(tmp_path: Path,
+                                                                        run_cli: Callable[..., Done]) -> None:
+    """An id column given as the labels: refused at the row that passes the classes allowed (``data.max_classes``
+    without a head, the head's count with one), the first few labels named, never every count; a missing column
+    names the flags."""
+    ids = write_csv(tmp_path / "ids.csv", [(t, f"id-{i}") for i, (t, _) in enumerate(texts(300, 5))])
+
+    def dry_run(checkpoint: Path, *extra: str) -> Done:
+        return run_cli("calibrate", "--backbone", str(checkpoint), "--data", str(ids), "--name", "ids", "--run-dir",
+                       str(tmp_path / "run"), "--dry-run", *extra)
+
+    bare = dry_run(save_text_checkpoint(tmp_path / "bare", "bert", head=False), "--set", "data.max_classes=20")
+    assert bare.returncode == 2 and len(bare.stderr.splitlines()[-1]) < 500, bare.stderr
+    assert f"{ids}, row 21 (line 22): more than 20 distinct labels in the column 'label' by this row (at most " \
+           "data.max_classes = 20 without a head; --set data.max_classes=N allows more); the first are 'id-0', " \
+           "'id-1'" in bare.stderr and "--label-column names it" in bare.stderr
+    generic = save_text_checkpoint(tmp_path / "generic", "bert")
+    config = json.loads((generic / "config.json").read_text())
+    config["id2label"] = {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}  # a head that names no classes
+    (generic / "config.json").write_text(json.dumps(config))
+    headed = dry_run(generic)
+    assert headed.returncode == 2 and "row 4 (line 5): more than 3 distinct labels" in headed.stderr
+    assert "the checkpoint's head has 3 classes" in headed.stderr, headed.stderr
+    columns = dry_run(generic, "--label-column", "source")
+    assert columns.returncode == 2 and "has no column 'source'" in columns.stderr
+    assert "with --text-column and the labels' with --label-column (now 'text' and 'source')" in columns.stderr

@@ -27,6 +27,7 @@ from transformers import (
     RobertaForSequenceClassification,
     ViTConfig,
     ViTForImageClassification,
+    ViTModel,
 )
 
 from training.data.tokens import train_wordpiece
@@ -118,14 +119,15 @@ def write_image_folder(root: Path, per_class: int, seed: int = 0) -> Path:
     return root
 
 
-def save_vit_checkpoint(folder: Path, kind: str = "vit") -> Path:
-    """A tiny ``kind`` (vit | deit: DeiT with its class and distillation heads) image classifier."""
+def save_vit_checkpoint(folder: Path, kind: str = "vit", head: bool = True) -> Path:
+    """A tiny ``kind`` (vit | deit: DeiT with its class and distillation heads) image classifier, or (vit, not
+    ``head``) a bare ViT encoder, for which calibrate fits a head."""
     torch.manual_seed(0)
     shape = dict(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
                  num_attention_heads=4, intermediate_size=64, num_labels=3,
                  id2label=dict(enumerate(["red", "green", "blue"])), label2id={"red": 0, "green": 1, "blue": 2})
     if kind == "vit":
-        model = ViTForImageClassification(ViTConfig(**shape))
+        model = ViTForImageClassification(ViTConfig(**shape)) if head else ViTModel(ViTConfig(**shape))
     elif kind == "deit":
         model = DeiTForImageClassificationWithTeacher(DeiTConfig(**shape))
     else:

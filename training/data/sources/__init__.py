@@ -19,9 +19,10 @@ Modules: ``errors`` (``DataError``), ``folders`` (listings), ``labels`` (label r
 from models.image_input import IMAGE_CONVERSION, convert_image, image_convert_fields
 from training.data.sources.errors import DataError, check_class_count
 from training.data.sources.images import load_image_folder, read_image
+from training.data.sources.labels import LabelLimit
 from training.data.sources.splits import carve_splits
 from training.data.sources.summary import DataSummary
 from training.data.sources.tables import load_text_table
 
-__all__ = ["IMAGE_CONVERSION", "DataError", "DataSummary", "carve_splits", "check_class_count", "convert_image",
-           "image_convert_fields", "load_image_folder", "load_text_table", "read_image"]
+__all__ = ["IMAGE_CONVERSION", "DataError", "DataSummary", "LabelLimit", "carve_splits", "check_class_count",
+           "convert_image", "image_convert_fields", "load_image_folder", "load_text_table", "read_image"]

@@ -21,7 +21,7 @@ from training.data.image_file import ImageFile
 from training.data.images import Dataset, Split
 from training.data.sources.errors import DataError
 from training.data.sources.folders import entries
-from training.data.sources.labels import Table, resolve_labels
+from training.data.sources.labels import LabelLimit, Table, resolve_labels
 from training.data.sources.splits import SPLIT_ALIASES, Plan, check_classes, overlap_warnings, plan_splits
 from training.data.sources.summary import DataSummary, ImageStats, class_counts, label_kind
 
@@ -159,12 +159,14 @@ def _class_files(folder: Path, limit: int | None, seed: int) -> list[Path]:
 
 
 def _labelled_files(root: Path, class_folders: dict[str, list[Path]], labels: list[str] | None,
-                    limit_per_class: int | None, seed: int
+                    limit_per_class: int | None, seed: int, label_limit: LabelLimit | None = None
                     ) -> tuple[dict[str, list[Path]], dict[str, torch.Tensor], list[str], str]:
     """Each split's files and their class indices [N], by one label rule over every class folder's name, with the
-    class names and how the folder names were read."""
+    class names and how the folder names were read (refused past ``label_limit`` before any image is listed)."""
     every = [folder for folders in class_folders.values() for folder in folders]
     names = Table(str(root), every, [f.name for f in every], places=[f"class folder {f}" for f in every])
+    if label_limit is not None:
+        label_limit.add_table(names)
     (folder_index,), label_names, kind = resolve_labels([names], labels)
     class_of = dict(zip(every, folder_index.tolist(), strict=True))
     paths: dict[str, list[Path]] = {}
@@ -191,18 +193,21 @@ def _decode_splits(plan: Plan, paths: dict[str, list[Path]], targets: dict[str, 
 
 def load_image_folder(root: Path, channels: int, height: int, width: int, labels: list[str] | None,
                       val_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0,
-                      limit_per_class: int | None = None, store: Path | None = None) -> tuple[Dataset, DataSummary]:
+                      limit_per_class: int | None = None, store: Path | None = None,
+                      label_limit: LabelLimit | None = None) -> tuple[Dataset, DataSummary]:
     """A folder of labelled images as a ``Dataset``: ``root/<class>/*`` (val and test carved out) or
     ``root/{train,val,test}/<class>/*`` (a missing val or test carved out of train). Class folders are class names
     or integer indices (see ``resolve_labels``); ``labels`` are the checkpoint's names in index order.
-    ``limit_per_class`` keeps a seeded sample of that many files per class folder. The images stay on disk
-    (``ImageFile``): in ``store``, where a later call with the same files finds them decoded, or in temporary files."""
+    ``limit_per_class`` keeps a seeded sample of that many files per class folder; ``label_limit`` refuses more
+    distinct classes than it allows. The images stay on disk (``ImageFile``): in ``store``, where a later call with the
+    same files finds them decoded, or in temporary files."""
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 (L) or 3 (RGB), got {channels}")
     root = Path(root).expanduser()
     split_folders, layout = _image_layout(root)
     class_folders = _class_folders(split_folders)
-    paths, targets, label_names, kind = _labelled_files(root, class_folders, labels, limit_per_class, seed)
+    paths, targets, label_names, kind = _labelled_files(root, class_folders, labels, limit_per_class, seed,
+                                                        label_limit)
     train_folder = split_folders["train"]
     check_classes(targets["train"], label_names, str(train_folder),
                   f"add a folder {train_folder}/<class>/ with images of each class")

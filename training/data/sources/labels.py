@@ -6,7 +6,8 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,35 @@ class Table:
             return self.places[i]
         line = f" (line {self.lines[i]})" if self.lines is not None else ""
         return f"{self.source}, row {i + 1}{line}"
+
+
+@dataclass
+class LabelLimit:
+    """The most distinct labels the data may hold (``why``: the head's class count, or ``data.max_classes`` without a
+    head), counted as rows are read: a wrong label column (an id, the texts) is refused at the row that passes the
+    limit, before the rest of the file is read, split and summarised."""
+
+    most: int
+    why: str
+    column: str  # what holds the labels, as the error names it
+    hint: str = ""  # what to check, ending the error
+    seen: dict[str, None] = field(default_factory=dict)  # the distinct labels in the order met
+
+    def add(self, raw: Any, where: Callable[[], str]) -> None:
+        """Count one row's raw label; ``where`` names the row, called only for the error."""
+        key = raw.strip() if isinstance(raw, str) else repr(raw)
+        if key in self.seen:
+            return
+        self.seen[key] = None
+        if len(self.seen) > self.most:
+            first = ", ".join(repr(label) for label in list(self.seen)[:8])
+            raise DataError(f"{where()}: more than {self.most} distinct labels in {self.column} by this row "
+                            f"({self.why}); the first are {first}, ...{self.hint}")
+
+    def add_table(self, table: Table) -> None:
+        """Count a table read whole (a Parquet file, a ``datasets`` split, the class folders)."""
+        for i, raw in enumerate(table.labels):
+            self.add(raw, lambda i=i: table.where(i))
 
 
 def _label_value(raw: Any, table: Table, i: int) -> int | str:

@@ -27,8 +27,9 @@ def carve_splits(labels: torch.Tensor, num_classes: int, fractions: dict[str, fl
     proportion, and train keeps at least one example of each class. Rows are sorted within each part."""
     generator = torch.Generator().manual_seed(seed)
     parts: dict[str, list[torch.Tensor]] = {name: [] for name in ("train", *fractions)}
-    for c in range(num_classes):
-        members = (labels == c).nonzero(as_tuple=True)[0]
+    by_class = torch.argsort(labels, stable=True)  # each class's rows in order: one sort, however many classes
+    sizes = torch.bincount(labels, minlength=num_classes)[:num_classes].tolist()
+    for members in torch.split(by_class, sizes):
         members = members[torch.randperm(len(members), generator=generator)]
         takes = {name: carved_count(len(members), f) for name, f in fractions.items()}
         while takes and sum(takes.values()) > max(len(members) - 1, 0):
@@ -70,6 +71,16 @@ class Plan:
     origins: dict[str, str]
 
 
+def _class_sizes(train: torch.Tensor, num_classes: int) -> str:
+    """The training examples per class in a few words, however many classes there are."""
+    counts = torch.bincount(train, minlength=num_classes)
+    if num_classes <= 10:
+        return f"the classes have {counts.tolist()} training examples"
+    few = int((counts < 3).sum())
+    return (f"its {num_classes} classes have {int(counts.min())} to {int(counts.max())} training examples each, "
+            f"{few} of them fewer than 3")
+
+
 def plan_splits(labels: dict[str, torch.Tensor], num_classes: int, val_fraction: float, test_fraction: float,
                 seed: int, sources: dict[str, str]) -> Plan:
     """Train, val and test from the given splits: those not given are carved out of train (seeded, stratified)."""
@@ -91,10 +102,9 @@ def plan_splits(labels: dict[str, torch.Tensor], num_classes: int, val_fraction:
             rows[name] = ("train", carved[name])
             origins[name] = f"carved from train: seed {seed}, fraction {fractions[name]:g}, stratified by class"
         if name in fractions and len(rows[name][1]) == 0:
-            per_class = torch.bincount(labels["train"], minlength=num_classes).tolist()
             raise DataError(
                 f"the {name} split would be empty: it is carved from train ({name}_fraction {fractions[name]:g}) and "
-                f"the classes have {per_class} training examples. Give more data (3 or more examples per class leave "
+                f"{_class_sizes(labels['train'], num_classes)}. Give more data (3 or more examples per class leave "
                 f"one for each of val and test), a larger {name}_fraction, or a {name} split of your own")
         source, index = rows[name]
         rows[name] = (source, index[torch.randperm(len(index), generator=generator)])

@@ -13,7 +13,7 @@ import numpy as np
 
 from training.data.sources.errors import DataError
 from training.data.sources.folders import entries
-from training.data.sources.labels import Table, resolve_labels
+from training.data.sources.labels import LabelLimit, Table, resolve_labels
 from training.data.sources.splits import SPLIT_ALIASES, SPLITS, check_classes, overlap_warnings, plan_splits
 from training.data.sources.summary import DataSummary, Lengths, TextStats, class_counts, label_kind
 from training.data.sources.text_files import TEXT_FORMATS, missing_columns, read_file
@@ -30,19 +30,23 @@ def _import_datasets(what: str) -> Any:
     return datasets
 
 
-def _datasets_table(rows: Any, source: str, columns: tuple[str, str], datasets: Any) -> Table:
+def _datasets_table(rows: Any, source: str, columns: tuple[str, str], datasets: Any, limit: LabelLimit | None
+                    ) -> Table:
     missing_columns(source, rows.column_names, columns)
     data = rows.select_columns(list(columns)).to_dict()
     feature = rows.features[columns[1]]
     names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
-    return Table(source, data[columns[0]], data[columns[1]], class_names=names)
+    table = Table(source, data[columns[0]], data[columns[1]], class_names=names)
+    if limit is not None:
+        limit.add_table(table)
+    return table
 
 
-def _datasets_splits(loaded: Any, source: str, columns: tuple[str, str], datasets: Any
+def _datasets_splits(loaded: Any, source: str, columns: tuple[str, str], datasets: Any, limit: LabelLimit | None
                      ) -> tuple[dict[str, Table], list[str]]:
     """A ``Dataset`` (train only) or a ``DatasetDict``'s train / validation (val, dev) / test splits."""
     if isinstance(loaded, datasets.Dataset):
-        return {"train": _datasets_table(loaded, source, columns, datasets)}, []
+        return {"train": _datasets_table(loaded, source, columns, datasets, limit)}, []
     tables: dict[str, Table] = {}
     names: dict[str, str] = {}
     ignored = []
@@ -54,14 +58,15 @@ def _datasets_splits(loaded: Any, source: str, columns: tuple[str, str], dataset
         if split in tables:
             raise DataError(f"{source} has both the splits {names[split]!r} and {name!r}: keep one")
         names[split] = str(name)
-        tables[split] = _datasets_table(loaded[name], f"{source} split {name!r}", columns, datasets)
+        tables[split] = _datasets_table(loaded[name], f"{source} split {name!r}", columns, datasets, limit)
     if "train" not in tables:
         raise DataError(f"{source} has no train split; its splits are {list(loaded)}")
     notes = [f"splits ignored (not train, validation or test): {', '.join(ignored)}"] if ignored else []
     return tables, notes
 
 
-def _split_files(folder: Path, columns: tuple[str, str]) -> tuple[dict[str, Table], list[str]]:
+def _split_files(folder: Path, columns: tuple[str, str], limit: LabelLimit | None
+                 ) -> tuple[dict[str, Table], list[str]]:
     found: dict[str, Path] = {}
     ignored = []
     for path in entries(folder):
@@ -79,14 +84,16 @@ def _split_files(folder: Path, columns: tuple[str, str]) -> tuple[dict[str, Tabl
                         f"val.* or validation.* and test.*) and is no `datasets` folder written by save_to_disk"
                         + (f"; it holds {ignored}" if ignored else ""))
     notes = [f"files ignored (not train, val, validation or test): {', '.join(ignored)}"] if ignored else []
-    return {split: read_file(found[split], columns) for split in SPLITS if split in found}, notes
+    return {split: read_file(found[split], columns, limit) for split in SPLITS if split in found}, notes
 
 
-def _text_source(path: str, columns: tuple[str, str]) -> tuple[dict[str, Table], str, list[str]]:
-    """The given splits of ``path`` (split -> Table), a description of the source, and notes for the summary."""
+def _text_source(path: str, columns: tuple[str, str], limit: LabelLimit | None
+                 ) -> tuple[dict[str, Table], str, list[str]]:
+    """The given splits of ``path`` (split -> Table), a description of the source, and notes for the summary;
+    ``limit`` refuses it as soon as its labels pass the most distinct labels it may hold."""
     local = Path(path).expanduser()
     if local.is_file():
-        return {"train": read_file(local, columns)}, f"file {local}", []
+        return {"train": read_file(local, columns, limit)}, f"file {local}", []
     if local.is_dir():
         if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
             datasets = _import_datasets(str(local))
@@ -95,9 +102,9 @@ def _text_source(path: str, columns: tuple[str, str]) -> tuple[dict[str, Table],
             except Exception as exc:  # datasets raises several kinds for a damaged folder
                 raise DataError(f"{local} looks like a `datasets` folder but cannot be loaded "
                                 f"({type(exc).__name__}: {exc})") from exc
-            tables, notes = _datasets_splits(loaded, str(local), columns, datasets)
+            tables, notes = _datasets_splits(loaded, str(local), columns, datasets, limit)
             return tables, f"datasets folder {local} (save_to_disk)", notes
-        tables, notes = _split_files(local, columns)
+        tables, notes = _split_files(local, columns, limit)
         return tables, f"folder {local} ({', '.join(Path(t.source).name for t in tables.values())})", notes
     if not _HUB_ID.fullmatch(path) or Path(path).suffix.lower() in TEXT_FORMATS:
         raise DataError(f"{path} does not exist: give a CSV, TSV, JSON lines or Parquet file, a folder of train.* "
@@ -109,7 +116,7 @@ def _text_source(path: str, columns: tuple[str, str]) -> tuple[dict[str, Table],
         raise DataError(f"{path!r} is no local file or folder, and loading it from the Hugging Face hub failed "
                         f"({type(exc).__name__}: {exc}). Check the path, or the dataset id and the internet "
                         "connection (or download it and give the local folder)") from exc
-    tables, notes = _datasets_splits(loaded, f"hub dataset {path}", columns, datasets)
+    tables, notes = _datasets_splits(loaded, f"hub dataset {path}", columns, datasets, limit)
     return tables, f"hub dataset {path}", notes
 
 
@@ -118,7 +125,7 @@ def _text_value(raw: Any, table: Table, i: int, column: str) -> str:
         raise DataError(f"{table.where(i)}: the text is missing; every row needs a text")
     if not isinstance(raw, str):
         raise DataError(f"{table.where(i)}: the text is {raw!r} ({type(raw).__name__}), not a string: is {column!r} "
-                        "the text column?")
+                        "the texts' column? --text-column names it")
     if not raw.strip():
         raise DataError(f"{table.where(i)}: the text is empty or only whitespace; fill it in or remove the row")
     return raw
@@ -138,15 +145,16 @@ def _shared_class_names(tables: dict[str, Table], labels: list[str] | None) -> t
 def load_text_table(path: str, text_column: str = "text", label_column: str = "label",
                     labels: list[str] | None = None, val_fraction: float = 0.1, test_fraction: float = 0.1,
                     seed: int = 0, max_characters: int | None = None,
-                    count_tokens: Callable[[list[str]], list[int]] | None = None, max_length: int | None = None
-                    ) -> tuple[TextDataset, DataSummary]:
+                    count_tokens: Callable[[list[str]], list[int]] | None = None, max_length: int | None = None,
+                    label_limit: LabelLimit | None = None) -> tuple[TextDataset, DataSummary]:
     """Labelled texts as a ``TextDataset``: a file (.csv, .tsv, .jsonl, .json as JSON lines, .parquet), a folder of
     ``train.*`` and optional ``val.*`` / ``validation.*`` / ``test.*`` files, a ``save_to_disk`` folder, or a hub id.
     A split not given is carved out of train. ``count_tokens`` counts the tokens of texts already cut to
     ``max_characters``, as the tokenizer would without truncation (special tokens included): the summary then says
-    how many exceed ``max_length``. Texts are not cut here: the pipeline cuts and truncates them."""
+    how many exceed ``max_length``. Texts are not cut here: the pipeline cuts and truncates them. ``label_limit``
+    refuses the data as soon as its labels pass the most distinct labels it may hold."""
     columns = (text_column, label_column)
-    tables, source, notes = _text_source(path, columns)
+    tables, source, notes = _text_source(path, columns, label_limit)
     for split, table in tables.items():
         if not table.items:
             raise DataError(f"{table.source} holds no rows: the {split} split needs examples")
