@@ -91,6 +91,11 @@ class ForwardGate:
         """Whether it is held exclusively."""
         return self._exclusive
 
+    @property
+    def exclusive_waiting(self) -> int:
+        """How many exclusive requests wait for the gate (they keep new shared turns out)."""
+        return self._exclusive_waiting
+
     def __enter__(self) -> ForwardGate:
         self.acquire()
         return self

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,19 +21,21 @@ import numpy as np
 
 from service.api.admission import Target, match
 from service.engine.batching import BatchWorker
-from tests.service.conftest import Running, copy_version, metric_value, random_pixels, raw_request, serve, settings_for
+from tests.service.conftest import (
+    Running,
+    copy_version,
+    metric_value,
+    random_pixels,
+    raw_request,
+    serve,
+    settings_for,
+    wait_for,
+)
 
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 NO_LAPSE = 3600.0  # request_timeout_s (and slot lapse) far beyond any wait here, so a leaked slot stays visible
 BODY = {"inputs": [{"pixels": random_pixels(np.random.default_rng(0))[0]}], "n_samples": 2}
-
-
-def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 120.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.01)
 
 
 def worker_of(server: Running, model: str) -> BatchWorker:

@@ -28,7 +28,7 @@ from service.engine.device import (
 )
 from service.engine.shapes import WARM_CALLS, BatchShapes, Padding, bucket, bucket_sizes, warm_counts
 from service.observability.metrics import Metrics
-from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value, random_pixels, serve, settings_for
+from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value, random_pixels, serve, settings_for, wait_for
 
 
 # ---------------------------------------------------------------------------------------------- device choice
@@ -238,20 +238,22 @@ def test_the_forward_gate_shares_its_slots_and_lets_one_exclusive_holder_in_alon
     """Unseeded forwards share the gate up to its slots; a seeded batch (exclusive) waits for them, keeps new shared
     turns out while it waits, and runs alone."""
     import threading
-    import time
 
     gate = ForwardGate(slots=2)
     inside, events = [0], []
     most = [0]
     guard = threading.Lock()
+    entered, leave = [threading.Event() for _ in range(2)], threading.Event()
 
-    def shared(name: str, hold_s: float) -> None:
+    def shared(name: str, index: int | None) -> None:
         with gate.shared():
             with guard:
                 inside[0] += 1
                 most[0] = max(most[0], inside[0])
                 events.append(f"{name} in")
-            time.sleep(hold_s)
+            if index is not None:  # one of the first two: hold the turn until told to leave
+                entered[index].set()
+                assert leave.wait(timeout=30)
             with guard:
                 inside[0] -= 1
 
@@ -259,15 +261,16 @@ def test_the_forward_gate_shares_its_slots_and_lets_one_exclusive_holder_in_alon
         with gate, guard:
             events.append(f"exclusive in with {inside[0]} shared")
 
-    first = [threading.Thread(target=shared, args=(f"s{i}", 0.3)) for i in range(2)]
+    first = [threading.Thread(target=shared, args=(f"s{i}", i)) for i in range(2)]
     for thread in first:
         thread.start()
-    time.sleep(0.1)  # both shared turns are taken
+    wait_for(lambda: all(e.is_set() for e in entered), "both shared turns taken")
     writer = threading.Thread(target=exclusive)
     writer.start()
-    time.sleep(0.05)  # the exclusive request waits
-    late = threading.Thread(target=shared, args=("late", 0.0))
-    late.start()
+    wait_for(lambda: gate.exclusive_waiting == 1, "the exclusive request waiting")
+    late = threading.Thread(target=shared, args=("late", None))
+    late.start()  # it cannot get in ahead of the waiting exclusive request, whenever it reaches the gate
+    leave.set()
     for thread in [*first, writer, late]:
         thread.join(timeout=10)
     assert most[0] == 2

@@ -3,7 +3,6 @@ by the repository, used by batching and the predictor, and shown by ``/models`` 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ from service.engine.model_settings import (
 )
 from service.engine.repository import version_key
 from service.engine.shapes import BatchShapes
-from tests.service.conftest import copy_version, serve, settings_for
+from tests.service.conftest import copy_version, serve, settings_for, wait_for
 
 
 def test_the_file_is_validated_key_by_key(tmp_path: Path) -> None:
@@ -56,13 +55,6 @@ def test_settings_merge_and_policies() -> None:
     check_sampling(merged, manifest_default=1, manifest_max=64)
     with pytest.raises(ValueError, match="above the manifest's sampling.max_samples 4"):
         check_sampling(merged, manifest_default=1, manifest_max=4)
-
-
-def wait_for(condition: object, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_a_models_config_is_served_shown_and_reloaded(tiny_artifact: Path, tmp_path: Path) -> None:
@@ -106,7 +98,7 @@ def test_a_models_config_is_served_shown_and_reloaded(tiny_artifact: Path, tmp_p
             return (listed["config_error"] is not None and len(listed["versions"]) == 2
                     and listed["versions"][1]["reload_error"] is not None)
 
-        wait_for(refused_with_reason)
+        wait_for(refused_with_reason, "the bad config refused with its reason")
         listed = httpx.get(f"{running.url}/models/tiny").json()
         typo = "max_qeue: Extra inputs are not permitted"
         first, second = listed["versions"]
@@ -119,7 +111,7 @@ def test_a_models_config_is_served_shown_and_reloaded(tiny_artifact: Path, tmp_p
             return [(v["state"], v["reload_error"], v["serving"]["default_samples"]) for v in listed["versions"]
                     if v["serving"]] == [("ready", None, None)] * 2
 
-        wait_for(both_ready)
+        wait_for(both_ready, "both versions ready")
         answer = httpx.post(f"{running.url}/predict", json={"inputs": [{"pixels": [[0.5] * 28] * 28}]}).json()
         manifest_default = running.app_state.repository.default_version("tiny").artifact.default_samples
         assert answer["n_samples"] == manifest_default
@@ -158,7 +150,7 @@ def test_a_config_replaced_while_a_scan_reads_it_is_applied_by_the_next_scan(
             listed = httpx.get(f"{running.url}/models/tiny").json()
             return listed["config_error"] is not None and listed["versions"][0]["reload_error"] is not None
 
-        wait_for(reported, timeout_s=30.0)
+        wait_for(reported, "the config error reported", timeout_s=30.0)
         version = httpx.get(f"{running.url}/models/tiny").json()["versions"][0]
         assert "max_qeue: Extra inputs are not permitted" in version["reload_error"]
         assert version["state"] == "ready"

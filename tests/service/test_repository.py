@@ -9,13 +9,12 @@ import json
 import shutil
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from tests.service.conftest import copy_version, metric_value, random_pixels, serve, settings_for
+from tests.service.conftest import copy_version, metric_value, random_pixels, serve, settings_for, wait_for
 
 
 def break_artifacts(tiny_artifact: Path, repository: Path) -> None:
@@ -143,26 +142,19 @@ def test_loaded_versions_are_frozen_out_of_garbage_collection_until_shutdown(tin
         first_worker = weakref.ref(first.worker)
         del first
         copy_version(tiny_artifact, repository, "tiny", "2")
-        wait_until(lambda: httpx.get(f"{server.url}/models/tiny").json()["default_version"] == "2",
+        wait_for(lambda: httpx.get(f"{server.url}/models/tiny").json()["default_version"] == "2",
                    "version 2 ready")
-        wait_until(lambda: gc.get_freeze_count() > frozen_at_start, "version 2 frozen", deadline_s=10)
+        wait_for(lambda: gc.get_freeze_count() > frozen_at_start, "version 2 frozen", timeout_s=10)
         body = {"inputs": [{"pixels": random_pixels(np.random.default_rng(2))[0]}], "n_samples": 2}
         assert httpx.post(f"{server.url}/predict", json=body, timeout=30).json()["model_version"] == "2"
         shutil.rmtree(repository / "tiny" / "1")
-        wait_until(lambda: first_module() is None and first_worker() is None, "version 1 freed after its removal",
-                   deadline_s=30)
+        wait_for(lambda: first_module() is None and first_worker() is None, "version 1 freed after its removal",
+                   timeout_s=30)
     assert gc.get_freeze_count() == 0
 
 
 def series(server_url: str, name: str, **labels: str) -> float | None:
     return metric_value(httpx.get(f"{server_url}/metrics").text, name, **labels)
-
-
-def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path, tmp_path: Path) -> None:
@@ -182,10 +174,10 @@ def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path
         assert metric_value(text, "director_predictions_total", **v1) == 0.0  # no request yet
 
         copy_version(tiny_artifact, repository, "tiny", "2")
-        wait_until(lambda: series(server.url, "director_queue_capacity", model="tiny", version="2") == 7.0,
+        wait_for(lambda: series(server.url, "director_queue_capacity", model="tiny", version="2") == 7.0,
                    "version 2's series")
         shutil.rmtree(repository / "tiny" / "1")
-        wait_until(lambda: series(server.url, "director_queue_capacity", **v1) is None, "version 1's removal")
+        wait_for(lambda: series(server.url, "director_queue_capacity", **v1) is None, "version 1's removal")
         text = httpx.get(f"{server.url}/metrics").text
         assert metric_value(text, "director_reference_accuracy_ratio", **v1) is None
         assert metric_value(text, "director_reference_confidence_ratio", **v1, quantile="0.1") is None
@@ -195,7 +187,7 @@ def test_reference_and_capacity_series_follow_the_repository(tiny_artifact: Path
         # version 2 replaced in place by a folder that cannot load: it keeps serving its earlier files, so its series
         # stay, and /models says why it did not change
         (repository / "tiny" / "2" / "manifest.json").write_text(json.dumps({**manifest, "format_version": "9.0"}))
-        wait_until(lambda: any(v["reload_error"] for v in httpx.get(f"{server.url}/models/tiny").json()["versions"]),
+        wait_for(lambda: any(v["reload_error"] for v in httpx.get(f"{server.url}/models/tiny").json()["versions"]),
                    "version 2's failed reload")
         text = httpx.get(f"{server.url}/metrics").text
         assert metric_value(text, "director_reference_accuracy_ratio", model="tiny", version="2") is not None

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from service.engine.artifact import ood_rule
-from tests.service.conftest import TEXT_MODEL, Running, copy_version, serve, settings_for
+from tests.service.conftest import TEXT_MODEL, Running, copy_version, serve, settings_for, wait_for
 from tests.service.test_oip import pixels_input
 
 
@@ -121,8 +120,9 @@ def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {KEY}"}
 
 
-def test_unload_then_load_over_tritonclient(controlled: tuple[Running, triton.InferenceServerClient]) -> None:
-    _, client = controlled
+def test_unload_then_load_over_tritonclient(controlled: tuple[Running, triton.InferenceServerClient],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    running, client = controlled
     assert index(client) == {"tiny/1": "READY", "broken/1": "UNAVAILABLE"}
     client.unload_model("tiny", headers=auth())
     assert not client.is_model_ready("tiny", headers=auth())
@@ -130,7 +130,15 @@ def test_unload_then_load_over_tritonclient(controlled: tuple[Running, triton.In
         client.infer("tiny", [pixels_input(1, binary=True)], headers=auth())
     assert raised.value.status() == "404"
     assert index(client) == {"broken/1": "UNAVAILABLE", "tiny/": "UNAVAILABLE"}  # unloaded: listed by name
-    time.sleep(0.5)  # five polls of the repository
+    repository, scans = running.app_state.repository, []
+    scan = repository.scan
+
+    async def counted_scan() -> None:
+        await scan()
+        scans.append(1)
+
+    monkeypatch.setattr(repository, "scan", counted_scan)
+    wait_for(lambda: len(scans) >= 5, "five polls of the repository")
     assert not client.is_model_ready("tiny", headers=auth())  # polling leaves an unloaded model alone
     client.load_model("tiny", headers=auth())
     assert client.is_model_ready("tiny", headers=auth())
