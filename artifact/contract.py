@@ -24,13 +24,14 @@ from pydantic import (
     model_validator,
 )
 
+from artifact.conformal import Conformal as Conformal
 from artifact.section import Section as Section  # re-exported: the contract's readers import them from here
 from artifact.verdict import KernelVerdict as KernelVerdict
 from artifact.verdict import VerdictComparison as VerdictComparison
 
 # a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone;
-# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict)
-FORMAT_VERSION = "1.5"
+# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict; 1.6 conformal)
+FORMAT_VERSION = "1.6"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -275,6 +276,7 @@ class Manifest(Section):
     ood: Ood
     reference: Reference | None = None
     kernel_verdict: KernelVerdict | None = None  # whether the kernel earns its place on this model (1.5)
+    conformal: Conformal | None = None  # prediction sets and abstentions: the calibration split's scores (1.6)
     artifact: ArtifactInfo | None = None
     provenance: Provenance | None = None
     files: dict[str, FileDigest]  # every file of the folder but the manifest (``file_digests``)

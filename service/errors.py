@@ -129,7 +129,8 @@ def register_error_handlers(app: FastAPI) -> None:
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "undecodable input (bad base64, not PNG/JPEG, invalid JSON, OIP text "
-                                            "not UTF-8)"},
+                                            "not UTF-8), or coverage / max_risk asked of a version without a "
+                                            "conformal calibration"},
     401: {"model": ErrorBody, "description": "API key configured and missing or wrong"},
     404: {"model": ErrorBody, "description": "unknown model or version"},
     408: {"model": ErrorBody, "description": "the request body did not arrive in full within DIRECTOR_BODY_TIMEOUT_S "

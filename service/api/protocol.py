@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from service.engine.codecs.base import Base64Image, Loc, PixelValues, RawInput, Text
+from service.engine.decisions import DecisionRequest
 from service.engine.texts import surrogate_message
 
 SEED_MAX = 2**63 - 1
@@ -79,6 +80,25 @@ class PredictRequest(BaseModel):
                              "torch.manual_seed(seed) (a JSON integer): the same request gives the same answer")
     return_probabilities: bool = Field(True, strict=True, description="include the label -> probability map per "
                                                                       "input")
+    coverage: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, description=(
+        "return each input's prediction_set: the labels a split-conformal rule keeps so that the true label is in "
+        "the set with at least this probability, marginally over exchangeable inputs (the version's range, usually "
+        "[0.5, 0.999]; 400 for a version exported without a conformal calibration)"))
+    conformal_score: Literal["lac", "aps", "raps"] | None = Field(None, description=(
+        "the nonconformity score of the sets (lac: 1 - p; aps: the mass ranked at or above the label; raps: aps with "
+        "a rank penalty); the version's default when omitted"))
+    class_conditional: bool = Field(False, strict=True, description="sets with the coverage within each true class "
+                                                                   "(Mondrian), not only on average")
+    max_risk: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, description=(
+        "return each input's abstain flag: answered only when its confidence reaches the threshold chosen on the "
+        "calibration split so that the error rate among answered inputs is at most max_risk with probability "
+        "1 - delta (Learn then Test)"))
+    abstain_if_ood: bool = Field(True, strict=True, description="with max_risk: an OOD-flagged input abstains "
+                                                                "whatever its confidence")
+
+    def decision_request(self) -> DecisionRequest:
+        return DecisionRequest(self.coverage, self.max_risk, self.conformal_score, self.class_conditional,
+                               self.abstain_if_ood)
 
 
 class Prediction(BaseModel):
@@ -99,6 +119,11 @@ class Prediction(BaseModel):
     truncated: bool | None = Field(None, description="text models: true when the text had more tokens than "
                                                      "input.max_length and was truncated as the manifest says")
     dropped_tokens: int | None = Field(None, description="text models: tokens cut off by truncation (0 if none)")
+    prediction_set: list[str] | None = Field(None, description="with coverage: the labels kept, most probable first "
+                                                               "(may be empty or every label)")
+    set_size: int | None = Field(None, description="with coverage: the number of labels in prediction_set")
+    abstain: bool | None = Field(None, description="with max_risk: true when the input should go to a person "
+                                                   "(confidence under the threshold, or flagged OOD)")
 
 
 class OodInfo(BaseModel):
@@ -107,6 +132,20 @@ class OodInfo(BaseModel):
     threshold: float = Field(..., description="is_ood = ood_score > threshold")
     calibrated_n_samples: int = Field(..., description="sample count the threshold was calibrated at")
     note: str | None = Field(None, description="set when n_samples has no calibrated threshold of its own")
+
+
+class DecisionInfo(BaseModel):
+    coverage: float | None = Field(None, description="the coverage the sets were built for")
+    conformal_score: str | None = Field(None, description="the nonconformity score of the sets")
+    class_conditional: bool | None = Field(None, description="sets with the coverage within each class")
+    max_risk: float | None = Field(None, description="the requested bound on the error rate of answered inputs")
+    risk_level: float | None = Field(None, description="the calibrated risk level used: the largest at or below "
+                                                       "max_risk (its guarantee is at least as strict)")
+    confidence_threshold: float | None = Field(None, description="answered when confidence >= this (null: no "
+                                                                 "threshold meets the risk; every input abstains)")
+    delta: float | None = Field(None, description="the guarantee's failure probability over calibration splits")
+    abstain_if_ood: bool | None = Field(None, description="OOD-flagged inputs abstain")
+    reason: str | None = Field(None, description="why every input abstains, when that is the answer")
 
 
 class Timings(BaseModel):
@@ -130,6 +169,7 @@ class PredictResponse(BaseModel):
     n_samples: int = Field(..., description="stochastic samples per input that were run")
     ood: OodInfo = Field(..., description="the OOD rule applied to every input at this sample count")
     predictions: list[Prediction] = Field(..., description="one per input, in request order")
+    decisions: DecisionInfo | None = Field(None, description="with coverage or max_risk: the rules applied")
     timings: Timings = Field(..., description="where the server's time went")
 
 

@@ -37,6 +37,7 @@ from models.uncertainty import (
 )
 from service.engine.codecs import codec_for
 from service.engine.codecs.base import Codec
+from service.engine.decisions import VersionDecisions
 from service.engine.device import Device
 from service.engine.exported_artifact import CannotRun, CompiledDirector, load_compiled
 from service.engine.shapes import WARM_CALLS, warm_counts
@@ -158,6 +159,7 @@ class Artifact:
     manifest: Manifest
     module: torch.jit.ScriptModule | CompiledDirector  # the manifest's artifact.format
     codec: Codec  # the model's inputs: decoding, batch cost, forwards, protocol tensors
+    decisions: VersionDecisions | None = None  # prediction sets and abstentions (a manifest with a conformal part)
 
     @cached_property
     def scored(self) -> bool:
@@ -225,7 +227,11 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
         codec = codec_for(manifest, folder)
     except ValueError as exc:
         raise ArtifactError(str(exc)) from exc
-    artifact = Artifact(folder, manifest, module, codec)
+    try:
+        decisions = VersionDecisions.load(folder, manifest)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"conformal file: {error_line(exc)}") from exc
+    artifact = Artifact(folder, manifest, module, codec, decisions)
     if artifact.scored and not hasattr(module, "scored_rows"):
         raise ArtifactError("the manifest's OOD score or temperature needs per-input scores but the artifact has no "
                             "scored_rows")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +20,7 @@ from service.config import Settings
 from service.engine.artifact import ArtifactError, OodRule, ood_rule
 from service.engine.batching import BatchResult, Draining, QueueFull, Ticket
 from service.engine.codecs.base import InputBatch, InputLimits, RawInput, Text
+from service.engine.decisions import DecisionRequest, Decisions, VersionDecisions
 from service.engine.decoding import DecodePool
 from service.engine.device import DeviceOutOfMemory
 from service.engine.repository import ModelRepository, ModelVersion, ReadyVersion, VersionState
@@ -49,6 +51,7 @@ class Outcome:
     batch: BatchResult
     extras: Mapping[str, list[Any]] = field(default_factory=dict)  # per-input facts from the codec (texts: tokens)
     client_request_id: str | None = None  # the request's X-Request-ID, logged with it for /feedback
+    decisions: Decisions | None = None  # prediction sets and abstentions, when the request asked for them
 
 
 class Predictor:
@@ -104,16 +107,44 @@ class Predictor:
         return count
 
     async def predict(self, entry: ReadyVersion, inputs: RawInputs, n_samples: int, seed: int | None,
-                      ticket: Ticket | None = None, request_id: str | None = None) -> Outcome:
+                      ticket: Ticket | None = None, request_id: str | None = None,
+                      ask: DecisionRequest | None = None) -> Outcome:
         """Decode ``inputs`` with the model's codec on a queue slot of the version (the one admission reserved, if
-        it is this version's) and run them; ``request_id`` (the client's) is logged with the predictions."""
+        it is this version's) and run them; ``request_id`` (the client's) is logged with the predictions; ``ask``:
+        the prediction sets and abstentions the request wants (``service.engine.decisions``)."""
+        decisions = self.decisions_for(entry, ask)
         with self.queue_slot(entry, ticket) as slot:
             try:  # a sample count the manifest has no usable threshold for is refused before anything is decoded
                 rule = ood_rule(entry.artifact.manifest.ood, n_samples)
             except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
                 raise invalid(str(exc), ["body", "n_samples"]) from exc
             batch = await self.decoder.run(self.decode, entry, inputs)
-            return await self.run(entry, batch, n_samples, seed, rule, slot, request_id)
+            outcome = await self.run(entry, batch, n_samples, seed, rule, slot, request_id)
+        if decisions is None or ask is None:
+            return outcome
+        return dataclasses.replace(outcome, decisions=decisions.decide(outcome.summary.probabilities, outcome.is_ood,
+                                                                       ask))
+
+    @staticmethod
+    def decisions_for(entry: ReadyVersion, ask: DecisionRequest | None) -> VersionDecisions | None:
+        """The version's conformal part when the request asks for sets or abstentions: 400 when it has none (it was
+        exported without one), 422 when it cannot answer what is asked; checked before anything is queued."""
+        if ask is None:
+            return None
+        incomplete = ask.incomplete()
+        if incomplete is not None:
+            raise invalid(incomplete, ["body"])
+        if not ask.asked:
+            return None
+        decisions = entry.artifact.decisions
+        if decisions is None:
+            raise ApiError(400, f"model {shown(entry.name)} version {entry.version} has no conformal calibration, so "
+                                "it answers neither coverage nor max_risk: export the model again (python -m training "
+                                "export, or calibrate) to give its version one")
+        problem = decisions.problem(ask)
+        if problem is not None:
+            raise invalid(problem, ["body"])
+        return decisions
 
     def decode(self, entry: ReadyVersion, inputs: RawInputs) -> InputBatch:
         """The server's size limits (inputs per request, characters per text, whatever the model), then the codec.

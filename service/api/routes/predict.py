@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, File, Form, Request, Response, UploadFile
@@ -15,6 +15,7 @@ from service.api.protocol import PredictRequest, PredictResponse, raw_inputs
 from service.api.request_context import request_id_of
 from service.api.routes.client_gone import unless_client_leaves
 from service.engine.codecs.base import EncodedImage
+from service.engine.decisions import DecisionRequest, Decisions
 from service.engine.predictor import Outcome
 from service.errors import ERROR_RESPONSES, too_large
 
@@ -68,6 +69,7 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
                           is_ood=flag)
         prediction.update({name: values[i] for name, values in outcome.extras.items()})
         predictions.append(prediction)
+    decided = decisions_json(outcome.decisions, labels, predictions)
     rule, batch = outcome.rule, outcome.batch
     ood: dict[str, Any] = {"score": rule.score, "threshold": rule.threshold,
                            "calibrated_n_samples": rule.calibrated_samples}
@@ -80,7 +82,29 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
     if batch.padded_length is not None:
         timings["batch_padded_length"] = batch.padded_length
     return JsonBody({"id": outcome.id, "model": entry.name, "model_version": entry.version,
-                     "n_samples": outcome.n_samples, "ood": ood, "predictions": predictions, "timings": timings})
+                     "n_samples": outcome.n_samples, "ood": ood, "predictions": predictions,
+                     **({"decisions": decided} if decided else {}), "timings": timings})
+
+
+def decisions_json(decisions: Decisions | None, labels: list[str], predictions: list[dict[str, Any]]
+                   ) -> dict[str, Any] | None:
+    """Each prediction's set and abstention (added to ``predictions``) and the response's ``decisions`` object, its
+    unset fields left out; None when the request asked for neither."""
+    if decisions is None:
+        return None
+    for i, prediction in enumerate(predictions):
+        if decisions.sets is not None:
+            prediction["prediction_set"] = [labels[c] for c in decisions.sets[i]]
+            prediction["set_size"] = len(decisions.sets[i])
+        if decisions.abstain is not None:
+            prediction["abstain"] = decisions.abstain[i]
+    info = {"coverage": decisions.coverage, "conformal_score": decisions.score,
+            "class_conditional": decisions.class_conditional if decisions.sets is not None else None,
+            "max_risk": decisions.max_risk, "risk_level": decisions.risk_level,
+            "confidence_threshold": decisions.confidence_threshold, "delta": decisions.delta,
+            "abstain_if_ood": decisions.abstain_if_ood if decisions.abstain is not None else None,
+            "reason": decisions.reason}
+    return {k: v for k, v in info.items() if v is not None}
 
 
 @router.post("/predict", response_model=PredictResponse, response_model_exclude_none=True,
@@ -99,7 +123,8 @@ async def predict(body: PredictRequest, state: AppStateDep, request: Request) ->
     entry = predictor.resolve(body.model, body.version)
     n_samples = predictor.samples(entry, body.n_samples)
     outcome = await unless_client_leaves(request, predictor.predict(
-        entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope), request_id_of(request.scope)))
+        entry, raw_inputs(body.inputs), n_samples, body.seed, ticket_of(request.scope), request_id_of(request.scope),
+        body.decision_request()))
     return to_response(outcome, body.return_probabilities, started)
 
 
@@ -115,6 +140,11 @@ async def predict_image(
     n_samples: Annotated[int | None, Form(ge=1, description="stochastic samples")] = None,
     seed: Annotated[int | None, Form(ge=0, le=2**63 - 1, description="reproducible run")] = None,
     return_probabilities: Annotated[bool, Form(description="include the label -> probability map")] = True,
+    coverage: Annotated[float | None, Form(gt=0, lt=1, description="prediction set at this coverage")] = None,
+    conformal_score: Annotated[Literal["lac", "aps", "raps"] | None, Form(description="the sets' score")] = None,
+    class_conditional: Annotated[bool, Form(description="coverage within each class")] = False,
+    max_risk: Annotated[float | None, Form(gt=0, lt=1, description="abstain above this risk")] = None,
+    abstain_if_ood: Annotated[bool, Form(description="OOD-flagged inputs abstain")] = True,
 ) -> Response:
     started = time.perf_counter()
     predictor = state.predictor
@@ -125,5 +155,6 @@ async def predict_image(
         raise too_large(f"file larger than {state.settings.max_body_bytes} bytes")
     outcome = await unless_client_leaves(request, predictor.predict(
         entry, [EncodedImage(data, ["body", "file"])], count, seed, ticket_of(request.scope),
-        request_id_of(request.scope)))
+        request_id_of(request.scope),
+        DecisionRequest(coverage, max_risk, conformal_score, class_conditional, abstain_if_ood)))
     return to_response(outcome, return_probabilities, started)

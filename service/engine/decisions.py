@@ -1,0 +1,132 @@
+"""Prediction sets and abstentions per request (docs/method.md, "Acting on uncertainty: prediction sets and
+abstentions"; docs/api.md): a version's conformal file, loaded once with its artifact (``VersionDecisions``), answers
+what a request asks (``DecisionRequest``) for the probabilities its batch served.
+
+- ``coverage`` -> each input's prediction set: every label whose nonconformity score is at most the split-conformal
+  threshold at that coverage, most probable first (``models.conformal``);
+- ``max_risk`` -> each input's abstention: answered when its confidence reaches the Learn-then-Test threshold of the
+  largest risk level in the manifest at or below ``max_risk`` (a smaller level's guarantee is stricter, so it holds
+  for ``max_risk`` too; ``models.selective``). An OOD-flagged input abstains too unless the request says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from artifact.conformal import Conformal, read_conformal_file
+from artifact.contract import Manifest
+from models.conformal import ConformalTable, ScoreRule
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    """What a request asks beyond the prediction: a coverage for its sets, a risk for its abstentions, or both."""
+
+    coverage: float | None = None
+    max_risk: float | None = None
+    score: str | None = None  # the conformal score; the manifest's default when None
+    class_conditional: bool = False
+    abstain_if_ood: bool = True
+
+    @property
+    def asked(self) -> bool:
+        return self.coverage is not None or self.max_risk is not None
+
+    def incomplete(self) -> str | None:
+        """A set's options without a coverage, or abstain_if_ood off without a max_risk, would be dropped: why."""
+        if self.coverage is None and (self.score is not None or self.class_conditional):
+            return "conformal_score and class_conditional shape prediction sets: give coverage too"
+        if self.max_risk is None and not self.abstain_if_ood:
+            return "abstain_if_ood applies to abstentions: give max_risk too"
+        return None
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """A request's answers: per input a set (label indices, most probable first) and an abstention, each None when
+    not asked, with the rule that gave them."""
+
+    sets: list[list[int]] | None
+    abstain: list[bool] | None
+    coverage: float | None
+    score: str | None
+    class_conditional: bool
+    max_risk: float | None
+    risk_level: float | None  # the manifest's level whose threshold answered max_risk
+    confidence_threshold: float | None  # None with max_risk: no threshold meets it, every input abstains
+    delta: float | None
+    reason: str | None  # why every input abstains, when none could be answered
+    abstain_if_ood: bool = True
+
+
+class VersionDecisions:
+    """A version's conformal tables and selective thresholds, from its manifest's ``conformal`` section and file."""
+
+    def __init__(self, section: Conformal, document: dict, num_classes: int) -> None:
+        self.section = section
+        self.tables: dict[str, ConformalTable] = {}
+        for name in section.scores:
+            rule = ScoreRule(name, section.raps_penalty, section.raps_free_ranks) if name == "raps" else \
+                ScoreRule(name)
+            per_class = tuple(torch.tensor(s, dtype=torch.float64) for s in document["per_class"][name]) \
+                if section.class_conditional else ()
+            self.tables[name] = ConformalTable(rule, torch.tensor(document["scores"][name], dtype=torch.float64),
+                                               per_class)
+        self.thresholds = {float(level): value for level, value in document["selective"]["thresholds"].items()}
+        self.num_classes = num_classes
+
+    @classmethod
+    def load(cls, folder: Path, manifest: Manifest) -> VersionDecisions | None:
+        """The version's decisions, or None when its manifest has no conformal part (exported before format 1.6)."""
+        if manifest.conformal is None:
+            return None
+        document = read_conformal_file(folder, manifest.conformal, len(manifest.labels))
+        return cls(manifest.conformal, document, len(manifest.labels))
+
+    def problem(self, ask: DecisionRequest) -> str | None:
+        """Why this version cannot answer ``ask`` (a request error), or None."""
+        low, high = self.section.coverage_range
+        if ask.coverage is not None and not low <= ask.coverage <= high:
+            return f"coverage must be in [{low}, {high}] for this version, got {ask.coverage}"
+        if ask.score is not None and ask.score not in self.tables:
+            return f"conformal_score {ask.score!r} is not calibrated for this version; it has {list(self.tables)}"
+        if ask.class_conditional and not self.section.class_conditional:
+            return "this version has no class-conditional calibration"
+        return None
+
+    def decide(self, probs: torch.Tensor, is_ood: list[bool], ask: DecisionRequest) -> Decisions:
+        """The answers for a request's served probabilities ``[n, C]`` and its OOD flags."""
+        score = ask.score or self.section.default_score
+        sets = None
+        if ask.coverage is not None:
+            table = self.tables[score]
+            if not ask.class_conditional:
+                table = ConformalTable(table.rule, table.marginal)
+            sets = table.sets(probs, ask.coverage)
+        abstain, level, threshold, reason = None, None, None, None
+        if ask.max_risk is not None:
+            level, threshold, reason = self.selective_rule(ask.max_risk)
+            confidence = probs.max(dim=1).values.tolist()  # [n]
+            abstain = [threshold is None or c < threshold or (flag and ask.abstain_if_ood)
+                       for c, flag in zip(confidence, is_ood, strict=True)]
+        return Decisions(sets, abstain, ask.coverage, score if sets is not None else None, ask.class_conditional,
+                         ask.max_risk, level, threshold, self.section.selective_delta if abstain is not None else None,
+                         reason, ask.abstain_if_ood)
+
+    def selective_rule(self, max_risk: float) -> tuple[float | None, float | None, str | None]:
+        """(the level used, its confidence threshold, why every input abstains): the largest level <= ``max_risk``."""
+        levels = [level for level in self.thresholds if level <= max_risk + 1e-12]
+        if not levels:
+            return None, None, (f"max_risk {max_risk} is below the smallest risk level this version was calibrated "
+                                f"for ({min(self.thresholds)}): every input abstains")
+        level = max(levels)
+        threshold = self.thresholds[level]
+        if threshold is None or math.isnan(threshold):
+            return level, None, (f"no confidence threshold keeps the error rate of answered inputs at or below {level} "
+                                 f"with probability {1 - self.section.selective_delta:g} on this version's "
+                                 "calibration split: every input abstains")
+        return level, float(threshold), None
