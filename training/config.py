@@ -137,39 +137,41 @@ class ExportConfig:
     sample_counts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     threshold_images: int = 2000
     ood_validation_images: int = 2000
-    # a user's OOD-validation set (a folder of PNG/JPEG images or a UTF-8 text file, one input per line:
-    # training.data.ood_validation): one more family beside the built-in ones (training.data.ood_families) that choose
-    # the served score, its regret weighted by ood_validation_weight
+    # a user's OOD-validation set (images folder or a text file, one input per line: training.data.ood_validation):
+    # one more family beside the built-in ones that choose the served score, its regret weighted by the weight below
     ood_validation_data: str | None = None
     ood_validation_weight: float = 1.0
-    # what the version serves (docs/method.md, "The kernel earns its place, or steps aside"): DIRECTOR, the post-hoc
-    # path (the backbone's own logits with the same post-hoc tools, no kernel), or auto: by the kernel's verdict
-    # (training.export.verdict)
+    # what the version serves: DIRECTOR, the post-hoc path (the backbone's logits with the same post-hoc tools), or
+    # auto: by the kernel's verdict (training.export.verdict; docs/method.md, "The kernel earns its place")
     method: Literal["auto", "director", "posthoc"] = "auto"
-    # the practical size of a difference, gain or loss: ECE and AUROC absolute (a gain counts on the held-out shift's
-    # ECE and the families' worst AUROC), NLL relative to the post-hoc path's, FPR95 absolute (a loss only)
+    # the practical size of a difference, gain or loss: ECE, AUROC, FPR95 absolute, NLL relative to the post-hoc path's
     verdict_ece: float = 0.01
     verdict_nll_relative: float = 0.02
     verdict_auroc: float = 0.01
     verdict_fpr95: float = 0.05
     verdict_bootstrap: int = 200  # paired bootstrap resamples for the ECE and AUROC intervals
     noise_scale_grid: list[float] = field(default_factory=lambda: [1.0])
-    # the share of each sample's noise drawn once for every token (``models.director.StochasticRollout``); more than
-    # one value: fitted with the noise temperature on validation and a held-out shift of it (images)
+    # the share of each sample's noise drawn once for every token (models.director.StochasticRollout); several values:
+    # fitted with the noise temperature on validation and a held-out shift of it (images)
     noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0])
     # a temperature per input that grows with the served OOD score (models.uncertainty.ScoreTemperature): more than
     # one slope is fitted on validation and a held-out shift of it; [0.0]: one temperature for every input
     temperature_slope_grid: list[float] = field(default_factory=lambda: [0.0])
     docs_dir: str = "docs/results"
-    # the feature-space OOD scores' statistics (models.feature_scores), fitted on the training split's backbone
-    # features and carried in the artifact; knn_bank: the training features kept for KNN (its rows in the artifact)
+    # the feature-space OOD scores' statistics (models.feature_scores) on the training split's backbone features, in
+    # the artifact; knn_bank: the training features kept for KNN
     feature_scores: bool = True
     knn_bank: int = 10_000
-    # "aoti": also compile the module with torch.export + AOTInductor into director.pt2 (artifact.formats), verified
-    # against director.ts, and name it the served format; needs a C++ compiler at export, for the exporting device.
-    # Served on CPU it answers fewer requests than TorchScript: its runner holds Python's interpreter lock during
-    # each forward (docs/benchmarks-overhead.md)
+    # "aoti": also compile with torch.export + AOTInductor into director.pt2 (artifact.formats) and serve that; needs a
+    # C++ compiler at export; on CPU it answers fewer requests than TorchScript (docs/benchmarks-overhead.md)
     format: Literal["torchscript", "aoti"] = "torchscript"
+    # sets and abstentions (docs/method.md, "Acting on uncertainty"): the share of validation carved off to calibrate
+    # them alone (0: none), their scores (the first is the default), RAPS's penalty and free ranks, LTT's delta
+    calibration_share: float = 0.25
+    conformal_scores: list[Literal["lac", "aps", "raps"]] = field(default_factory=lambda: ["aps", "lac", "raps"])
+    raps_penalty: float = 0.01
+    raps_free_ranks: int = 1
+    selective_delta: float = 0.1
 
 
 @dataclass
@@ -185,15 +187,13 @@ class EvaluateConfig:
     samples: int = 16  # S for MC dropout and DIRECTOR
     sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     noise_scale_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])
-    # the shift-fitted noise (``training.export.served_statistics.fit_noise_shape``): token correlation x noise
-    # temperature chosen on validation inputs and a held-out shift of them (``training.data.held_out_shift``);
-    # an empty correlation grid leaves that method out
+    # the shift-fitted noise (training.export.served_statistics.fit_noise_shape): token correlation x noise
+    # temperature chosen on validation and a held-out shift of it; an empty correlation grid leaves that method out
     noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     shift_noise_scale_grid: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])
     noise_fit_images: int = 1000
-    # an exported version of this run (model_repository/<export.name>/<version>): also evaluated as it serves by
-    # default (its manifest's token correlation, noise temperature, default S and temperature rule), the row
-    # "DIRECTOR as served", or "Post-hoc as served" for a version that serves the post-hoc path
+    # an exported version of this run (model_repository/<export.name>/<version>) also evaluated as it serves by
+    # default: the row "DIRECTOR as served", or "Post-hoc as served" for a version that serves the post-hoc path
     served_version: int | None = None
     corruption_images: int = 2000
     shift_texts: int | None = None  # texts per shifted domain (drawn under the seed); None: all of them

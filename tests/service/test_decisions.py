@@ -1,6 +1,6 @@
-"""Prediction sets and abstentions over HTTP: a version with a conformal part answers ``coverage`` and ``max_risk``
-per input (the sets the maths gives on the served probabilities, the threshold of the calibrated risk level), over
-/predict and the upload route; a version without one answers 400, and out-of-range asks 422."""
+"""Prediction sets and abstentions over HTTP: a version exported with its conformal part answers ``coverage`` and
+``max_risk`` per input (the sets the maths gives on the served probabilities, the threshold of the calibrated risk
+level), over /predict and the upload route; a version without one answers 400, and out-of-range asks 422."""
 
 from __future__ import annotations
 
@@ -20,22 +20,14 @@ from artifact.conformal import CONFORMAL_FILE
 from artifact.contract import MANIFEST
 from models.conformal import ConformalTable, ScoreRule
 from tests.service.conftest import Running, copy_version, png_base64, random_pixels, rehash, serve, settings_for
-from training.export.conformal import write_conformal
 
 
-def with_conformal(source: Path, target: Path) -> Path:
-    """A copy of ``source`` with a conformal part calibrated on synthetic probabilities (the serving mechanics do not
-    depend on where the calibration came from), re-hashed."""
+def without_conformal(source: Path, target: Path) -> Path:
+    """A copy of ``source`` as a version exported before format 1.6: no conformal part, re-hashed."""
     shutil.copytree(source, target)
     manifest = json.loads((target / MANIFEST).read_text())
-    classes = len(manifest["labels"])
-    gen = torch.Generator().manual_seed(0)
-    probs = torch.softmax(2 * torch.randn(400, classes, generator=gen, dtype=torch.float64), dim=1)  # [n, C]
-    labels = torch.multinomial(probs, 1, generator=gen).squeeze(1)  # [n]
-    section = write_conformal(probs, labels, ["lac", "aps"], "aps", 0.0, 0, 0.1, "synthetic", target)
-    manifest["conformal"] = json.loads(section.model_dump_json())
-    manifest["format_version"] = "1.6"
-    manifest["files"][CONFORMAL_FILE] = {}
+    del manifest["conformal"], manifest["files"][CONFORMAL_FILE]
+    (target / CONFORMAL_FILE).unlink()
     rehash(target, manifest)
     return target
 
@@ -44,11 +36,10 @@ def with_conformal(source: Path, target: Path) -> Path:
 def server(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, Path]]:
     tmp = tmp_path_factory.mktemp("decisions")
     repository = tmp / "repository"
-    calibrated = with_conformal(tiny_artifact, tmp / "calibrated")
-    copy_version(calibrated, repository, "tiny", "1")
-    copy_version(tiny_artifact, repository, "plain", "1")
+    copy_version(tiny_artifact, repository, "tiny", "1")  # as exported: calibrated on its carved-off split
+    copy_version(without_conformal(tiny_artifact, tmp / "plain"), repository, "plain", "1")
     with serve(settings_for(repository, tmp, default_model="tiny")) as running:
-        yield running, calibrated
+        yield running, tiny_artifact
 
 
 def predict(running: Running, **fields: Any) -> httpx.Response:

@@ -75,6 +75,7 @@ def test_the_kernel_error_and_feature_scores_compete_for_the_ood_score(exported:
     ``scored_rows`` returns the kernel error and the feature scores the manifest reads (``artifact.input_scores``),
     the others dropped; a chosen combination is standardised on validation with the scores of that very file."""
     from models.uncertainty import FEATURE_SCORES, INPUT_SCORES
+    from training.data.calibration_split import carve_calibration
     from training.export.ood_selection import COMBINATION_WEIGHTS, LOG_SCALED, combination_label, split_input_scores
     from training.loading import load_data
 
@@ -90,7 +91,9 @@ def test_the_kernel_error_and_feature_scores_compete_for_the_ood_score(exported:
     assert ood["selection_choice"] in ood["selection_auroc"]
     assert ood["selection_auroc"][ood["selection_choice"]] == max(ood["selection_auroc"].values())
     scripted = load_scripted(folder / "director.ts")
-    scores = split_input_scores(scripted, load_data(load_config(config)).val)
+    cfg = load_config(config)
+    validation = carve_calibration(load_data(cfg), cfg.export.calibration_share, cfg.seed)[0].val  # as the export's
+    scores = split_input_scores(scripted, validation)
     assert scores is not None and list(scores) == manifest["artifact"]["input_scores"]
     assert bool((scores["kernel_error"] > 0).all())
     assert all(bool(torch.isfinite(values).all()) for values in scores.values())

@@ -10,6 +10,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfig
+from training.data.calibration_split import calibration_line
 from training.data.image_task import image_store
 from training.data.sources import DataError, LabelLimit, check_class_count
 from training.families.checkpoint import Checkpoint, checkpoint_tokenizer
@@ -82,7 +83,8 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         patch = int(checkpoint.config.get("patch_size") or 16)
         tokens = (height // patch) * (width // patch) + 1
         batch = max(cfg.distil.batch_size, cfg.fit.batch_size, 256)  # rows read at once (a teacher chunk at most)
-        preview = DataPreview(summary.render(), dataset.labels, len(dataset.train), tokens,
+        preview = DataPreview(f"{summary.render()}\n{calibration_line(len(dataset.val), cfg.export.calibration_share)}",
+                              dataset.labels, len(dataset.train), tokens,
                               batch * channels * height * width * 4, inputs * channels * height * width)
     elif data.dataset == USER_TEXT_DATASET:
         from training.data.sources import load_text_table
@@ -105,7 +107,8 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         if checkpoint.max_positions is not None and cfg.text.max_length > checkpoint.max_positions:
             raise DataError(f"text.max_length {cfg.text.max_length} exceeds the checkpoint's "
                             f"{checkpoint.max_positions} positions: --set text.max_length={checkpoint.max_positions}")
-        preview = DataPreview(summary.render(), texts.labels, len(texts.train), cfg.text.max_length,
+        preview = DataPreview(f"{summary.render()}\n{calibration_line(len(texts.val), cfg.export.calibration_share)}",
+                              texts.labels, len(texts.train), cfg.text.max_length,
                               inputs * cfg.text.max_length * TEXT_INPUT_BYTES)
     else:  # a built-in dataset (the hub-backed configs in configs/calibrate/): read when the run starts
         train, test = BUILT_IN_SIZES.get(data.dataset, (50_000, 10_000))

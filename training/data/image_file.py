@@ -61,6 +61,10 @@ class ImageFile:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def view(self, index: torch.Tensor) -> ImageFile:
+        """Rows ``index`` of this view as a view, reading nothing."""
+        return ImageFile(self.path, self.count, self.image_shape, self.rows[index], self._keep)
+
     def __getitem__(self, index: torch.Tensor | slice | int) -> torch.Tensor | ImageFile:
         if isinstance(index, slice):
             return ImageFile(self.path, self.count, self.image_shape, self.rows[index], self._keep)

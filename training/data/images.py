@@ -89,6 +89,11 @@ class Split(Inputs):
     def head(self, n: int | None) -> Split:
         return self if n is None else Split(self.images[:n], self.labels[:n])
 
+    def subset(self, index: torch.Tensor) -> Split:
+        """Rows ``index`` (images on disk stay there)."""
+        images = self.images.view(index) if isinstance(self.images, ImageFile) else self.images[index]
+        return Split(images, self.labels[index])
+
     def forward_args(self, index: torch.Tensor) -> ForwardArgs:
         return (self.images[index],)  # ([b, C, H, W],)
 

@@ -31,7 +31,7 @@ class DetectorTargets:
 
 DETECTOR_TARGETS = (
     DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 6, 16),
-    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 5, 16),
+    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 6, 16),
     DetectorTargets("writing-source-detectors", None, "writing-source-minilm", 1, 16),
 )
 

@@ -127,7 +127,7 @@ class Evaluation:
         """A method's detector scores [N, 6] on ``sets`` (``compute()`` fits and scores them all), cached on disk."""
         key = f"{source.model_id}-detectors-s{source.draws}"
         names = sorted(sets)
-        paths = [self.cache.folder / f"{key}__{name}.pt" for name in names]
+        paths = [self.cache.folder / f"{key}__{self.cache_name(name)}.pt" for name in names]
         if all(path.exists() for path in paths):
             return {name: torch.load(path, weights_only=True)["scores"]
                     for name, path in zip(names, paths, strict=True)}
@@ -136,10 +136,17 @@ class Evaluation:
             save_checkpoint(path, {"scores": scores[name]})
         return scores
 
+    def cache_name(self, set_name: str) -> str:
+        """The name a set's logits and scores are cached under on disk: validation's says how much of it was carved
+        off for the calibration split (``training.data.calibration_split``), so a changed share never reads the rows
+        of another."""
+        share = self.cfg.export.calibration_share
+        return f"{set_name}-less-calibration{share:g}" if set_name == "val" and share else set_name
+
     def logits(self, source: str, set_name: str, split: AnySplit, draws: int | None = None) -> torch.Tensor:
         src = self.sources[source]
         n = draws or src.draws
-        return self.cache.get(src.model_id, set_name, n,
+        return self.cache.get(src.model_id, self.cache_name(set_name), n,
                               lambda: split_sampled_logits(src.model, split, n,
                                                            rows_per_forward=self.ev.rows_per_forward))  # [S, N, C]
 
@@ -180,7 +187,7 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
 
     fit = cached_fit(evaluation.run_dir / "eval" / "noise_scale_fits.json", fit_scale,
                      f"{director_id}|{ev.noise_scale_grid}|S={ev.samples}|n={cfg.export.threshold_images}"
-                     f"|seed={cfg.seed}")
+                     f"|seed={cfg.seed}{evaluation.cache_name('val').removeprefix('val')}")
     scale, nll_by_scale = fit["scale"], fit["val_nll"]
     noisy.rollout.noise_scale.fill_(scale)
     evaluation.add_source("director_noise", noisy, f"dir-{director_id}-noise{scale}", ev.samples)
@@ -245,7 +252,8 @@ def add_shift_noise_source(evaluation: Evaluation, director: torch.nn.Module, di
 
     fit = cached_fit(evaluation.run_dir / "eval" / "noise_shape_fits.json", fit_shape,
                      f"{director_id}|rho={ev.noise_correlation_grid}|scale={ev.shift_noise_scale_grid}"
-                     f"|S={ev.samples}|n={len(clean)}|shift=True|seed={cfg.seed}|rule=within-noise")
+                     f"|S={ev.samples}|n={len(clean)}|shift=True|seed={cfg.seed}|rule=within-noise"
+                     f"{evaluation.cache_name('val').removeprefix('val')}")
     shaped.rollout.set_token_correlation(fit["token_correlation"])
     shaped.rollout.noise_scale.fill_(fit["noise_scale"])
     evaluation.add_source("director_shift_noise", shaped,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from training.config import PipelineConfig
+from training.data.calibration_split import carve_calibration
 from training.data.corruptions import CORRUPTIONS, corrupt, corruption_seed, corruption_subset
 from training.data.images import (
     Dataset,
@@ -148,7 +149,10 @@ EVAL_SETS = {"image": EvalSets(image_eval_inputs, image_shift_sets),
 
 
 def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
-    return EVAL_SETS[cfg.modality].inputs(cfg, load_data(cfg))
+    """The sets, validation without the calibration split the export carves off (``training.data.calibration_split``),
+    so that every fit here sees the validation inputs the export's fits saw."""
+    data, _ = carve_calibration(load_data(cfg), cfg.export.calibration_share, cfg.seed)
+    return EVAL_SETS[cfg.modality].inputs(cfg, data)
 
 
 def shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:

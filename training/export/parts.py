@@ -32,6 +32,7 @@ from artifact.formats import TORCHSCRIPT_FORMAT
 from models.posthoc import posthoc_from_director
 from models.text_director import TextDirector
 from training.config import USER_IMAGE_DATASET, PipelineConfig
+from training.data.calibration_split import carve_calibration
 from training.data.images import Dataset, Split, digits_images, uniform_noise_images
 from training.data.ood_families import OodFamily, image_ood_families, text_ood_families
 from training.data.tokens import TokenDataset, TokenSplit, text_ood_splits
@@ -57,6 +58,8 @@ class ExportParts:
     signatures: dict[str, str]  # artifact "forward", "sample_rows" and "scored_rows"
     backbone_description: dict[str, Any]
     files: dict[str, Path] = field(default_factory=dict)  # extra artifact files: name -> source
+    # the share of validation carved off for prediction sets and abstentions only (``training.data.calibration_split``)
+    calibration: AnySplit | None = None
     artifact_details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,7 +91,7 @@ def posthoc_builder(cfg: PipelineConfig, family: Family, backbone: torch.nn.Modu
 
 
 def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module) -> ExportParts:
-    data = family.load_data(cfg)
+    data, calibration = carve_calibration(family.load_data(cfg), cfg.export.calibration_share, cfg.seed)
     image_shape = tuple(int(s) for s in data.test.images.shape[1:])
 
     def build_artifact(director: Director, path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:
@@ -103,6 +106,7 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
     digits = digits_images(image_shape)[:count]
     return ExportParts(
         data=data,
+        calibration=calibration,
         backbone_logits=lambda split: split.map(backbone, 512),
         build_artifact=build_artifact,
         build_posthoc=posthoc_builder(cfg, family, backbone, data.train, len(data.labels)),
@@ -151,7 +155,7 @@ def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Mo
     from training.data.tokens import TOKENIZER_FILE, load_run_tokenizer, pad_id
 
     tcfg, ecfg = cfg.text, cfg.export
-    data = family.load_data(cfg)
+    data, calibration = carve_calibration(family.load_data(cfg), ecfg.calibration_share, cfg.seed)
     tokenizer = load_run_tokenizer(cfg.run_dir)
     details: dict[str, Any] = {}
 
@@ -172,6 +176,7 @@ def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Mo
                                              cfg.seed)
     return ExportParts(
         data=data,
+        calibration=calibration,
         backbone_logits=lambda split: split.map(lambda *args: backbone(*args).float(), 256),
         build_artifact=build_artifact,
         build_posthoc=posthoc_builder(cfg, family, backbone, data.train, len(data.labels)),

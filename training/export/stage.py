@@ -24,6 +24,7 @@ import torch
 from artifact.contract import (
     ARTIFACT,
     FORMAT_VERSION,
+    Conformal,
     KernelVerdict,
     Manifest,
     Provenance,
@@ -34,9 +35,11 @@ from artifact.contract import (
     parse_manifest,
 )
 from training.config import PipelineConfig
+from training.data.calibration_split import calibration_description
 from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import split_rollout_trace
 from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning, with_test_split
+from training.export.conformal import write_conformal
 from training.export.figures import SplitFigures, test_split_figures
 from training.export.final_artifact import finish_artifact
 from training.export.model_page import write_results
@@ -185,7 +188,7 @@ def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[s
 
 
 def version_manifest(run: ExportRun, path: ServedPath, sampling: SamplingChoice, verdict: KernelVerdict,
-                     provenance: Provenance, tmp_dir: Path) -> Manifest:
+                     provenance: Provenance, tmp_dir: Path, conformal: Conformal | None = None) -> Manifest:
     """The version's manifest for the served ``path``: DIRECTOR (its depth, noise and variance; the depth under
     ``sampling.depth`` alone, which older manifests also carry as ``sampling.steps``) or the post-hoc path (no kernel:
     every sample the same row, any S up to ``export.max_samples`` accepted)."""
@@ -209,7 +212,20 @@ def version_manifest(run: ExportRun, path: ServedPath, sampling: SamplingChoice,
         reference=stats.reference, kernel_verdict=verdict,
         **({"temperature_by_score": TemperatureByScore(**by_score.record)}
            if by_score is not None and by_score.temperature is not None else {}),
-        artifact=artifact_info(run.parts, path.module), provenance=provenance, files=file_digests(tmp_dir))
+        artifact=artifact_info(run.parts, path.module), provenance=provenance,
+        **({"conformal": conformal} if conformal is not None else {}), files=file_digests(tmp_dir))
+
+
+def conformal_part(run: ExportRun, path: ServedPath, tmp_dir: Path) -> Conformal | None:
+    """The version's prediction sets and abstentions (``training.export.conformal``), from the served path's
+    probabilities on the calibration split carved off validation; None when ``export.calibration_share`` is 0."""
+    calibration, ecfg = run.parts.calibration, run.cfg.export
+    if calibration is None:
+        return None
+    probs = path.inputs("calibration", calibration, run.cfg.seed + 5).summary.probabilities  # [n, C]
+    scores = list(ecfg.conformal_scores)
+    return write_conformal(probs, calibration.labels, scores, scores[0], ecfg.raps_penalty, ecfg.raps_free_ranks,
+                           ecfg.selective_delta, calibration_description(calibration, ecfg.calibration_share), tmp_dir)
 
 
 def write_reports(run: ExportRun, manifest: Manifest, figures: SplitFigures) -> None:
@@ -304,9 +320,10 @@ def export(cfg: PipelineConfig, strict: bool = False) -> Path:
         refuse_unless_as_accurate(verdict, tmp_dir, out_dir)
     record = provenance(run, sampling, path.temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
     serve_path(run, path, tmp_dir)
-    draft = version_manifest(run, path, sampling, verdict, record, tmp_dir)
+    conformal = conformal_part(run, path, tmp_dir)
+    draft = version_manifest(run, path, sampling, verdict, record, tmp_dir, conformal)
     finish_artifact(run.parts, ecfg.format, path.module, path.served, draft.scores_read(), tmp_dir)
-    manifest = version_manifest(run, path, sampling, verdict, record, tmp_dir)
+    manifest = version_manifest(run, path, sampling, verdict, record, tmp_dir, conformal)
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
     progress.done()

@@ -1,0 +1,49 @@
+"""The calibration split of prediction sets and abstentions (docs/method.md, "Acting on uncertainty: prediction sets
+and abstentions"): a seeded random share of the validation split, carved off before anything is fitted on validation,
+so that the conformal scores and the abstention thresholds are computed on inputs nothing else saw (their guarantees
+need that). A random share, not the last rows: a user's own validation file may be sorted by label."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeVar
+
+import torch
+
+from training.data.images import Dataset, Split
+from training.data.tokens import TokenDataset, TokenSplit
+
+Data = TypeVar("Data", Dataset, TokenDataset)
+MIN_LEFT = 2  # validation inputs left for everything else
+
+
+def carve_calibration(data: Data, share: float, seed: int) -> tuple[Data, Split | TokenSplit | None]:
+    """``data`` with ``share`` of its validation split moved out (the rest keeps its order), and that share: the
+    calibration split (None when ``share`` is 0)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"export.calibration_share must be in [0, 1), got {share}")
+    total = len(data.val)
+    count = round(total * share)
+    if count == 0:
+        return data, None
+    if total - count < MIN_LEFT:
+        raise ValueError(f"export.calibration_share {share} leaves {total - count} of {total} validation inputs for "
+                         "everything else; lower it or give more validation data")
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed + 31))  # [total]
+    calibration, rest = order[:count].sort().values, order[count:].sort().values
+    return dataclasses.replace(data, val=data.val.subset(rest)), data.val.subset(calibration)
+
+
+def calibration_line(validation: int, share: float) -> str:
+    """The plan's line: how many validation inputs the export will carve off for the sets and abstentions."""
+    count = round(validation * share)
+    if count == 0:
+        return "calibration split: none (export.calibration_share 0): the version will answer no coverage or max_risk"
+    return (f"calibration split: {count:,} of the {validation:,} validation inputs (export.calibration_share "
+            f"{share:g}), for the prediction sets and abstentions only")
+
+
+def calibration_description(calibration: Split | TokenSplit, share: float) -> str:
+    """How the split was carved, in words (the manifest's ``conformal.split``, the plan's line)."""
+    return (f"{len(calibration):,} validation inputs ({share:.0%} of validation, drawn under the run's seed), used for "
+            "nothing but the prediction sets and abstentions")
