@@ -8,6 +8,7 @@ beside temperature scaling). ``training.evaluate.targets`` puts these rows on th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ class DetectorTargets:
 
 DETECTOR_TARGETS = (
     DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 6, 16),
-    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 6, 16),
+    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 5, 16),
     DetectorTargets("writing-source-detectors", None, "writing-source-minilm", 1, 16),
 )
 
@@ -143,6 +144,8 @@ def detector_sections(results_dir: Path, cost_file: Path | None = None, reposito
         if not path.exists():
             continue
         results = json.loads(path.read_text())
+        # the version the page evaluated as served, when it names one (else the spec's)
+        spec = dataclasses.replace(spec, version=int((results.get("served") or {}).get("version", spec.version)))
         checks = detector_checks(results)
         sources = [f"[`{spec.detectors_task}.md`]({spec.detectors_task}.md) (commit {results.get('git_commit', '?')})"]
         sampling = results_dir / f"{spec.sampling_task}.json" if spec.sampling_task else None
