@@ -88,9 +88,11 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert manifest["ood"]["thresholds"]["1"]["score"] != "mutual_information"
     assert "licences" in manifest["ood"]["selection_set"]  # none of the reported OOD sets
     ref = manifest["reference"]
-    assert ref["n_samples"] == 4 and len(ref["confidence_quantiles"]) == 101 and ref["n_inputs"] == 120
+    # validation less the quarter carved off to calibrate the prediction sets and abstentions (30 of 120)
+    assert ref["n_samples"] == 4 and len(ref["confidence_quantiles"]) == 101 and ref["n_inputs"] == 90
     assert ref["confidence_quantiles"] == sorted(ref["confidence_quantiles"])
-    assert set(manifest["files"]) == {"director.ts", "tokenizer.json"}
+    assert set(manifest["files"]) == {"director.ts", "tokenizer.json", "conformal.json"}
+    assert manifest["conformal"]["n"] == 30 and manifest["conformal"]["default_score"] == "aps"
     assert manifest["files"]["tokenizer.json"]["sha256"] == sha256_file(folder / "tokenizer.json")
     assert verify_files(folder, parse_manifest(manifest)) == []
     table = manifest["artifact"]["word_table"]
