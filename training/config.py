@@ -168,7 +168,7 @@ class ExportConfig:
     # sets and abstentions (docs/method.md, "Acting on uncertainty"): the share of validation carved off to calibrate
     # them alone (0: none), their scores (the first is the default), RAPS's penalty and free ranks, LTT's delta
     calibration_share: float = 0.25
-    conformal_scores: list[Literal["lac", "aps", "raps"]] = field(default_factory=lambda: ["aps", "lac", "raps"])
+    conformal_scores: list[Literal["lac", "aps", "raps"]] = field(default_factory=lambda: ["lac", "aps", "raps"])
     raps_penalty: float = 0.01
     raps_free_ranks: int = 1
     selective_delta: float = 0.1
@@ -181,8 +181,8 @@ class EvaluateConfig:
     __pydantic_config__ = FORBID
 
     task: str = "fashion-mnist"
-    stages: list[str] = field(default_factory=lambda: ["test_and_ood", "detectors", "shift", "sweep", "cost",
-                                                       "ablations", "variance", "kernel_depth"])
+    stages: list[str] = field(default_factory=lambda: ["test_and_ood", "detectors", "shift", "decisions", "sweep",
+                                                       "cost", "ablations", "variance", "kernel_depth"])
     ensemble_members: int = 3  # member 0 is the pipeline's own backbone
     samples: int = 16  # S for MC dropout and DIRECTOR
     sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])

@@ -65,8 +65,11 @@ def test_coverage_gives_each_input_the_set_the_calibration_gives(server: tuple[R
         assert prediction["prediction_set"] == [labels[i] for i in indices]  # most probable first
         assert prediction["set_size"] == len(indices) and "abstain" not in prediction
     assert body["decisions"] == {"coverage": 0.9, "conformal_score": "lac", "class_conditional": False}
-    default = predict(running, coverage=0.9).json()  # the version's default score
+    default = predict(running, coverage=0.9, conformal_score="aps").json()
     assert default["decisions"]["conformal_score"] == "aps"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    unnamed = predict(running, coverage=0.9).json()  # the version's default score
+    assert unnamed["decisions"]["conformal_score"] == manifest["conformal"]["default_score"] == "lac"
 
 
 def test_max_risk_abstains_below_the_calibrated_threshold(server: tuple[Running, Path]) -> None:

@@ -23,7 +23,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     raw = tiny_text_config_dict(tmp)
     raw["distil"]["epochs"] = 1
     raw["evaluate"] = {
-        "task": "tiny-reviews", "stages": ["test_and_ood", "detectors", "shift", "sweep", "cost"],
+        "task": "tiny-reviews", "stages": ["test_and_ood", "detectors", "shift", "decisions", "sweep", "cost"],
         "ensemble_members": 2,
         "samples": 4, "sweep_samples": [1, 2, 4], "noise_scale_grid": [0.5, 1.0], "noise_correlation_grid": [0.0, 1.0],
         "shift_noise_scale_grid": [1.0, 2.0], "noise_fit_images": 40, "shift_texts": 50,
@@ -111,6 +111,15 @@ def test_shift_is_per_domain(evaluated: tuple[Path, dict[str, Any]]) -> None:
         assert result["mean"]["accuracy"] == pytest.approx(sum(means) / 3)
         assert "by_severity" not in result
         assert all(0.0 <= entry["flag_rate"] <= 1.0 for entry in result["by_domain"].values())
+
+
+def test_prediction_sets_are_measured_per_domain(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    _, results = evaluated
+    for entry in results["decisions"]["methods"].values():
+        assert set(entry["shift"]) == {"tweets", "nyt_editorials", "amazon_reviews"}
+        assert all(level["n"] == 50 for level in entry["shift"].values())
+        assert set(entry["ood"]) == {"fortunes_quotes", "python_docstrings", "shifted_nyt_editorials"}
+        assert 0.0 <= entry["test"]["sets"]["lac"]["0.99"]["mean_size"] <= 2.0  # two labels at most
 
 
 def test_sweep_and_costs(evaluated: tuple[Path, dict[str, Any]]) -> None:

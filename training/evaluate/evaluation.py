@@ -138,9 +138,11 @@ class Evaluation:
 
     def cache_name(self, set_name: str) -> str:
         """The name a set's logits and scores are cached under on disk: validation's says how much of it was carved
-        off for the calibration split (``training.data.calibration_split``), so a changed share never reads the rows
-        of another."""
+        off for the calibration split (``training.data.calibration_split``), and the calibration split's its share, so a
+        changed share never reads the rows of another."""
         share = self.cfg.export.calibration_share
+        if set_name == "calibration":
+            return f"calibration{share:g}"
         return f"{set_name}-less-calibration{share:g}" if set_name == "val" and share else set_name
 
     def logits(self, source: str, set_name: str, split: AnySplit, draws: int | None = None) -> torch.Tensor:

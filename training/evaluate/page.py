@@ -11,6 +11,7 @@ import torch
 
 from models.feature_scores import FEATURE_SCORES
 from training.evaluate.claim import claim_section
+from training.evaluate.decisions_page import decisions_section
 from training.evaluate.kernel_ablation_page import kernel_ablation_section
 from training.evaluate.kernel_depth_page import kernel_depth_section
 from training.evaluate.page_sections import (
@@ -262,8 +263,10 @@ def write_evaluation(results: dict[str, Any], probs: dict[str, torch.Tensor], la
         "### DIRECTOR's own contribution: the kernel error over K steps", "",
         *(kernel_depth_section(results, out_dir) if "kernel_depth" in results else [PENDING]), "",
     ]
-    lines += [*shift_section(results, labels_by_key, out_dir), *sweep_section(results, out_dir),
-              *ablation_section(results)]
+    lines += [*shift_section(results, labels_by_key, out_dir),
+              *(decisions_section(results, out_dir) if "decisions" in results
+                else ["## Prediction sets and abstentions", "", PENDING, ""]),
+              *sweep_section(results, out_dir), *ablation_section(results)]
     page = out_dir / f"{task}.md"
     page.write_text("\n".join(lines))
     return page

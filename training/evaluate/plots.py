@@ -143,3 +143,33 @@ def kernel_depth_plot(kernel_depth: dict[str, Any], path: Path) -> Path:
     handles, names = ax.get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=len(bars), fontsize=7, frameon=False)
     return _save(fig, path, rect=(0, 0.07, 1, 1))  # room for the legend below the axes
+
+
+def decisions_plot(section: dict[str, Any], path: Path) -> Path:
+    """Left: the test split's error rate among answered inputs against the share answered, each method's guaranteed
+    thresholds marked. Right: coverage at the 90% target per shift level, plain (solid) and shift-normalised
+    (dashed)."""
+    fig, (risk_ax, shift_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    score = section["default_score"]
+    for i, entry in enumerate(section["methods"].values()):
+        colour = f"C{i}"
+        curve = entry["test"]["curve"]
+        risk_ax.plot(curve["answered"], [100 * r for r in curve["risk"]], color=colour, linewidth=1.2,
+                     label=entry["label"])
+        marks = [f for f in entry["test"]["selective"].values() if f["risk"] is not None]
+        risk_ax.scatter([f["answered"] for f in marks], [100 * f["risk"] for f in marks], color=colour, marker="o",
+                        s=18)
+        levels = list(entry["shift"])
+        for key, style in (("sets", "-"), ("sets_normalised", "--")):
+            shift_ax.plot(levels, [100 * entry["shift"][level][key]["0.9"]["coverage"] for level in levels],
+                          color=colour, linestyle=style, marker=".", label=entry["label"] if key == "sets" else None)
+    for risk in section["risks"]:
+        risk_ax.axhline(100 * risk, color="grey", linewidth=0.6, linestyle=":")
+    shift_ax.axhline(90, color="grey", linewidth=0.8, linestyle=":")
+    risk_ax.set(xlabel="share answered (most confident first)", ylabel="error rate of answered inputs (%)",
+                title="Abstentions: guaranteed thresholds (dots), max_risk (dotted)")
+    shift_ax.set(xlabel="shift level", ylabel=f"coverage at the 90% target (%, {score})",
+                 title="Coverage under shift: plain (solid), normalised (dashed)")
+    shift_ax.tick_params(axis="x", labelrotation=30)
+    risk_ax.legend(fontsize=7)
+    return _save(fig, path)

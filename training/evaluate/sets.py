@@ -56,6 +56,7 @@ class EvalInputs:
     ood: dict[str, AnySplit]  # reported OOD sets
     ood_families: dict[str, OodFamily]  # the OOD-validation families that pick each method's OOD score
     unit: str  # "images" | "texts"
+    calibration: AnySplit | None = None  # the export's calibration split: the decisions stage's only fit
 
     def singles(self, split: AnySplit, n: int) -> list[ForwardArgs]:
         """The first ``n`` inputs of ``split``, each as a batch of one."""
@@ -150,9 +151,12 @@ EVAL_SETS = {"image": EvalSets(image_eval_inputs, image_shift_sets),
 
 def load_eval_inputs(cfg: PipelineConfig) -> EvalInputs:
     """The sets, validation without the calibration split the export carves off (``training.data.calibration_split``),
-    so that every fit here sees the validation inputs the export's fits saw."""
-    data, _ = carve_calibration(load_data(cfg), cfg.export.calibration_share, cfg.seed)
-    return EVAL_SETS[cfg.modality].inputs(cfg, data)
+    so that every fit here sees the validation inputs the export's fits saw; the calibration split is kept apart for
+    the prediction sets and abstentions (``training.evaluate.decisions``)."""
+    data, calibration = carve_calibration(load_data(cfg), cfg.export.calibration_share, cfg.seed)
+    inputs = EVAL_SETS[cfg.modality].inputs(cfg, data)
+    inputs.calibration = calibration
+    return inputs
 
 
 def shift_sets(cfg: PipelineConfig, inputs: EvalInputs) -> list[ShiftSet]:

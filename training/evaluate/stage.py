@@ -6,7 +6,8 @@ Methods: deterministic backbone, temperature scaling, MC dropout, deep ensemble,
 DIRECTOR + temperature scaling, DIRECTOR + noise temperature. Sets: training (feature statistics only), validation
 (fitting only), test, the OOD-validation set (score choice only), the reported OOD sets, and the shifted sets.
 Stages (``evaluate.stages``): test_and_ood (always first: it chooses each method's OOD score and flag), detectors
-(``training.evaluate.detectors``), shift (``training.evaluate.shift``), sweep, cost, ablations, variance,
+(``training.evaluate.detectors``), shift (``training.evaluate.shift``), decisions (``training.evaluate.decisions``:
+prediction sets and abstentions, calibrated on the export's calibration split), sweep, cost, ablations, variance,
 kernel_depth (``training.evaluate.kernel_depth``: the kernel error over K steps, alone and with a feature score).
 """
 
@@ -30,6 +31,7 @@ from training.config import PipelineConfig
 from training.data.ood_families import selection_description
 from training.evaluate.ablations import ablation_config, ensure_distilled, seed_config
 from training.evaluate.cost import latencies_per_input_ms, parameter_count, peak_memory_bytes, save_model_file
+from training.evaluate.decisions import evaluate_decisions
 from training.evaluate.detectors import evaluate_detectors
 from training.evaluate.evaluation import Evaluation, Method, build_methods, build_sources, family_set, summary_of
 from training.evaluate.kernel_ablation import kernel_ablation
@@ -270,6 +272,7 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
         ("test_and_ood", lambda: evaluate_test_and_ood(evaluation, methods, draws_test)),
         ("detectors", lambda: evaluate_detectors(evaluation, draws_test)),
         ("shift", lambda: evaluate_shift(evaluation, methods)),
+        ("decisions", lambda: evaluate_decisions(evaluation, methods)),
         ("sweep", lambda: evaluate_sweep(evaluation, draws_test)),
         ("cost", lambda: evaluate_costs(evaluation, methods, evaluation.run_dir / "eval" / "artifacts")),
         ("ablations", lambda: evaluate_ablations(evaluation)),

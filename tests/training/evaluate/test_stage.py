@@ -164,8 +164,8 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
         assert entry["accuracy"] == pytest.approx((1 - entry["flag_rate"]) * kept + entry["flag_rate"] * flagged)
         assert 0.0 <= results["test_and_ood"][method]["test_flag_rate"] <= 1.0
     assert set(results["sweep"]) == {"director", "mc_dropout"}
-    assert set(results["load_average_1m"]) == {"test_and_ood", "detectors", "shift", "sweep", "cost", "ablations",
-                                               "variance", "kernel_depth"}
+    assert set(results["load_average_1m"]) == {"test_and_ood", "detectors", "shift", "decisions", "sweep", "cost",
+                                               "ablations", "variance", "kernel_depth"}
     # the whole-stack run (K = T = 2) measures its own K; the default K = 3 is deeper than the backbone
     assert list(results["kernel_depth"]["depths"]) == ["2"] and set(results["kernel_depth"]["skipped"]) == {"3"}
     assert set(results["sweep"]["director"]) == {"1", "2", "8"}
@@ -231,6 +231,30 @@ def test_flags_and_risk_coverage_are_on_the_page(evaluated: tuple[Path, dict[str
     assert (docs / "tiny-task-risk-coverage.png").stat().st_size > 0
 
 
+def test_prediction_sets_and_abstentions_are_measured(evaluated: tuple[Path, dict[str, Any]]) -> None:
+    """Calibrated on the export's calibration split; coverage and size on the test split, each severity and each OOD
+    set; the abstentions at every max_risk; the page's section and plot."""
+    config, results = evaluated
+    section = results["decisions"]
+    assert set(section["methods"]) == {"temperature_scaling", "posthoc", "director_s4", "director_served"}
+    assert section["calibration_inputs"] > 0 and section["default_score"] == "lac"
+    for entry in section["methods"].values():
+        test = entry["test"]["sets"]["aps"]
+        sizes = [test[c]["mean_size"] for c in ("0.8", "0.9", "0.95", "0.99")]
+        assert sizes == sorted(sizes) and 0.0 <= sizes[0] and sizes[-1] <= 10.0
+        assert all(0.0 <= test[c]["coverage"] <= 1.0 for c in test)
+        assert set(entry["shift"]) == {"1", "5"} and all(level["n"] == 80 for level in entry["shift"].values())
+        assert set(entry["ood"]) == {"uniform_noise", "sklearn_digits", "letters"}
+        assert "coverage" not in entry["ood"]["letters"]["aps"]["0.9"]  # no labels: sizes only
+        assert entry["variant"]["gamma"] in (0.0, 0.25, 0.5, 1.0, 2.0)
+        for figures in entry["test"]["selective"].values():
+            assert figures["threshold"] is None or 0.0 < figures["threshold"] <= 1.0
+    docs = config.parent / "docs"
+    page = (docs / "tiny-task.md").read_text()
+    assert "## Prediction sets and abstentions" in page and "### Abstentions: Learn then Test" in page
+    assert (docs / "tiny-task-decisions.png").stat().st_size > 1000
+
+
 def test_page_and_plots_are_written(evaluated: tuple[Path, dict[str, Any]]) -> None:
     config, _ = evaluated
     docs = config.parent / "docs"
@@ -289,8 +313,8 @@ def test_a_partial_run_marks_the_missing_stages_pending(evaluated: tuple[Path, d
                  "--set", "evaluate.task=partial"]) == 0
     docs = config.parent / "docs"
     results = json.loads((docs / "partial.json").read_text())
-    assert "sweep" in results and all(stage not in results for stage in ("detectors", "shift", "cost", "ablations",
-                                                                  "kernel_depth"))
+    assert "sweep" in results and all(stage not in results for stage in ("detectors", "shift", "decisions", "cost",
+                                                                  "ablations", "kernel_depth"))
     page = (docs / "partial.md").read_text()
-    assert page.count("Not run: this stage is not in this run") == 6  # costs are marked beside the main table
+    assert page.count("Not run: this stage is not in this run") == 7  # costs are marked beside the main table
     assert "--set 'evaluate.stages=[test_and_ood, sweep]'" in page
