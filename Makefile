@@ -8,11 +8,12 @@ CONFIG ?= configs/fashion_vit.yaml
 DEB_PACKAGES := dataset-fashion-mnist prometheus prometheus-alertmanager fortunes postgresql g++
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup deb text-deps test test-under-load lint lock compose-test serve model text-model text-evaluate fit distil export evaluate clean
+.PHONY: help setup deb text-deps test test-fast test-under-load lint lock compose-test serve model text-model text-evaluate fit distil export evaluate clean
 
 help:
 	@echo "make serve   serve the default model on port 8000"
 	@echo "make test    set up everything and run the test suite"
+	@echo "make test-fast  the fast unit layer alone: small fakes, no server process, no pipeline run"
 	@echo "make test-under-load  the suite with two CPU hogs beside it (a busy machine; it must pass there too)"
 	@echo "make model   fit + distil + export $(CONFIG) (resumable)"
 	@echo "make text-model  fit + distil + export $(TEXT_CONFIG) (MiniLM-L6 on movie reviews; resumable)"
@@ -49,6 +50,13 @@ deb:
 
 test: setup
 	$(PY) -m pytest -q
+
+# The fast layer, for the edit-test loop: unit tests on small fakes (the engine's predictor, batch worker, queue slots,
+# divided requests and forward gate), the network code, the artifact contract and the import rules. No server
+# process, no pipeline run, no Debian package: under a minute on this 2-core machine. `make test` runs them too.
+FAST_TESTS := tests/service/engine tests/models tests/artifact tests/test_boundaries.py
+test-fast: $(STAMP) text-deps
+	$(PY) -m pytest -q $(FAST_TESTS)
 
 # A suite that fails when the machine is busy fails for someone: run it with one busy loop per core beside it.
 test-under-load: setup

@@ -1,5 +1,5 @@
 """What two or more versions of one model cost per request on the server's own inference path, A/B'd round by round:
-the batch the worker forms (the codec's decode, one forward through ``scored_rows`` or ``sample_rows``, the OOD
+the batch the worker forms (the decoder's decode, one forward through ``scored_rows`` or ``sample_rows``, the OOD
 score's per-input scores, the served temperature, per input when the version makes it follow a score, and the
 summaries), in this process, without HTTP. It answers "what does the chosen OOD score cost against an older version's"
 at the same sample count, on the same inputs.
@@ -35,9 +35,9 @@ from benchmarks.report import spread, store_entry
 from benchmarks.timing import seconds_per_call
 from models.uncertainty import temperature_for
 from service.engine.artifact import Artifact, load_artifact
-from service.engine.codecs.base import InputLimits, PixelValues, RawInput, Text
 from service.engine.device import Device
 from service.engine.inference import summarize_requests
+from service.engine.modalities.base import InputLimits, PixelValues, RawInput, Text
 
 PAGE_TITLE = "# What a version's served inference costs (CPU, this machine)"
 LIMITS = InputLimits(max_text_chars=100_000, max_image_pixels=10**8, max_request_pixels=10**9)
@@ -66,10 +66,10 @@ def version_folder(repository: Path, model: str, version: str) -> Path:
 
 def infer(artifact: Artifact, device: Device, items: list[RawInput], n_samples: int) -> None:
     """One batch through the worker's steps: decode, forward, scores, temperature, summaries."""
-    codec = artifact.codec
-    batch = codec.decode(items, LIMITS, artifact.manifest.name)
-    cost = codec.batch_cost(max(128, len(items) * n_samples), 1 << 20)
-    forward = codec.forward(artifact.rows, device, batch, [n_samples] * len(items), cost, None)
+    batch = artifact.decoder.decode(items, LIMITS, artifact.manifest.name)
+    runner = artifact.runner
+    cost = runner.batch_cost(max(128, len(items) * n_samples), 1 << 20)
+    forward = runner.forward(artifact.rows, device, batch, [n_samples] * len(items), cost, None)
     temperature = temperature_for(artifact.temperature, artifact.named_scores(forward.scores))
     summarize_requests(forward.rows, [len(items)], [n_samples], temperature)
 

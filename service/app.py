@@ -15,7 +15,7 @@ from service import __version__
 from service.api.auth import OPEN_PATHS, docs_paths
 from service.api.cors import Cors
 from service.api.gateway import Gateway
-from service.api.grpc_service import start_grpc
+from service.api.grpc_thread import serve_grpc
 from service.api.routes import feedback, health, metrics, models, oip, predict, repository
 from service.config import Settings
 from service.engine.artifact import Artifact
@@ -99,7 +99,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
         app.state.director = state
         state.repository.start(settings.poll_interval_s, state.refresh_live_gauges)  # the gauges survive a restart
         state.flusher.start()
-        grpc_server = await start_grpc(state, settings)
+        grpc_server = app.state.grpc = await serve_grpc(state, settings)  # on a thread of its own
         log.info("serving %s on %s (%d threads)", settings.model_repository, state.device.torch_device,
                  torch.get_num_threads())
         try:

@@ -6,7 +6,10 @@ file (one ``/predict`` input per line: ``{"text": ...}``, ``{"image_base64": ...
 optional ``"id"``) or a CSV file (``--text-column``, optional ``--id-column``). Each output line is one input's
 prediction as ``/predict`` returns it, with its ``key`` (file path, id or line number), the model version and the OOD
 rule. An input the server would refuse (a corrupt image, an empty text, a line that is not UTF-8 or not JSON, or
-nested too deep) gets a line with its ``error`` and ``status`` instead, and the run goes on.
+nested too deep) gets a line with its ``error`` and ``status`` instead, and the run goes on. ``--coverage`` and
+``--max-risk`` (with ``--conformal-score``, ``--class-conditional``, ``--no-abstain-if-ood``) add each input's
+``prediction_set`` / ``set_size`` / ``abstain`` and the rules applied (``decisions``), as ``/predict`` does
+(docs/api.md, "Prediction sets and abstentions").
 
 The lines are appended to ``OUTPUT.partial`` (beside the output) and the file is renamed to OUTPUT when the run is
 over, so a crash never leaves a half-written OUTPUT and never touches a finished one. The run resumes: inputs whose
@@ -33,21 +36,24 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from tqdm import tqdm
 
-from service.api.protocol import ImageInput, Input, raw_inputs
+from service.api.oip_decisions import SCORES, decision_request
+from service.api.protocol import ImageRequestInput, RequestInput, raw_inputs
 from service.api.routes.predict import to_response
 from service.config import Settings
+from service.engine.decisions import DecisionRequest
 from service.errors import ApiError
 from service.state import AppState
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
-INPUT = TypeAdapter(Input)
-Item = tuple[str, Input | ApiError]  # (key, the input, or why it cannot be one)
+INPUT = TypeAdapter(RequestInput)
+Item = tuple[str, RequestInput | ApiError]  # (key, the input, or why it cannot be one)
 
 
 def read_inputs(path: Path, text_column: str, id_column: str | None) -> Iterator[Item]:
     if path.is_dir():
         for file in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
-            yield str(file.relative_to(path)), ImageInput(image_base64=base64.b64encode(file.read_bytes()).decode())
+            encoded = base64.b64encode(file.read_bytes()).decode()
+            yield str(file.relative_to(path)), ImageRequestInput(image_base64=encoded)
     elif path.suffix.lower() == ".csv":
         # bytes that are not UTF-8 stay as lone surrogates, so the row that holds them is refused, not the file
         with path.open(newline="", encoding="utf-8", errors="surrogateescape") as handle:
@@ -118,18 +124,20 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-async def score(state: AppState, items: list[tuple[str, Input]], model: str | None, version: str | None,
-                n_samples: int | None, seed: int | None) -> list[dict[str, Any]]:
-    """One request's worth of inputs, as ``/predict`` answers them (probabilities included)."""
+async def score(state: AppState, items: list[tuple[str, RequestInput]], model: str | None, version: str | None,
+                n_samples: int | None, seed: int | None, ask: DecisionRequest | None = None) -> list[dict[str, Any]]:
+    """One request's worth of inputs, as ``/predict`` answers them (probabilities included, and the sets and
+    abstentions ``ask`` wants, with the rules applied on every line)."""
     started = time.perf_counter()
     predictor = state.predictor
     entry = predictor.resolve(model, version)
     count = predictor.samples(entry, n_samples)
-    outcome = await predictor.predict(entry, raw_inputs([item for _, item in items]), count, seed)
+    outcome = await predictor.predict(entry, raw_inputs([item for _, item in items]), count, seed, ask=ask)
     body = to_response(outcome, True, started).body
     answer = json.loads(body)
     common = {"model": answer["model"], "model_version": answer["model_version"], "n_samples": answer["n_samples"],
-              "ood_score_name": answer["ood"]["score"], "ood_threshold": answer["ood"]["threshold"]}
+              "ood_score_name": answer["ood"]["score"], "ood_threshold": answer["ood"]["threshold"],
+              **({"decisions": answer["decisions"]} if "decisions" in answer else {})}
     return [{"key": key, **common, **{k: v for k, v in p.items() if k != "index"}}
             for (key, _), p in zip(items, answer["predictions"], strict=True)]
 
@@ -143,7 +151,7 @@ async def score_chunk(state: AppState, chunk: list[Item], args: argparse.Namespa
     if not good:
         return lines
     try:
-        return await score(state, good, args.model, args.version, args.n_samples, args.seed) + lines
+        return await score(state, good, args.model, args.version, args.n_samples, args.seed, asked(args)) + lines
     except ApiError as exc:
         if len(good) == 1:
             return [{"key": good[0][0], "error": str(exc), "status": exc.status}, *lines]
@@ -164,8 +172,10 @@ async def run(args: argparse.Namespace) -> int:
         async with app.router.lifespan_context(app):
             state: AppState = app.state.director
             await wait_scanned(state)
-            try:  # a wrong model, version or sample count fails the run here, not every input
-                state.predictor.samples(state.predictor.resolve(args.model, args.version), args.n_samples)
+            try:  # a wrong model, version, sample count or decision ask fails the run here, not every input
+                entry = state.predictor.resolve(args.model, args.version)
+                state.predictor.samples(entry, args.n_samples)
+                state.predictor.decisions_for(entry, asked(args))
             except ApiError as exc:
                 print(f"cannot score: {exc}", file=sys.stderr)
                 return 2
@@ -194,6 +204,23 @@ async def wait_scanned(state: AppState, timeout_s: float = 600.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def asked(args: argparse.Namespace) -> DecisionRequest:
+    """The run's sets and abstentions, checked as an OIP request's parameters are (``/predict``'s ranges)."""
+    return decision_request({"coverage": args.coverage, "conformal_score": args.conformal_score,
+                             "class_conditional": args.class_conditional, "max_risk": args.max_risk,
+                             "abstain_if_ood": args.abstain_if_ood}, ["flags"])
+
+
+def decision_flags(parser: argparse.ArgumentParser) -> None:
+    """``/predict``'s coverage and max_risk asks as flags (docs/api.md, "Prediction sets and abstentions")."""
+    parser.add_argument("--coverage", type=float, help="add each input's prediction_set at this coverage (0-1)")
+    parser.add_argument("--conformal-score", choices=SCORES, help="the sets' score (default: the version's)")
+    parser.add_argument("--class-conditional", action="store_true", help="sets with the coverage within each class")
+    parser.add_argument("--max-risk", type=float, help="add each input's abstain flag at this risk (0-1)")
+    parser.add_argument("--abstain-if-ood", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --max-risk: OOD-flagged inputs abstain (default: yes)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, required=True, help="image folder, .jsonl or .csv")
@@ -207,9 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--text-column", default="text", help="CSV column holding the texts")
     parser.add_argument("--id-column", help="CSV column holding each row's key (default: its line number)")
+    decision_flags(parser)
     args = parser.parse_args(argv)
     if not args.input.exists():
         parser.error(f"no such input: {args.input}")
+    try:
+        asked(args)
+    except ApiError as exc:
+        parser.error(str(exc))
     if any(same_file(path, args.input) for path in (args.output, partial_path(args.output))) or (
             args.output.resolve() == args.input.resolve()):
         parser.error(f"the output {args.output} is the input: scoring would overwrite it")

@@ -12,6 +12,7 @@ from service.engine.device import Device
 from service.engine.predictor import Predictor
 from service.engine.repository import ModelRepository, VersionState
 from service.feedback.calls import StoreCalls
+from service.feedback.decisions import LiveDecisions
 from service.feedback.flusher import LogFlusher
 from service.feedback.store import FeedbackStore, FeedbackUnavailable, LiveStats
 from service.observability.metrics import UNKNOWN, Metrics
@@ -72,27 +73,29 @@ class AppState:
             metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
 
     async def refresh_live_gauges(self) -> None:
-        """Live accuracy and ECE of every known version, read from the feedback store (on its own threads, within
-        its timeout): labels that reached another replica sharing the store (or an earlier process) count too. The
-        gauges keep their last values while the store is slow or unavailable, so a scrape never waits past the
-        timeout and never fails on the store."""
+        """Live accuracy and ECE of every known version, and its live coverage and selective risk per level asked
+        for, read from the feedback store (on its own threads, within its timeout): labels that reached another
+        replica sharing the store (or an earlier process) count too. The gauges keep their last values while the
+        store is slow or unavailable, so a scrape never waits past the timeout and never fails on the store."""
         try:
             stats = await self.store_calls.run(self._live_stats)
         except FeedbackUnavailable as exc:
             log.warning("live accuracy and ECE not refreshed: %s", exc)
             return
-        for (model, version), live in stats.items():
-            if self.repository.is_known(model, version):
+        for (model, version), (live, decided) in stats.items():
+            if not self.repository.is_known(model, version):
+                continue
+            if live is not None:
                 self.metrics.live_accuracy.labels(model, version).set(live.accuracy)
                 self.metrics.live_ece.labels(model, version).set(live.ece)
+            self.metrics.set_live_decisions(
+                model, version, {level: (rate.value, rate.n) for level, rate in decided.coverage.items()},
+                {level: (rate.value, rate.n) for level, rate in decided.selective_risk.items()})
 
-    def _live_stats(self) -> dict[tuple[str, str], LiveStats]:
-        out = {}
-        for model, version in self.feedback.labelled_versions():
-            stats = self.feedback.live_stats(model, version)
-            if stats is not None:
-                out[(model, version)] = stats
-        return out
+    def _live_stats(self) -> dict[tuple[str, str], tuple[LiveStats | None, LiveDecisions]]:
+        return {(model, version): (self.feedback.live_stats(model, version),
+                                   self.feedback.live_decisions(model, version))
+                for model, version in self.feedback.labelled_versions()}
 
     def readiness(self) -> Readiness:
         """Ready: the first scan is done, nothing is loading, at least one version is ready, every required

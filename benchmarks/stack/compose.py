@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import secrets
 import socket
 import subprocess
@@ -170,9 +169,3 @@ class Stack:
         """One query in the postgres container, as the feedback store's user; the bare result."""
         return self.compose("exec", "-T", "postgres", "psql", "-U", "director", "-d", "director", "-tA", "-c",
                             query).stdout.strip()
-
-
-def redact(text: str, *secrets_: str) -> str:
-    for value in secrets_:
-        text = text.replace(value, "***")
-    return re.sub(r"\s+\n", "\n", text)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from service.errors import ApiError
 
 log = logging.getLogger("service.grpc")
-LARGE_MESSAGE_BYTES = 1 << 20  # a message this large is parsed off the event loop and asks for a trim once gone
+LARGE_MESSAGE_BYTES = 1 << 20  # a message this large asks for a trim once gone
 
 
 def malloc_trim() -> Callable[[], object] | None:

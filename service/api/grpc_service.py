@@ -1,5 +1,6 @@
 """The gRPC Open Inference Protocol (KServe's ``inference.GRPCInferenceService``, with Triton's model configuration,
-statistics and repository calls) on ``DIRECTOR_GRPC_PORT``, in the same process and event loop as the HTTP server.
+statistics and repository calls) on ``DIRECTOR_GRPC_PORT``, in the same process as the HTTP server, on an event loop
+of its own thread (``service.api.grpc_thread`` says why); each handler's work runs on the main loop (``on_main``).
 
 Every call goes through the operations HTTP uses (``service.api.inference_protocol``): the same API key (metadata
 ``authorization: Bearer <key>``; liveness and readiness open, as over HTTP), the same batching, limits and errors
@@ -19,7 +20,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -27,10 +28,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from service.api import grpc_tensors
-from service.api import inference_protocol as protocol
+from service.api import grpc_tensors, inference_protocol
 from service.api.auth import MESSAGE, bearer_matches
-from service.api.grpc_messages import LARGE_MESSAGE_BYTES, MessageBytes
+from service.api.grpc_messages import MessageBytes
 from service.config import Settings
 from service.errors import ApiError
 from service.state import AppState
@@ -100,8 +100,9 @@ def call(method: str, open_: bool = False, reads: bool = True, message: Any = No
 
 
 class GrpcInferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, state: AppState) -> None:
+    def __init__(self, state: AppState, main_loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.state = state
+        self.main_loop = main_loop  # where the handlers' work runs; None: on the loop serving the call
         self.max_calls = state.settings.grpc_max_concurrent_calls
         self.in_flight = 0
         self.message_bytes = MessageBytes(state.settings.grpc_bytes_in_flight_limit)
@@ -112,23 +113,39 @@ class GrpcInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """``handler`` on the call's one message, read now, held within the bytes in progress and parsed. Only this
         frame holds the message, and it is gone by the time a refused call is aborted."""
         if parse is None:
-            return await handler(self, None, context)
+            return await self.on_main(handler(self, None, context))
         data = await context.read()
         if data is grpc.aio.EOF:
             raise ApiError(400, f"the {method} call carried no request message")
         with self.message_bytes.hold(len(data)):
             request = await self.parse(method, parse, data)
             del data  # parsed: the message is its copy now
-            return await handler(self, request, context)
+            return await self.on_main(handler(self, request, context))
+
+    async def on_main(self, work: Coroutine[Any, Any, Any]) -> Any:
+        """``work`` (a handler's) run on the main loop, where the model engine lives (it is not thread-safe), awaited
+        here without blocking gRPC's loop; cancelling the call (its client gone, its deadline passed, the server
+        stopped) cancels ``work`` there too (``wrap_future`` passes the cancellation on)."""
+        main = self.main_loop
+        if main is None or main is asyncio.get_running_loop():
+            return await work
+        try:
+            done = asyncio.run_coroutine_threadsafe(work, main)
+        except RuntimeError:  # the main loop is closed: the process is ending
+            work.close()
+            raise ApiError(503, "the server is shutting down") from None
+        try:
+            return await asyncio.wrap_future(done)
+        finally:
+            del done  # an error's traceback holds this frame: it must not hold the error back (a cycle)
 
     async def parse(self, method: str, parse: Parse, data: bytes) -> Any:
-        """The message parsed, a large one in the decode pool (15 MiB take 10-70 ms: on the event loop, a burst of
-        them stalled every other call and ``/health/live``). One that does not parse is the call's error
+        """The message parsed, on gRPC's loop: protobuf holds the GIL for the whole parse (15 MiB: 2-70 ms) wherever it
+        runs, so a thread would only add one more contender for it (and a malloc arena), and gRPC's loop is not the
+        HTTP server's (``service.api.grpc_thread``). One that does not parse is the call's error
         (INVALID_ARGUMENT) with one log line at most every ``UNDECODABLE_LOG_INTERVAL_S``: a client sending garbage
         cannot flood the log, nor get a traceback written."""
         try:
-            if len(data) >= LARGE_MESSAGE_BYTES:
-                return await self.state.decoder.run(parse, data)
             return parse(data)
         except Exception as exc:  # protobuf's DecodeError, or anything else a hostile message triggers
             error = type(exc).__name__
@@ -159,47 +176,49 @@ class GrpcInferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @call("ModelReady")
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        ready = protocol.model_ready(self.state, request.name, request.version or None)
+        ready = inference_protocol.model_ready(self.state, request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     @call("ServerMetadata")
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return json_format.ParseDict(protocol.server_metadata(), pb.ServerMetadataResponse())
+        return json_format.ParseDict(inference_protocol.server_metadata(), pb.ServerMetadataResponse())
 
     @call("ModelMetadata")
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        metadata = protocol.model_metadata(self.state, request.name, request.version or None)
+        metadata = inference_protocol.model_metadata(self.state, request.name, request.version or None)
         return json_format.ParseDict(metadata, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
 
     @call("ModelConfig")
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        config = protocol.configuration(self.state, request.name, request.version or None)
+        config = inference_protocol.configuration(self.state, request.name, request.version or None)
         return json_format.ParseDict({"config": config}, pb.ModelConfigResponse(), ignore_unknown_fields=True)
 
     @call("ModelStatistics")
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        report = protocol.statistics(self.state, request.name or None, request.version or None)
+        report = inference_protocol.statistics(self.state, request.name or None, request.version or None)
         return json_format.ParseDict(report, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     @call("RepositoryIndex")
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        rows = protocol.repository_index(self.state, request.ready)
+        rows = inference_protocol.repository_index(self.state, request.ready)
         return json_format.ParseDict({"models": rows}, pb.RepositoryIndexResponse())
 
     @call("RepositoryModelLoad")
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await protocol.load_model(self.state, request.model_name)
+        await inference_protocol.load_model(self.state, request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     @call("RepositoryModelUnload")
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await protocol.unload_model(self.state, request.model_name)
+        await inference_protocol.unload_model(self.state, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     @call("ModelInfer")
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        body, tail = await self.state.decoder.run(grpc_tensors.request_body, request)
-        answer = await protocol.infer(self.state, request.model_name, request.model_version or None, body, tail)
+        body, tail = await self.state.decoder.run(grpc_tensors.request_body, request,
+                                                  self.state.settings.max_inputs_per_request)
+        answer = await inference_protocol.infer(self.state, request.model_name, request.model_version or None,
+                                                body, tail)
         return grpc_tensors.infer_response(answer.response())
 
 
@@ -230,18 +249,20 @@ def method_handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(DESCRIPTOR.full_name, handlers)
 
 
-async def start_grpc(state: AppState, settings: Settings) -> grpc.aio.Server | None:
-    """The gRPC server on ``settings.grpc_port`` (None when it is 0): a message bounded like an HTTP body (gRPC
-    refuses a larger one with RESOURCE_EXHAUSTED), calls by ``grpc_max_concurrent_calls`` and the bytes of messages in
-    progress by ``grpc_max_bytes_in_flight`` (both counted and refused by the servicer; the health calls, exempt from
-    the call bound, by gRPC itself past twice as many calls, before it reads their messages), the port shared by the
-    workers of a multi-process server (SO_REUSEPORT)."""
+async def start_grpc(state: AppState, settings: Settings, main_loop: asyncio.AbstractEventLoop | None = None
+                     ) -> grpc.aio.Server | None:
+    """The gRPC server on ``settings.grpc_port`` (None when it is 0), made and started on the running loop (gRPC's
+    own thread's: ``service.api.grpc_thread``), its handlers' work run on ``main_loop``: a message bounded like an HTTP
+    body (gRPC refuses a larger one with RESOURCE_EXHAUSTED), calls by ``grpc_max_concurrent_calls`` and the bytes of
+    messages in progress by ``grpc_max_bytes_in_flight`` (both counted and refused by the servicer; the health calls,
+    exempt from the call bound, by gRPC itself past twice as many calls, before it reads their messages), the port
+    shared by the workers of a multi-process server (SO_REUSEPORT)."""
     if settings.grpc_port == 0:
         return None
     server = grpc.aio.server(maximum_concurrent_rpcs=2 * settings.grpc_max_concurrent_calls,
                              options=[("grpc.max_receive_message_length", settings.max_body_bytes),
                                       ("grpc.so_reuseport", 1)])
-    server.add_generic_rpc_handlers((method_handlers(GrpcInferenceService(state)),))
+    server.add_generic_rpc_handlers((method_handlers(GrpcInferenceService(state, main_loop)),))
     address = f"{settings.host}:{settings.grpc_port}"
     if server.add_insecure_port(address) == 0:
         raise RuntimeError(f"gRPC could not listen on {address}")

@@ -12,7 +12,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from service.api.oip_binary import tensor_bytes
-from service.errors import invalid
+from service.errors import invalid, too_large
 
 # the typed ``contents`` field of each datatype, and how its values are laid out as raw bytes (little-endian)
 CONTENTS = {"FP32": ("fp32_contents", "<f4"), "FP64": ("fp64_contents", "<f8"), "UINT8": ("uint_contents", "|u1"),
@@ -43,8 +43,12 @@ def contents_bytes(tensor: Any, index: int) -> bytes:
         raise invalid(f"inputs.{index}: {tensor.datatype} contents hold a value out of range ({exc})", loc) from exc
 
 
-def request_body(request: Any) -> tuple[dict[str, Any], bytes]:
-    """A ``ModelInferRequest`` as the JSON header and binary tail of an HTTP infer request."""
+def request_body(request: Any, limit: int) -> tuple[dict[str, Any], bytes]:
+    """A ``ModelInferRequest`` as the JSON header and binary tail of an HTTP infer request. A tensor whose shape
+    declares more than ``limit`` inputs is refused (413) before any typed ``contents`` are converted."""
+    for tensor in request.inputs:
+        if tensor.shape and tensor.shape[0] > limit:
+            raise too_large(f"{tensor.shape[0]} inputs in one request, the limit is {limit}")
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise invalid(f"raw_input_contents holds {len(raw)} tensors for {len(request.inputs)} inputs",

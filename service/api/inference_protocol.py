@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from service import __version__
-from service.api import oip
+from service.api import oip, oip_decisions
 from service.api.model_config import model_config
 from service.engine.batching import Ticket
-from service.engine.codecs.base import Codec
+from service.engine.modalities.base import InputDecoder
 from service.engine.predictor import Outcome
 from service.engine.repository import ModelVersion, VersionState
 from service.errors import ApiError, not_found, shown
@@ -74,8 +74,8 @@ def statistics(state: AppState, name: str | None, version: str | None) -> dict[s
     return state.statistics.report([(e.name, e.version) for e in entries])
 
 
-# a protocol's own check of a request, given the model's codec and the outputs asked for, run before inference
-ProtocolCheck = Callable[[Codec, list[str] | None], None]
+# a protocol's own check of a request, given the names of the outputs its response will carry, run before inference
+ProtocolCheck = Callable[[list[str]], None]
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,14 @@ class Inference:
     request_id: str | None
 
     def response(self) -> dict[str, Any]:
-        """The OIP inference response (JSON form, every output's ``data`` inline)."""
+        """The OIP inference response (JSON form, every output's ``data`` inline); with sets or abstentions
+        asked, the rules applied in its ``parameters`` (docs/api.md)."""
         outcome = self.outcome
         response: dict[str, Any] = {
             "model_name": outcome.entry.name, "model_version": outcome.entry.version,
             "parameters": {"n_samples": self.n_samples, "prediction_id": outcome.id,
-                           "ood_score_name": outcome.rule.score, "ood_threshold": outcome.rule.threshold},
+                           "ood_score_name": outcome.rule.score, "ood_threshold": outcome.rule.threshold,
+                           **oip_decisions.response_parameters(outcome.decisions)},
             "outputs": oip.outputs_json(outcome, self.requested),
         }
         if self.request_id is not None:
@@ -104,21 +106,24 @@ class Inference:
 async def infer(state: AppState, name: str, version: str | None, body: dict[str, Any], tail: bytes,
                 ticket: Ticket | None = None, before: ProtocolCheck | None = None,
                 client_request_id: str | None = None) -> Inference:
-    """One inference: every check of the request before the model runs (``before(codec)`` adds a protocol's own),
-    then the prediction use-case on the body's tensor (``tail``: the binary tensors after it). The prediction is
+    """One inference: every check of the request before the model runs (``before(names)`` adds a protocol's own,
+    given the outputs the response will carry), then the prediction use-case on the body's tensor (``tail``: the
+    binary tensors after it), with the prediction sets and abstentions its parameters ask for. The prediction is
     logged under ``client_request_id`` (the transport's request id), else the OIP request's ``id``."""
     predictor = state.predictor
     entry = predictor.resolve(name, version)
-    codec: Codec = entry.artifact.codec
+    decoder: InputDecoder = entry.artifact.decoder
     parameters = oip.parameters_of(body, ["body", "parameters"])
     n_samples = predictor.samples(entry, oip.int_parameter(parameters, "n_samples"))
     seed = oip.seed_parameter(parameters)
+    ask = oip_decisions.decision_request(parameters)
     request_id = oip.request_id(body)
-    requested = oip.requested_outputs(body, codec)
+    requested = oip.requested_outputs(body, decoder, ask)
     if before is not None:
-        before(codec, requested)
-    outcome = await predictor.predict(entry, lambda: oip.raw_inputs(body, tail, codec), n_samples, seed, ticket,
-                                      client_request_id or request_id)
+        before(requested or oip.available_outputs(decoder, ask))
+    limit = state.settings.max_inputs_per_request
+    outcome = await predictor.predict(entry, lambda: oip.raw_inputs(body, tail, decoder, limit), n_samples, seed,
+                                      ticket, client_request_id or request_id, ask)
     return Inference(outcome, n_samples, requested, request_id)
 
 

@@ -12,8 +12,8 @@ from typing import Any
 from service.api.oip import OUTPUT_TYPES
 from service.config import Settings
 from service.engine.artifact import Artifact, ood_rule
-from service.engine.codecs.base import TensorSpec
 from service.engine.device import Device
+from service.engine.modalities.base import TensorSpec
 from service.engine.repository import ReadyVersion
 
 TRITON_TYPES = {"FP32": "TYPE_FP32", "BOOL": "TYPE_BOOL", "BYTES": "TYPE_STRING", "INT64": "TYPE_INT64"}
@@ -32,14 +32,14 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
 
 
 def io_config(artifact: Artifact) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Inputs and outputs without their batch dimension (``max_batch_size`` > 0): the codec's input tensor, the
-    prediction's outputs and the codec's per-input extras."""
-    codec = artifact.codec
+    """Inputs and outputs without their batch dimension (``max_batch_size`` > 0): the decoder's input tensor, the
+    prediction's outputs and the decoder's per-input extras."""
+    decoder = artifact.decoder
     outputs = [{"name": "probabilities", "data_type": TRITON_TYPES[OUTPUT_TYPES["probabilities"]],
                 "dims": [len(artifact.labels)], "label_filename": ""}]
     outputs += [_tensor(TensorSpec(name, kind, (1,))) for name, kind in OUTPUT_TYPES.items() if name != "probabilities"]
-    outputs += [_tensor(spec) for spec in codec.extra_outputs]
-    return [_tensor(codec.tensor)], outputs
+    outputs += [_tensor(spec) for spec in decoder.extra_outputs]
+    return [_tensor(decoder.tensor)], outputs
 
 
 def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
@@ -58,9 +58,9 @@ def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
         "labels": json.dumps(artifact.labels),
         **({"kernel_verdict": manifest.kernel_verdict.sentence} if manifest.kernel_verdict else {}),
     }
-    cost = artifact.codec.batch_cost(serving.max_batch_samples, serving.max_batch_tokens)
+    cost = artifact.runner.batch_cost(serving.max_batch_samples, serving.max_batch_tokens)
     values[cost.setting] = cost.budget
-    values |= artifact.codec.parameters()
+    values |= artifact.decoder.parameters()
     return {key: {"string_value": str(value)} for key, value in values.items()}
 
 

@@ -1,13 +1,14 @@
 """Open Inference Protocol v2 (KServe / Triton HTTP) tensors <-> the server's requests and results.
 
-Inputs: the model codec's one tensor (``service.engine.codecs``): ``pixels`` FP32 ``[-1, C, H, W]`` for image models
-(FP64, FP16 and UINT8 accepted), ``text`` BYTES ``[-1, 1]`` for text models (UTF-8, one string per input as Triton
-batches them; ``[N]`` accepted too); JSON data (flat or nested) or the binary tensor extension
+Inputs: the model decoder's one tensor (``service.engine.modalities``): ``pixels`` FP32 ``[-1, C, H, W]`` for image
+models (FP64, FP16 and UINT8 accepted), ``text`` BYTES ``[-1, 1]`` for text models (UTF-8, one string per input as
+Triton batches them; ``[N]`` accepted too); JSON data (flat or nested) or the binary tensor extension
 (``Inference-Header-Content-Length``; BYTES elements as 4-byte little-endian length + bytes). Parameters:
 ``n_samples`` and ``seed``. Outputs (JSON): ``probabilities`` FP32 ``[N, K]``, ``confidence``,
 ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``ood_score`` FP32 ``[N]``,
-``is_ood`` BOOL ``[N]``, ``label`` BYTES ``[N]``, ``class_index`` INT64 ``[N]``, and the codec's per-input extras
-(text models: ``tokens`` INT64, ``truncated`` BOOL and ``dropped_tokens`` INT64 ``[N]``)."""
+``is_ood`` BOOL ``[N]``, ``label`` BYTES ``[N]``, ``class_index`` INT64 ``[N]``, the decoder's per-input extras
+(text models: ``tokens`` INT64, ``truncated`` BOOL and ``dropped_tokens`` INT64 ``[N]``) and, when the request's
+parameters ask for them, the prediction sets and abstentions (``service.api.oip_decisions``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from service.api import oip_decisions
 from service.api.json_body import parse_json
 from service.api.protocol import SEED_MAX
 from service.engine.artifact import Artifact
-from service.engine.codecs.base import Codec, PixelValues, RawInput, TensorSpec, Text
+from service.engine.decisions import DecisionRequest
 from service.engine.images import check_values, float_array
+from service.engine.modalities.base import InputDecoder, PixelValues, RawInput, TensorSpec, Text
 from service.engine.predictor import Outcome
 from service.engine.texts import surrogate_message
-from service.errors import bad_input, invalid, shown
+from service.errors import bad_input, invalid, shown, too_large
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_REQUEST_ID = 128  # as X-Request-ID (service.api.request_context)
@@ -87,15 +90,16 @@ def spec_text(spec: TensorSpec) -> str:
     return f"{spec.name!r} {spec.datatype} [{', '.join(map(str, (-1, *spec.dims)))}]"
 
 
-def raw_inputs(body: dict[str, Any], tail: bytes, codec: Codec) -> list[RawInput]:
-    """The model's input tensor (the codec's ``tensor``) as raw inputs: a numeric tensor as one batch of pixel
-    values, a BYTES tensor as one text per element. CPU-bound: runs in the decode pool."""
-    spec = codec.tensor
+def raw_inputs(body: dict[str, Any], tail: bytes, decoder: InputDecoder, limit: int) -> list[RawInput]:
+    """The model's input tensor (the decoder's ``tensor``) as raw inputs: a numeric tensor as one batch of pixel
+    values, a BYTES tensor as one text per element; more than ``limit`` inputs (by the declared shape) are refused
+    before any of the data is converted. CPU-bound: runs in the decode pool."""
+    spec = decoder.tensor
     inputs = named_inputs(body, tail)
     if spec.name not in inputs:
         others = sorted(inputs)
         if others:
-            raise invalid(f"input {shown(others[0])} is not an input of this {codec.modality} model; it takes "
+            raise invalid(f"input {shown(others[0])} is not an input of this {decoder.modality} model; it takes "
                           f"{spec_text(spec)}", ["body", "inputs", inputs[others[0]][0]])
         raise invalid(f"no input named {spec.name!r} ({spec_text(spec)})", ["body", "inputs"])
     i, item, chunk = inputs[spec.name]
@@ -105,6 +109,8 @@ def raw_inputs(body: dict[str, Any], tail: bytes, codec: Codec) -> list[RawInput
         also = f" (or {'/'.join(spec.accepted)})" if spec.accepted else ""
         raise invalid(f"{spec.name} datatype must be {spec.datatype}{also}, got {datatype!r}", loc)
     dims = tensor_dims(item, spec, loc)
+    if dims[0] > limit:
+        raise too_large(f"{dims[0]} inputs in one request, the limit is {limit}")
     if datatype == "BYTES":
         return [Text(text, [*loc, "data", j]) for j, text in enumerate(byte_strings(item, chunk, dims, i, loc))]
     return [PixelValues(numeric_array(item, chunk, dims, datatype, spec.name, loc), loc, batched=True)]
@@ -236,12 +242,16 @@ def request_id(body: dict[str, Any]) -> str | None:
     return value
 
 
-def available_outputs(codec: Codec) -> list[str]:
-    return [*OUTPUTS, *(spec.name for spec in codec.extra_outputs)]
+def available_outputs(decoder: InputDecoder, ask: DecisionRequest | None = None) -> list[str]:
+    """The outputs a response carries when the request names none: every model's, the decoder's, and those its
+    decision asks give."""
+    return [*OUTPUTS, *(spec.name for spec in decoder.extra_outputs), *oip_decisions.answered_outputs(ask)]
 
 
-def requested_outputs(body: dict[str, Any], codec: Codec) -> list[str] | None:
-    """The output names the request asks for, checked before inference (None or an empty list: every output)."""
+def requested_outputs(body: dict[str, Any], decoder: InputDecoder, ask: DecisionRequest | None = None
+                      ) -> list[str] | None:
+    """The output names the request asks for, checked before inference (None or an empty list: every output): an
+    unknown name is 422, a decision output without its ask 400."""
     outputs = body.get("outputs")
     if outputs is None:
         return None
@@ -254,17 +264,18 @@ def requested_outputs(body: dict[str, Any], codec: Codec) -> list[str] | None:
         if not isinstance(name, str):
             raise invalid(f"outputs.{i} must be an object with a string name", [*loc, i])
         names.append(name)
-    available = available_outputs(codec)
+    available = [*OUTPUTS, *(spec.name for spec in decoder.extra_outputs), *oip_decisions.OUTPUT_TYPES]
     unknown = [name for name in names if name not in available]
     if unknown:
         raise invalid(f"unknown outputs {unknown}; available: {available}", loc)
+    oip_decisions.check_requested(names, ask)
     return names or None
 
 
 def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str, Any]]:
     """The requested outputs (already checked by ``requested_outputs``) of a finished request."""
     s = outcome.summary
-    codec = outcome.entry.artifact.codec
+    decoder = outcome.entry.artifact.decoder
     labels = outcome.entry.artifact.labels
     n = int(s.confidence.shape[0])
     values: dict[str, tuple[list[int], list[Any]]] = {
@@ -279,19 +290,21 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
         "class_index": ([n], s.prediction.tolist()),
     }
     types = dict(OUTPUT_TYPES)
-    for spec in codec.extra_outputs:
+    for spec in decoder.extra_outputs:
         values[spec.name] = ([n], outcome.extras[spec.name])
         types[spec.name] = spec.datatype
-    names = requested or available_outputs(codec)
+    for name, (datatype, shape, data) in oip_decisions.output_values(outcome.decisions, labels).items():
+        values[name], types[name] = (shape, data), datatype
+    names = requested or [*available_outputs(decoder), *(name for name in oip_decisions.OUTPUT_TYPES if name in values)]
     return [{"name": name, "datatype": types[name], "shape": values[name][0], "data": values[name][1]}
             for name in names]
 
 
 def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, Any]:
-    codec = artifact.codec
-    inputs = [{"name": codec.tensor.name, "datatype": codec.tensor.datatype, "shape": [-1, *codec.tensor.dims]}]
+    decoder = artifact.decoder
+    inputs = [{"name": decoder.tensor.name, "datatype": decoder.tensor.datatype, "shape": [-1, *decoder.tensor.dims]}]
     per_input = {name: kind for name, kind in OUTPUT_TYPES.items() if name != "probabilities"}
-    per_input |= {spec.name: spec.datatype for spec in codec.extra_outputs}
+    per_input |= {spec.name: spec.datatype for spec in decoder.extra_outputs}
     outputs = ([{"name": "probabilities", "datatype": OUTPUT_TYPES["probabilities"],
                  "shape": [-1, len(artifact.labels)]}]
                + [{"name": name, "datatype": kind, "shape": [-1]} for name, kind in per_input.items()])

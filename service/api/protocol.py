@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from service.engine.codecs.base import Base64Image, Loc, PixelValues, RawInput, Text
 from service.engine.decisions import DecisionRequest
+from service.engine.modalities.base import Base64Image, Loc, PixelValues, RawInput, Text
 from service.engine.texts import surrogate_message
 
 SEED_MAX = 2**63 - 1
@@ -25,7 +25,7 @@ def _unicode(text: str) -> str:
 UnicodeStr = Annotated[str, AfterValidator(_unicode)]
 
 
-class ImageInput(BaseModel):
+class ImageRequestInput(BaseModel):
     """An encoded PNG or JPEG image, converted to the model's channels and size (see docs/api.md)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -35,7 +35,7 @@ class ImageInput(BaseModel):
         return Base64Image(self.image_base64, [*loc, "image_base64"])
 
 
-class PixelsInput(BaseModel):
+class PixelsRequestInput(BaseModel):
     """Pixels already in the model's layout: ``[H, W]`` (1-channel models) or ``[C, H, W]``, floats in [0, 1]."""
 
     model_config = ConfigDict(extra="forbid")
@@ -45,7 +45,7 @@ class PixelsInput(BaseModel):
         return PixelValues(self.pixels, [*loc, "pixels"])
 
 
-class TextInput(BaseModel):
+class TextRequestInput(BaseModel):
     """A text string, for text models (sent to an image model it is refused with 422). Tokenised with the model's
     own tokenizer and truncated to the manifest's ``input.max_length`` tokens; the prediction reports ``tokens``,
     ``truncated`` and ``dropped_tokens``."""
@@ -58,11 +58,11 @@ class TextInput(BaseModel):
         return Text(self.text, [*loc, "text"])
 
 
-Input = ImageInput | PixelsInput | TextInput
+RequestInput = ImageRequestInput | PixelsRequestInput | TextRequestInput
 
 
-def raw_inputs(inputs: list[Input]) -> list[RawInput]:
-    """A request's JSON inputs as the model codecs take them, each with where it was in the request."""
+def raw_inputs(inputs: list[RequestInput]) -> list[RawInput]:
+    """A request's JSON inputs as the models' decoders take them, each with where it was in the request."""
     return [item.raw(["body", "inputs", i]) for i, item in enumerate(inputs)]
 
 
@@ -72,7 +72,7 @@ class PredictRequest(BaseModel):
                                                                             "when omitted")
     version: UnicodeStr | None = Field(None, max_length=NAME_MAX, description="model version; the highest ready "
                                                                               "version when omitted")
-    inputs: list[Input] = Field(..., min_length=1, description="one or more inputs, answered in order")
+    inputs: list[RequestInput] = Field(..., min_length=1, description="one or more inputs, answered in order")
     # strict: true, "8" and 4.0 are not sample counts or seeds (a client sending them has a bug worth hearing about)
     n_samples: int | None = Field(None, ge=1, strict=True, description="stochastic samples per input (a JSON "
                                   "integer), 1..manifest max_samples; the manifest's default_samples when omitted")

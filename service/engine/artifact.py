@@ -1,6 +1,7 @@
 """One artifact folder (``<model>/<version>/``): manifest validation, sha256 check, TorchScript (or AOTInductor
-package) load, its input codec (``service.engine.codecs``: for text models the tokenizer), warm-up (every shape bucket
-where the device pads to them), and the manifest lookups the server needs (the OOD threshold for a sample count)."""
+package) load, its modality's input decoder and batch runner (``service.engine.modalities``: for text models the
+tokenizer), warm-up (every shape bucket where the device pads to them), and the manifest lookups the server needs (the
+OOD threshold for a sample count)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,11 @@ from models.uncertainty import (
     Temperature,
     needs_input_scores,
 )
-from service.engine.codecs import codec_for
-from service.engine.codecs.base import Codec
 from service.engine.decisions import VersionDecisions
 from service.engine.device import Device
 from service.engine.exported_artifact import CannotRun, CompiledDirector, load_compiled
+from service.engine.modalities import modality_for
+from service.engine.modalities.base import BatchRunner, InputDecoder
 from service.engine.shapes import WARM_CALLS, warm_counts
 
 log = logging.getLogger("service.engine.artifact")
@@ -118,7 +119,7 @@ def score_terms(ood: Ood) -> tuple[ScoreTerm, ...]:
     return as_terms(ood.combination)
 
 
-def served_temperature(manifest: Manifest) -> Temperature:
+def manifest_temperature(manifest: Manifest) -> Temperature:
     """What the logits are divided by: the manifest's temperature, or a temperature per input when
     ``temperature_by_score`` makes it grow with a per-input score."""
     by_score = manifest.temperature_by_score
@@ -158,7 +159,8 @@ class Artifact:
     folder: Path
     manifest: Manifest
     module: torch.jit.ScriptModule | CompiledDirector  # the manifest's artifact.format
-    codec: Codec  # the model's inputs: decoding, batch cost, forwards, protocol tensors
+    decoder: InputDecoder  # the model's inputs: decoded from raw inputs, described to the protocols
+    runner: BatchRunner  # the model's batches: joined, cut, priced, run through its forwards
     decisions: VersionDecisions | None = None  # prediction sets and abstentions (a manifest with a conformal part)
 
     @cached_property
@@ -204,7 +206,7 @@ class Artifact:
     @cached_property
     def temperature(self) -> Temperature:
         """One temperature, or a ``ScoreTemperature`` read per input from ``scored_rows``' scores."""
-        return served_temperature(self.manifest)
+        return manifest_temperature(self.manifest)
 
 
 def shown_name(name: str) -> str:
@@ -224,14 +226,14 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
         raise ArtifactError(f"sha256 mismatch or missing file: {', '.join(bad)}")
     module = load_module(folder, manifest, device)
     try:
-        codec = codec_for(manifest, folder)
+        modality = modality_for(manifest, folder)
     except ValueError as exc:
         raise ArtifactError(str(exc)) from exc
     try:
         decisions = VersionDecisions.load(folder, manifest)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"conformal file: {error_line(exc)}") from exc
-    artifact = Artifact(folder, manifest, module, codec, decisions)
+    artifact = Artifact(folder, manifest, module, modality.decoder, modality.runner, decisions)
     if artifact.scored and not hasattr(module, "scored_rows"):
         raise ArtifactError("the manifest's OOD score or temperature needs per-input scores but the artifact has no "
                             "scored_rows")
@@ -280,13 +282,13 @@ def error_line(exc: Exception) -> str:
 
 
 def warm_up(artifact: Artifact, device: Device) -> None:
-    """One forward (``Artifact.rows``) of the codec's example inputs with mixed sample counts; checks the output
+    """One forward (``Artifact.rows``) of the runner's example inputs with mixed sample counts; checks the output
     shape and values."""
     target = device.torch_device
     repeats = torch.tensor([1, artifact.default_samples], dtype=torch.long, device=target)
     try:
         with device.lock, torch.inference_mode(), device.autocast():
-            inputs = tuple(tensor.to(target) for tensor in artifact.codec.example())
+            inputs = tuple(tensor.to(target) for tensor in artifact.runner.example())
             rows, error = artifact.rows(*inputs, repeats)
     except Exception as exc:
         raise ArtifactError(f"warm-up forward failed: {error_line(exc)}") from exc
@@ -307,12 +309,12 @@ def warm_up_buckets(artifact: Artifact, device: Device) -> None:
     """``WARM_CALLS`` forwards at every shape a served forward can be padded to (``service.engine.shapes.warm_counts``),
     so the executor's profiling and fusion happen before the version is ready, not on live requests."""
     target = device.torch_device
-    cost = artifact.codec.batch_cost(device.shapes.max_batch_samples, device.shapes.max_batch_tokens)
+    cost = artifact.runner.batch_cost(device.shapes.max_batch_samples, device.shapes.max_batch_tokens)
     try:
         with device.lock, torch.inference_mode(), device.autocast():
             for inputs, rows in warm_counts(cost.max_rows):
                 repeats = torch.full((inputs,), rows // inputs, dtype=torch.long, device=target)  # [inputs]
-                filler = tuple(tensor.to(target) for tensor in artifact.codec.filler(inputs, rows, cost))
+                filler = tuple(tensor.to(target) for tensor in artifact.runner.filler(inputs, rows, cost))
                 for _ in range(WARM_CALLS):
                     artifact.rows(*filler, repeats)
             if device.is_cuda:

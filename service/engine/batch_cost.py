@@ -1,7 +1,7 @@
 """What a batch costs against its model version's budget. The budget bounds memory by samples, not requests: a
-batch's cost is its sampled rows (inputs x n_samples) times the width of its widest input, where the input codec
-(``service.engine.codecs``) says what width means: 1 for images (the budget is ``max_batch_samples`` rows), the
-longest text's tokens rounded up as the batch is padded for texts (the budget is ``max_batch_tokens``)."""
+batch's cost is its sampled rows (inputs x n_samples) times the width of its widest input, where the model's batch
+runner (``service.engine.modalities``) says what width means: 1 for images (the budget is ``max_batch_samples``
+rows), the longest text's tokens rounded up as the batch is padded for texts (the budget is ``max_batch_tokens``)."""
 
 from __future__ import annotations
 

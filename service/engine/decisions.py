@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,6 +62,17 @@ class Decisions:
     delta: float | None
     reason: str | None  # why every input abstains, when none could be answered
     abstain_if_ood: bool = True
+
+    def rules(self) -> dict[str, Any]:
+        """The rules applied, named as every protocol reports them (``/predict``'s ``decisions`` object, the OIP
+        response ``parameters``; docs/api.md), the fields of what was not asked left out."""
+        sets, abstain = self.sets is not None, self.abstain is not None
+        rules = {"coverage": self.coverage, "conformal_score": self.score,
+                 "class_conditional": self.class_conditional if sets else None, "max_risk": self.max_risk,
+                 "risk_level": self.risk_level, "confidence_threshold": self.confidence_threshold,
+                 "delta": self.delta, "abstain_if_ood": self.abstain_if_ood if abstain else None,
+                 "reason": self.reason}
+        return {name: value for name, value in rules.items() if value is not None}
 
 
 class VersionDecisions:

@@ -1,13 +1,13 @@
 """One batched forward over several requests, whatever the modality: the batch is cut into forwards within the
 budget (``chunks_by_cost``), each forward padded to the device's shape buckets (``service.engine.shapes``) by the
-input codec and run through ``sample_rows`` (or ``scored_rows``, when the OOD score needs a per-input score: the
-kernel error or a feature-space score) with mixed sample counts; rows are summarised with ``summarize`` once per
-sample count and split back per request. Runs in a worker thread."""
+model's batch runner and run through ``sample_rows`` (or ``scored_rows``, when the OOD score needs a per-input
+score: the kernel error or a feature-space score) with mixed sample counts; rows are summarised with ``summarize``
+once per sample count and split back per request. Runs in a worker thread."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,9 +100,10 @@ def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int],
     return out
 
 
-def split_scores(scores: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
-    """The batch's per-input scores [sum(sizes), F] back per request ([n, F] each), or None for each when there are
-    none."""
+def split_scores(scores: Mapping[str, torch.Tensor] | None, sizes: list[int]) -> list[dict[str, torch.Tensor] | None]:
+    """The batch's per-input scores by name ([sum(sizes)] each) back per request ([n] each), or None for each when
+    there are none."""
     if scores is None:
         return [None] * len(sizes)
-    return list(torch.split(scores, sizes))
+    parts = {name: torch.split(values, sizes) for name, values in scores.items()}
+    return [{name: split[i] for name, split in parts.items()} for i in range(len(sizes))]

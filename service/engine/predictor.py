@@ -1,14 +1,13 @@
 """The prediction use-case every protocol shares (``/predict``, the upload route, OIP and offline batch scoring):
-resolve the model version, check the sample count, take a queue slot, decode the inputs with the model's codec in
+resolve the model version, check the sample count, take a queue slot, decode the inputs with the model's decoder in
 the decode pool, queue them on the version's batching worker, and turn the summaries into per-input results with
 the manifest's OOD rule. Records metrics, statistics, drift and the log that ``/feedback`` joins to. The routes only
-translate their protocol to raw inputs (``service.engine.codecs.base``) and the ``Outcome`` back."""
+translate their protocol to raw inputs (``service.engine.modalities.base``) and the ``Outcome`` back."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,12 +18,13 @@ from models.uncertainty import UncertaintySummary, ood_score
 from service.config import Settings
 from service.engine.artifact import ArtifactError, OodRule, ood_rule
 from service.engine.batching import BatchResult, Draining, QueueFull, Ticket
-from service.engine.codecs.base import InputBatch, InputLimits, RawInput, Text
 from service.engine.decisions import DecisionRequest, Decisions, VersionDecisions
 from service.engine.decoding import DecodePool
 from service.engine.device import DeviceOutOfMemory
+from service.engine.modalities.base import InputBatch, InputLimits, RawInput, Text
 from service.engine.repository import ModelRepository, ModelVersion, ReadyVersion, VersionState
 from service.errors import ApiError, invalid, not_found, overloaded, shown, too_large
+from service.feedback.decisions import DecisionLog, set_mask
 from service.feedback.store import FeedbackStore
 from service.observability.drift import DriftMonitor
 from service.observability.metrics import DRAINING, QUEUE_FULL, TIMEOUT, Metrics
@@ -49,7 +49,7 @@ class Outcome:
     ood: list[float]
     is_ood: list[bool]
     batch: BatchResult
-    extras: Mapping[str, list[Any]] = field(default_factory=dict)  # per-input facts from the codec (texts: tokens)
+    extras: Mapping[str, list[Any]] = field(default_factory=dict)  # per-input facts from the decoder (texts: tokens)
     client_request_id: str | None = None  # the request's X-Request-ID, logged with it for /feedback
     decisions: Decisions | None = None  # prediction sets and abstentions, when the request asked for them
 
@@ -109,9 +109,10 @@ class Predictor:
     async def predict(self, entry: ReadyVersion, inputs: RawInputs, n_samples: int, seed: int | None,
                       ticket: Ticket | None = None, request_id: str | None = None,
                       ask: DecisionRequest | None = None) -> Outcome:
-        """Decode ``inputs`` with the model's codec on a queue slot of the version (the one admission reserved, if
+        """Decode ``inputs`` with the model's decoder on a queue slot of the version (the one admission reserved, if
         it is this version's) and run them; ``request_id`` (the client's) is logged with the predictions; ``ask``:
-        the prediction sets and abstentions the request wants (``service.engine.decisions``)."""
+        the prediction sets and abstentions the request wants (``service.engine.decisions``), answered in ``run``
+        so that the log keeps them."""
         decisions = self.decisions_for(entry, ask)
         with self.queue_slot(entry, ticket) as slot:
             try:  # a sample count the manifest has no usable threshold for is refused before anything is decoded
@@ -119,11 +120,8 @@ class Predictor:
             except ArtifactError as exc:  # e.g. only mutual-information thresholds and n_samples = 1
                 raise invalid(str(exc), ["body", "n_samples"]) from exc
             batch = await self.decoder.run(self.decode, entry, inputs)
-            outcome = await self.run(entry, batch, n_samples, seed, rule, slot, request_id)
-        if decisions is None or ask is None:
-            return outcome
-        return dataclasses.replace(outcome, decisions=decisions.decide(outcome.summary.probabilities, outcome.is_ood,
-                                                                       ask))
+            return await self.run(entry, batch, n_samples, seed, rule, slot, request_id,
+                                  None if decisions is None or ask is None else (decisions, ask))
 
     @staticmethod
     def decisions_for(entry: ReadyVersion, ask: DecisionRequest | None) -> VersionDecisions | None:
@@ -147,8 +145,8 @@ class Predictor:
         return decisions
 
     def decode(self, entry: ReadyVersion, inputs: RawInputs) -> InputBatch:
-        """The server's size limits (inputs per request, characters per text, whatever the model), then the codec.
-        CPU-bound: runs in the decode pool."""
+        """The server's size limits (inputs per request, characters per text, whatever the model), then the model's
+        decoder. CPU-bound: runs in the decode pool."""
         items = inputs() if callable(inputs) else inputs
         count = sum(item.count for item in items)
         limit = self.settings.max_inputs_per_request
@@ -159,7 +157,7 @@ class Predictor:
                 where = ".".join(str(part) for part in item.loc[1:])
                 raise too_large(f"{where}: text has {len(item.text)} characters, the limit is "
                                 f"{self.limits.max_text_chars}")
-        return entry.artifact.codec.decode(items, self.limits, entry.name)
+        return entry.artifact.decoder.decode(items, self.limits, entry.name)
 
     @contextlib.contextmanager
     def queue_slot(self, entry: ReadyVersion, ticket: Ticket | None) -> Iterator[Ticket]:
@@ -199,10 +197,13 @@ class Predictor:
                             "fewer inputs or a smaller n_samples")
 
     async def run(self, entry: ReadyVersion, inputs: InputBatch, n_samples: int, seed: int | None, rule: OodRule,
-                  ticket: Ticket | None = None, request_id: str | None = None) -> Outcome:
+                  ticket: Ticket | None = None, request_id: str | None = None,
+                  decide: tuple[VersionDecisions, DecisionRequest] | None = None) -> Outcome:
         """Queue decoded ``inputs`` on the version's worker; map overload, drain and timeout to 503/503/504. Counted
         end to end, by outcome, in the version's statistics and ``director_model_request_duration_seconds``.
-        ``rule`` is the manifest's OOD rule at ``n_samples``."""
+        ``rule`` is the manifest's OOD rule at ``n_samples``; ``decide``: the version's conformal part and what the
+        request asks of it, answered before the outcome is recorded, so the prediction log keeps the decisions
+        (live coverage and selective risk, docs/operations.md)."""
         self.check_cost(entry, inputs, n_samples)
         labels = (entry.name, entry.version)
         started, queued_ns = time.perf_counter(), time.time_ns()
@@ -214,11 +215,11 @@ class Predictor:
         self._count(labels, "success", time.perf_counter() - started)
         if self.tracing.enabled:
             self._trace(entry, n_samples, batch, queued_ns)
-        named = entry.artifact.named_scores(batch.input_scores)
-        scores = ood_score(batch.summary, rule.score, named, rule.terms).tolist()
+        scores = ood_score(batch.summary, rule.score, batch.input_scores, rule.terms).tolist()  # named by the worker
         flags = [score > rule.threshold for score in scores]
+        decisions = None if decide is None else decide[0].decide(batch.summary.probabilities, flags, decide[1])
         outcome = Outcome(random_hex(16), entry, n_samples, rule, batch.summary, scores, flags, batch,
-                          inputs.extras, request_id)
+                          inputs.extras, request_id, decisions)
         self.record(outcome)
         # One batch wakes all its requests at once; without a yield here the loop would build and send every one of
         # their responses before it next reads a socket, leaving new requests unread meanwhile.
@@ -281,7 +282,7 @@ class Predictor:
                     self.metrics.drift_psi.labels(entry.name, entry.version).set(drift.psi)
         try:
             self.feedback.log(outcome.id, entry.name, entry.version, outcome.n_samples, rows,  # buffered: no I/O
-                              outcome.client_request_id)
+                              outcome.client_request_id, decision_log(outcome.decisions))
         except Exception:  # the prediction is still good: losing its log only weakens live accuracy
             log.exception("could not log prediction %s", outcome.id)
 
@@ -303,3 +304,11 @@ class Predictor:
                 return None
             self.drift[key] = monitor
         return monitor
+
+
+def decision_log(decisions: Decisions | None) -> DecisionLog | None:
+    """What the prediction log keeps of a request's sets and abstentions (``service.feedback.decisions``)."""
+    if decisions is None:
+        return None
+    sets = None if decisions.sets is None else [set_mask(indices) for indices in decisions.sets]
+    return DecisionLog(decisions.coverage, sets, decisions.max_risk, decisions.abstain)

@@ -55,7 +55,7 @@ class Padding:
 
 @dataclass(frozen=True)
 class BatchShapes:
-    """The budgets of this device's batches (sampled rows, and padded tokens x samples: the input codec uses the one
+    """The budgets of this device's batches (sampled rows, and padded tokens x samples: the batch runner uses the one
     its inputs are measured in) and whether forwards are padded to buckets."""
 
     max_batch_samples: int

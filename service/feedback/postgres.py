@@ -1,5 +1,5 @@
 """The shared feedback store: PostgreSQL through a psycopg 3 connection pool, so that every replica logs into, and
-computes live accuracy and ECE from, the same rows.
+computes live accuracy, ECE, coverage and selective risk from, the same rows.
 
 The pool opens in the background and the schema is created on the first connection that works: a server whose
 database is away still starts and serves predictions; every store call raises ``FeedbackUnavailable`` until the
@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from service.feedback.decisions import window_sql
 from service.feedback.store import (
     FeedbackStore,
     FeedbackUnavailable,
@@ -38,9 +39,19 @@ CREATE TABLE IF NOT EXISTS predictions (
     correct INTEGER,
     feedback_at DOUBLE PRECISION,
     client_request_id TEXT,
+    coverage DOUBLE PRECISION,
+    prediction_set BYTEA,
+    max_risk DOUBLE PRECISION,
+    abstain INTEGER,
+    covered INTEGER,
     PRIMARY KEY (request_id, idx)
 );
 ALTER TABLE predictions ADD COLUMN IF NOT EXISTS client_request_id TEXT;
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS coverage DOUBLE PRECISION;
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS prediction_set BYTEA;
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS max_risk DOUBLE PRECISION;
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS abstain INTEGER;
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS covered INTEGER;
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
 CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created);
@@ -53,12 +64,15 @@ CREATE INDEX IF NOT EXISTS client_requests_client ON client_requests (client_req
 CREATE INDEX IF NOT EXISTS client_requests_created ON client_requests (created);
 """
 # as in the SQLite store: the client's request id is stored once per request in client_requests; the predictions
-# column keeps the ids of rows written before (or by a replica of an earlier release during an upgrade) readable
+# column keeps the ids of rows written before (or by a replica of an earlier release during an upgrade) readable.
+# The decision columns (service.feedback.decisions) are NULL in rows an earlier release wrote, as in SQLite.
 INSERT = ("INSERT INTO predictions (request_id, idx, model, version, n_samples, class_index, label, confidence, "
-          "created) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (request_id, "
-          "idx) DO UPDATE SET model = EXCLUDED.model, version = EXCLUDED.version, n_samples = EXCLUDED.n_samples, "
-          "class_index = EXCLUDED.class_index, label = EXCLUDED.label, confidence = EXCLUDED.confidence, "
-          "created = EXCLUDED.created, correct = NULL, feedback_at = NULL, client_request_id = NULL")
+          "created, coverage, prediction_set, max_risk, abstain) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+          "%s, %s) ON CONFLICT (request_id, idx) DO UPDATE SET model = EXCLUDED.model, version = EXCLUDED.version, "
+          "n_samples = EXCLUDED.n_samples, class_index = EXCLUDED.class_index, label = EXCLUDED.label, "
+          "confidence = EXCLUDED.confidence, created = EXCLUDED.created, coverage = EXCLUDED.coverage, "
+          "prediction_set = EXCLUDED.prediction_set, max_risk = EXCLUDED.max_risk, abstain = EXCLUDED.abstain, "
+          "correct = NULL, covered = NULL, feedback_at = NULL, client_request_id = NULL")
 INSERT_CLIENT_ID = ("INSERT INTO client_requests (request_id, client_request_id, created) VALUES (%s, %s, %s) "
                     "ON CONFLICT (request_id) DO UPDATE SET client_request_id = EXCLUDED.client_request_id, "
                     "created = EXCLUDED.created")
@@ -132,25 +146,31 @@ class PostgresFeedbackStore(FeedbackStore):
 
     def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
         with self._connection() as conn:
-            row = conn.execute("SELECT model, version, class_index, label FROM predictions "
+            row = conn.execute("SELECT model, version, class_index, label, prediction_set FROM predictions "
                                "WHERE request_id = %s AND idx = %s", (request_id, index)).fetchone()
-        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3],
+                                                         None if row[4] is None else bytes(row[4]))
 
     def _prediction_of(self, client_request_id: str) -> str | None:
         with self._connection() as conn:
             row = conn.execute(PREDICTION_OF, (client_request_id, client_request_id)).fetchone()
         return None if row is None else str(row[0])
 
-    def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:
+    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, at: float) -> None:
         with self._connection() as conn:
-            conn.execute("UPDATE predictions SET correct = %s, feedback_at = %s WHERE request_id = %s AND idx = %s",
-                         (int(correct), at, request_id, index))
+            conn.execute("UPDATE predictions SET correct = %s, covered = %s, feedback_at = %s WHERE request_id = %s "
+                         "AND idx = %s", (int(correct), None if covered is None else int(covered), at, request_id,
+                                          index))
 
     def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
         with self._connection() as conn:
             return conn.execute(
                 "SELECT confidence, correct FROM predictions WHERE model = %s AND version = %s AND correct IS NOT "
                 "NULL ORDER BY feedback_at DESC, request_id, idx LIMIT %s", (model, version, self.window)).fetchall()
+
+    def _decided(self, kind: str, model: str, version: str) -> list[tuple[float, int, int, int]]:
+        with self._connection() as conn:
+            return conn.execute(window_sql(kind, "%s"), (model, version, self.window)).fetchall()
 
     def _labelled_versions(self) -> list[tuple[str, str]]:
         with self._connection() as conn:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from service.feedback.decisions import window_sql
 from service.feedback.store import (
     FeedbackStore,
     FeedbackUnavailable,
@@ -31,6 +32,11 @@ CREATE TABLE IF NOT EXISTS predictions (
     correct INTEGER,
     feedback_at REAL,
     client_request_id TEXT,
+    coverage REAL,
+    prediction_set BLOB,
+    max_risk REAL,
+    abstain INTEGER,
+    covered INTEGER,
     PRIMARY KEY (request_id, idx)
 );
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
@@ -47,8 +53,13 @@ CREATE INDEX IF NOT EXISTS client_requests_created ON client_requests (created);
 # readable there (new rows leave it NULL and store the id once in client_requests); an older one gains the column
 CLIENT_ID_COLUMN = "ALTER TABLE predictions ADD COLUMN client_request_id TEXT"
 CLIENT_ID_INDEX = "CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created)"
+# a request's prediction sets and abstentions (service.feedback.decisions), and the label's verdict on the set; NULL in
+# rows logged before these columns existed, or by a request that asked for neither
+DECISION_COLUMNS = {"coverage": "REAL", "prediction_set": "BLOB", "max_risk": "REAL", "abstain": "INTEGER",
+                    "covered": "INTEGER"}
 INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
-          "confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+          "confidence, created, coverage, prediction_set, max_risk, abstain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+          "?, ?)")
 INSERT_CLIENT_ID = "INSERT OR REPLACE INTO client_requests (request_id, client_request_id, created) VALUES (?, ?, ?)"
 # a client id whose request has no row left goes with it: rows are pruned oldest first, so those are the ones older
 # than the oldest row (all of them when no row is left)
@@ -72,11 +83,18 @@ class SqliteFeedbackStore(FeedbackStore):
         # in WAL mode NORMAL still survives a crash of the process (not of the machine) without an fsync per commit
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(SCHEMA)
+        self._migrate()
+        self.prune()
+
+    def _migrate(self) -> None:
+        """A database of an earlier release gains the columns it lacks; its rows keep NULL there."""
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(predictions)")}
         if "client_request_id" not in columns:
             self._conn.execute(CLIENT_ID_COLUMN)
         self._conn.execute(CLIENT_ID_INDEX)
-        self.prune()
+        for name, kind in DECISION_COLUMNS.items():
+            if name not in columns:
+                self._conn.execute(f"ALTER TABLE predictions ADD COLUMN {name} {kind}")
 
     @contextmanager
     def _database(self) -> Iterator[None]:
@@ -116,25 +134,30 @@ class SqliteFeedbackStore(FeedbackStore):
 
     def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
         with self._database():
-            row = self._conn.execute("SELECT model, version, class_index, label FROM predictions "
+            row = self._conn.execute("SELECT model, version, class_index, label, prediction_set FROM predictions "
                                      "WHERE request_id = ? AND idx = ?", (request_id, index)).fetchone()
-        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3])
+        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3], row[4])
 
     def _prediction_of(self, client_request_id: str) -> str | None:
         with self._database():
             row = self._conn.execute(PREDICTION_OF, (client_request_id, client_request_id)).fetchone()
         return None if row is None else str(row[0])
 
-    def _record(self, request_id: str, index: int, correct: bool, at: float) -> None:
+    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, at: float) -> None:
         with self._database():
-            self._conn.execute("UPDATE predictions SET correct = ?, feedback_at = ? WHERE request_id = ? AND idx = ?",
-                               (int(correct), at, request_id, index))
+            self._conn.execute("UPDATE predictions SET correct = ?, covered = ?, feedback_at = ? WHERE request_id = ? "
+                               "AND idx = ?", (int(correct), None if covered is None else int(covered), at,
+                                               request_id, index))
 
     def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
         with self._database():
             return self._conn.execute(
                 "SELECT confidence, correct FROM predictions WHERE model = ? AND version = ? AND correct IS NOT "
                 "NULL ORDER BY feedback_at DESC, request_id, idx LIMIT ?", (model, version, self.window)).fetchall()
+
+    def _decided(self, kind: str, model: str, version: str) -> list[tuple[float, int, int, int]]:
+        with self._database():
+            return self._conn.execute(window_sql(kind, "?"), (model, version, self.window)).fetchall()
 
     def _labelled_versions(self) -> list[tuple[str, str]]:
         with self._database():

@@ -3,7 +3,8 @@
 Each predicted input is a row keyed by (request id, input index); the client's own request id (``X-Request-ID``, or
 gRPC's OIP ``id``), when there is one, is stored once per request beside them, not once per row, so a request grows
 the store by its rows' fixed size plus one id whatever its id's length. ``POST /feedback`` sets its true label;
-live accuracy and ECE are computed over the latest ``window`` labelled rows of a model version. Rows older
+live accuracy and ECE are computed over the latest ``window`` labelled rows of a model version, and live coverage
+and selective risk over those of each level a request asked for (``service.feedback.decisions``). Rows older
 than ``max_age_s`` or beyond the newest ``max_rows`` are pruned. Two backends keep the same schema and bounds:
 an embedded SQLite file (``service.feedback.sqlite``, the default) and PostgreSQL
 (``service.feedback.postgres``, when replicas must share one store: ``DIRECTOR_FEEDBACK_URL``).
@@ -26,14 +27,17 @@ from dataclasses import dataclass
 import torch
 
 from models.uncertainty import expected_calibration_error
+from service.feedback.decisions import KINDS, NO_DECISIONS, DecisionLog, LiveDecisions, live_rates
 
 log = logging.getLogger("service.feedback.store")
 
 FLUSH_INTERVAL_S = 0.1
 FLUSH_CHUNK = 1000  # rows per transaction: a store short of space still takes a small one once space returns
-Row = tuple[str, int, str, str, int, int, str, float, float, str | None]  # request_id (the prediction id), idx,
-# model, version, n_samples, class_index, label, confidence, created, client_request_id (the X-Request-ID of the
-# request that made it, shared by its rows in memory and stored once per request: ``client_ids``)
+Row = tuple[str, int, str, str, int, int, str, float, float, float | None, bytes | None, float | None, int | None,
+            str | None]  # request_id (the prediction id), idx, model, version, n_samples, class_index, label,
+# confidence, created, coverage, prediction_set, max_risk, abstain (``DecisionLog.row``), client_request_id (the
+# X-Request-ID of the request that made it, shared by its rows in memory and stored once per request: ``client_ids``)
+STORED = 13  # the columns of a row the predictions table stores (all but the client's id)
 ClientId = tuple[str, str, float]  # request_id, client_request_id, created: one per request that carried an id
 
 
@@ -43,6 +47,7 @@ class LoggedPrediction:
     version: str
     class_index: int
     label: str
+    prediction_set: bytes | None = None  # the logged set's bitmask, when the request asked for coverage
 
 
 @dataclass(frozen=True)
@@ -71,13 +76,15 @@ class FeedbackStore(ABC):
         self.on_drop: Callable[[int], None] | None = None  # told of every drop (a metric)
 
     def log(self, request_id: str, model: str, version: str, n_samples: int,
-            rows: list[tuple[int, str, float]], client_request_id: str | None = None) -> None:
+            rows: list[tuple[int, str, float]], client_request_id: str | None = None,
+            decisions: DecisionLog | None = None) -> None:
         """Log one request's predictions: ``rows`` of (class_index, label, confidence) in input order, with the
-        request id the client sent (or was given), so that ``/feedback`` can name either. No I/O: the rows are
-        written by the next ``flush``."""
+        request id the client sent (or was given), so that ``/feedback`` can name either, and the sets and
+        abstentions it asked for. No I/O: the rows are written by the next ``flush``."""
         now = time.time()
-        logged = [(request_id, i, model, version, n_samples, c, lab, conf, now, client_request_id)
-                  for i, (c, lab, conf) in enumerate(rows)]
+        logged: list[Row] = [(request_id, i, model, version, n_samples, c, lab, conf, now,
+                              *(decisions.row(i) if decisions is not None else NO_DECISIONS), client_request_id)
+                             for i, (c, lab, conf) in enumerate(rows)]
         with self._pending_lock:
             self._pending.extend(logged)
             overflow = len(self._pending) - self.max_rows
@@ -158,9 +165,11 @@ class FeedbackStore(ABC):
         self.flush()
         return self._prediction_of(client_request_id)
 
-    def record(self, request_id: str, index: int, correct: bool) -> None:
+    def record(self, request_id: str, index: int, correct: bool, covered: bool | None = None) -> None:
+        """The true label's verdicts: right or wrong, and whether the logged set held it (None: no set, or the
+        label's index is unknown)."""
         self.flush()
-        self._record(request_id, index, correct, time.time())
+        self._record(request_id, index, correct, covered, time.time())
 
     def live_stats(self, model: str, version: str) -> LiveStats | None:
         """Accuracy and ECE over the latest ``window`` labelled rows (newest label first, ties in key order, so
@@ -170,6 +179,13 @@ class FeedbackStore(ABC):
         if not rows:
             return None
         return LiveStats(accuracy=sum(c for _, c in rows) / len(rows), ece=live_ece(rows), n=len(rows))
+
+    def live_decisions(self, model: str, version: str) -> LiveDecisions:
+        """Coverage and selective risk per requested level, each over its latest ``window`` rows (the answered ones
+        for selective risk), read and ordered as ``live_stats`` reads its rows."""
+        self.flush()
+        found = {kind: live_rates(self._decided(kind, model, version)) for kind in KINDS}
+        return LiveDecisions(found["coverage"], found["selective_risk"])
 
     def labelled_versions(self) -> list[tuple[str, str]]:
         self.flush()
@@ -192,11 +208,15 @@ class FeedbackStore(ABC):
     def _prediction_of(self, client_request_id: str) -> str | None: ...
 
     @abstractmethod
-    def _record(self, request_id: str, index: int, correct: bool, at: float) -> None: ...
+    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, at: float) -> None: ...
 
     @abstractmethod
     def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
         """(confidence, correct) of the latest ``window`` labelled rows."""
+
+    @abstractmethod
+    def _decided(self, kind: str, model: str, version: str) -> list[tuple[float, int, int, int]]:
+        """``decisions.window_sql`` of ``kind`` on the version."""
 
     @abstractmethod
     def _labelled_versions(self) -> list[tuple[str, str]]: ...
@@ -205,15 +225,15 @@ class FeedbackStore(ABC):
     def _close(self) -> None: ...
 
 
-def prediction_rows(rows: list[Row]) -> list[tuple[str, int, str, str, int, int, str, float, float]]:
+def prediction_rows(rows: list[Row]) -> list[tuple[object, ...]]:
     """The columns of a prediction row, the client's request id left out (``client_ids`` stores it)."""
-    return [row[:9] for row in rows]
+    return [row[:STORED] for row in rows]
 
 
 def client_ids(rows: list[Row]) -> list[ClientId]:
     """One (request id, client's request id, created) per request among ``rows`` that carried one: a 256-input request
     stores its client's id once, not 256 times."""
-    return list({row[0]: (row[0], row[9], row[8]) for row in rows if row[9] is not None}.values())
+    return list({row[0]: (row[0], row[STORED], row[8]) for row in rows if row[STORED] is not None}.values())
 
 
 def live_ece(rows: list[tuple[float, int]]) -> float:

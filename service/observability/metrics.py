@@ -4,10 +4,13 @@ names the repository does not know are counted as ``unknown``. When ``PROMETHEUS
 
 The registry carries the standard ``process_*``, ``python_gc_*`` and ``python_info`` collectors; no counter or
 histogram exports a ``_created`` series (``disable_created_metrics``: Prometheus does not read them, and they
-doubled every counter's series). Gauges of a value between 0 and 1 end in ``_ratio`` (live accuracy and ECE, the
-reference accuracy, ECE, OOD share and confidence quantiles); ``director_confidence_drift_ks`` is a distance
-between distributions and keeps its name. ``director_class_predictions_total{label}`` counts predictions per
-class, its ``label`` values bounded by the version's manifest.
+doubled every counter's series). Gauges of a value between 0 and 1 end in ``_ratio`` (live accuracy, ECE, coverage
+and selective risk, the reference accuracy, ECE, OOD share and confidence quantiles); ``director_confidence_drift_ks``
+is a distance between distributions and keeps its name. Live coverage and selective risk carry the level a request
+asked for as a label (``coverage``, ``max_risk``), at most 16 per version (``service.feedback.decisions``), with the
+level as a value beside them (``_target_ratio``, ``_bound_ratio``) for alerts to compare with.
+``director_class_predictions_total{label}`` counts predictions per class, its ``label`` values bounded by the
+version's manifest.
 
 Per-version series follow the repository (``publish_version`` / ``unpublish_version``, called by
 ``AppState.sync_version_metrics`` on every change): while a version is ready, its manifest's reference values
@@ -33,7 +36,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -88,10 +91,12 @@ class Metrics:
         self._requests_and_batches(r)
         self._predictions(r)
         self._feedback_and_device(r)
+        self._live_decisions(r)
         self._references(r)
         self._published: dict[tuple[str, str], set[SeriesKey]] = {}  # per-version gauges, to remove on unload
         self._info: set[tuple[str, str, str, str]] = set()
         self._class_labels: dict[tuple[str, str], list[str]] = {}  # the manifest's labels of each ready version
+        self._live_levels: dict[tuple[str, str], set[SeriesKey]] = {}  # live coverage / risk series per version
 
     def _requests_and_batches(self, r: CollectorRegistry) -> None:
         self.requests = Counter("director_requests_total", "HTTP requests by route template and status",
@@ -172,6 +177,42 @@ class Metrics:
         self.model_info = Gauge("director_model_info", "1 per served model version, with its state", [
             *MV, "method", "state"], registry=r, multiprocess_mode="livemostrecent")
 
+    def _live_decisions(self, r: CollectorRegistry) -> None:
+        """Live coverage and selective risk per requested level, from feedback joined to the logged decisions."""
+        def live(name: str, documentation: str, level: str) -> Gauge:
+            return Gauge(name, documentation, [*MV, level], registry=r, multiprocess_mode="mostrecent")
+
+        self.live_coverage = {
+            "ratio": live("director_live_coverage_ratio", "share of the latest labelled inputs asked for this coverage "
+                          "whose prediction set held the true label", "coverage"),
+            "count": live("director_live_coverage_count", "labelled inputs behind director_live_coverage_ratio",
+                          "coverage"),
+            "level": live("director_live_coverage_target_ratio", "the coverage asked for (the label, as a value)",
+                          "coverage")}
+        self.live_selective_risk = {
+            "ratio": live("director_live_selective_risk_ratio", "error rate of the latest answered (not abstained), "
+                          "labelled inputs asked for this max_risk", "max_risk"),
+            "count": live("director_live_selective_risk_count", "answered, labelled inputs behind "
+                          "director_live_selective_risk_ratio", "max_risk"),
+            "level": live("director_live_selective_risk_bound_ratio", "the max_risk asked for (the label, as a value)",
+                          "max_risk")}
+
+    def set_live_decisions(self, model: str, version: str, coverage: Mapping[float, tuple[float, int]],
+                           selective_risk: Mapping[float, tuple[float, int]]) -> None:
+        """A version's live (value, count) per level; series of levels it no longer reports are removed, so the
+        series stay as few as the levels exported (at most 16 of each kind)."""
+        values: dict[SeriesKey, float] = {}
+        for gauges, levels in ((self.live_coverage, coverage), (self.live_selective_risk, selective_risk)):
+            for level, (value, count) in levels.items():
+                labels = (model, version, repr(float(level)))
+                values.update({(gauges["ratio"], labels): value, (gauges["count"], labels): float(count),
+                               (gauges["level"], labels): float(level)})
+        for key in self._live_levels.get((model, version), set()) - set(values):
+            self._remove(*key)
+        for (gauge, series), value in values.items():
+            gauge.labels(*series).set(value)
+        self._live_levels[(model, version)] = set(values)
+
     def _references(self, r: CollectorRegistry) -> None:
         """The manifest's validation reference of each ready version (what the alerts and dashboard compare with)."""
         def reference(name: str, documentation: str, labels: tuple[str, ...] = MV) -> Gauge:
@@ -184,6 +225,9 @@ class Metrics:
                                        "sample count)")
         self.reference_ood_rate = reference("director_reference_ood_ratio", "share of in-distribution validation "
                                             "inputs the manifest's OOD rule flags (else 1 - ood.tpr)")
+        self.calibration_inputs = reference("director_reference_calibration_inputs", "inputs of the calibration split "
+                                            "behind the version's prediction sets and abstentions (manifest "
+                                            "conformal.n)")
         self.ood_threshold = reference("director_ood_threshold", "the manifest's OOD flag threshold (is_ood = "
                                        "ood_score > threshold) per calibrated sample count, and the score it applies "
                                        "to", (*MV, "n_samples", "score"))
@@ -234,6 +278,8 @@ class Metrics:
                             ("ood_rate", self.reference_ood_rate)):
             if name in reference:
                 values[(gauge, labels)] = reference[name]
+        if manifest.conformal is not None:
+            values[(self.calibration_inputs, labels)] = float(manifest.conformal.n)
         for distribution, gauge in self.reference_distributions.items():
             for q in REFERENCE_QUANTILES:
                 value = reference.get(f"{distribution}@{q}")

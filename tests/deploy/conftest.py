@@ -40,7 +40,6 @@ ALERTMANAGER_CONFIG = ALERTMANAGER_DIR / "alertmanager.yml"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "director.json"
 GRAFANA_PROVISIONING = DOCKER / "grafana" / "provisioning"
 K8S_DIR = DOCKER / "k8s"
-DEFAULT_MODEL_DIR = REPO_ROOT / "model_repository" / "fashion-vit" / "1"
 
 
 def tool(name: str, install: str) -> str:

@@ -36,6 +36,7 @@ from tests.deploy.conftest import (
     run_tool,
     tool,
 )
+from tests.repository_facts import default_version_dir
 
 # settings the image fixes (ports, volumes, healthcheck and scrape config rely on them); every other server
 # setting passes through compose from .env
@@ -179,7 +180,7 @@ def test_service_image_bakes_the_default_model_into_a_volume() -> None:
     assert "/models" in yaml.safe_load(stage.last("VOLUME") or "[]")
     assert any(args.endswith("model_repository/ /models/") for args in stage.all("COPY"))
     assert image_env()["DIRECTOR_MODEL_REPOSITORY"] == "/models"
-    assert (REPO_ROOT / "model_repository" / "fashion-vit" / "1" / "manifest.json").is_file()
+    assert (default_version_dir() / "manifest.json").is_file()
     # the build context lets the model and the package in, and nothing else of the tree
     ignore = (REPO_ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[ignore.index("*") + 1:][:10] == ["!pyproject.toml", "!artifact/", "!models/", "!training/",

@@ -22,6 +22,9 @@ REQUIRED_PANELS = [  # (the issue's wording, a title that shows it)
     ("drift PSI against threshold", "Confidence drift: PSI"),
     ("live accuracy against the reference", "Live accuracy vs reference"),
     ("live ECE against the reference", "Live ECE vs reference"),
+    ("live coverage per level against its target", "Live coverage vs target"),
+    ("live selective risk per max_risk against its bound", "Live selective risk vs bound"),
+    ("with counts", "Labelled inputs behind live coverage and risk"),
     ("latency quantiles", "Request latency quantiles"),
     ("throughput", "Throughput"),
     ("batch size", "Batch size"),
@@ -107,6 +110,11 @@ def test_the_issue_panels_are_there() -> None:
                           ("Confidence drift: PSI", "director:threshold:drift_psi"),
                           ("Live accuracy vs reference", "director_reference_accuracy_ratio"),
                           ("Live ECE vs reference", "director_reference_ece_ratio"),
+                          ("Live coverage vs target", "director_live_coverage_target_ratio"),
+                          ("Live coverage vs target", "director:threshold:live_coverage_z"),
+                          ("Live selective risk vs bound", "director_live_selective_risk_bound_ratio"),
+                          ("Live selective risk vs bound", "director:threshold:live_selective_risk_z"),
+                          ("Labelled inputs behind live coverage and risk", "director:threshold:min_decision_labels"),
                           ("OOD rate per model", "director_reference_ood_ratio"),
                           ("OOD flag threshold per model", "director_ood_threshold"),
                           ("Confidence quantiles vs reference", "director_reference_confidence_ratio"),
@@ -168,7 +176,9 @@ def test_ratio_gauges_are_named_ratio_and_plotted_as_percentages() -> None:
     """Gauges of a value in [0, 1] end in _ratio (Prometheus naming); the panels plotting them use percentunit."""
     ratio_gauges = {family.name for family in Metrics().registry.collect()
                     if family.type == "gauge" and family.name.endswith("_ratio")}
-    assert ratio_gauges == {"director_live_accuracy_ratio", "director_live_ece_ratio",
+    assert ratio_gauges == {"director_live_accuracy_ratio", "director_live_ece_ratio", "director_live_coverage_ratio",
+                            "director_live_coverage_target_ratio", "director_live_selective_risk_ratio",
+                            "director_live_selective_risk_bound_ratio",
                             "director_reference_accuracy_ratio", "director_reference_ece_ratio",
                             "director_reference_ood_ratio", "director_reference_confidence_ratio",
                             "director_gpu_utilization_ratio"}

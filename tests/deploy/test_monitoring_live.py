@@ -1,12 +1,15 @@
 """A real Prometheus (Debian package) scraping the real server, started with the Dockerfile's own ENTRYPOINT
-on loopback, serving the committed default model while the test sends in-distribution traffic (Fashion-MNIST
-test images), then OOD traffic (uniform noise), feedback and one overload burst. Every PromQL expression of the
+on loopback, serving a committed model as its default (WHOLE_STACK_DIRECTOR_DIR, fashion-vit/1: a small whole-stack
+DIRECTOR version, quick on a CPU) while the test sends in-distribution traffic (Fashion-MNIST
+test images, asking for prediction sets and abstentions), then OOD traffic (uniform noise), feedback and one
+overload burst. Every PromQL expression of the
 Grafana dashboard and of the alert rules, read from the committed files, must then return data through the
 Prometheus HTTP API, and the dashboard's OOD-rate query must rise with the OOD traffic.
 
 Settings that make every metric appear within seconds come through DIRECTOR_* variables, as in a container:
 a drift window that reports after 10 confidences, a queue of 2 (the burst is partly refused with 503, which the
-5xx, queue and refusal expressions need), and a broken version 2 beside the default model (model-not-ready)."""
+5xx, queue and refusal expressions need), and a broken version 2 beside the default model (model-not-ready). The
+default model's copy gets a conformal part (tests/deploy/conformal.py), so live coverage and selective risk exist."""
 
 from __future__ import annotations
 
@@ -27,9 +30,9 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.deploy.conformal import with_conformal
 from tests.deploy.conftest import (
     ALERTMANAGER_CONFIG,
-    DEFAULT_MODEL_DIR,
     PROMETHEUS_CONFIG,
     RULES_DIR,
     free_port,
@@ -52,12 +55,14 @@ from tests.deploy.promql import (
     substitute,
     variables,
 )
+from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
 from tests.service.conftest import separates_by_relative_score
 from training.data.images import load_fashion_mnist_split
 
 FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
 PHASE_IMAGES = 64  # per phase; 8 per request at the default 16 samples
 PER_REQUEST = 8
+DECISIONS = {"coverage": 0.9, "max_risk": 0.2, "abstain_if_ood": False}  # asked with the in-distribution phase
 FEEDBACK = 32
 GPU_METRIC = "director_gpu_memory_allocated_bytes"
 GPU_DEVICE_METRIC = "director_gpu_memory_used_bytes"
@@ -125,14 +130,14 @@ def wait_equal(prometheus_url: str, expr: str, expected: float) -> None:
     wait_for(prometheus_url, expr, lambda found: found == [float(expected)])
 
 
-def pixels_body(images: np.ndarray) -> dict[str, Any]:
-    return {"inputs": [{"pixels": image.round(4).tolist()} for image in images]}
+def pixels_body(images: np.ndarray, ask: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"inputs": [{"pixels": image.round(4).tolist()} for image in images], **(ask or {})}
 
 
-def predict_phase(client: httpx.Client, images: np.ndarray) -> list[str]:
+def predict_phase(client: httpx.Client, images: np.ndarray, ask: dict[str, Any] | None = None) -> list[str]:
     ids = []
     for start in range(0, len(images), PER_REQUEST):
-        response = client.post("/predict", json=pixels_body(images[start:start + PER_REQUEST]))
+        response = client.post("/predict", json=pixels_body(images[start:start + PER_REQUEST], ask))
         assert response.status_code == 200, response.text
         ids.append(response.json()["id"])
     return ids
@@ -150,7 +155,7 @@ def broken_version(repository: Path) -> None:
     serving version 1 (the not-ready alert and the model table need a version that is not ready)."""
     target = repository / "fashion-vit" / "2"
     target.mkdir()
-    manifest = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())
+    manifest = json.loads((WHOLE_STACK_DIRECTOR_DIR / "manifest.json").read_text())
     manifest.update(version="2", format_version="99.0")
     (target / "manifest.json").write_text(json.dumps(manifest))
 
@@ -159,7 +164,8 @@ def broken_version(repository: Path) -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("monitoring")
     repository = tmp / "model_repository"
-    shutil.copytree(DEFAULT_MODEL_DIR, repository / "fashion-vit" / "1")  # the committed default model
+    shutil.copytree(WHOLE_STACK_DIRECTOR_DIR, repository / "fashion-vit" / "1")  # the server's default model
+    with_conformal(repository / "fashion-vit" / "1")
     broken_version(repository)
     service_port, prometheus_port, alertmanager_port = free_port(), free_port(), free_port()
     env = {**os.environ,
@@ -192,7 +198,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         labels = test.labels[:PHASE_IMAGES].tolist()
         noise = np.random.default_rng(0).random((PHASE_IMAGES, 1, 28, 28), dtype=np.float32)
         with httpx.Client(base_url=service_url, timeout=60) as client:
-            ids = predict_phase(client, in_distribution)
+            ids = predict_phase(client, in_distribution, DECISIONS)
             wait_equal(prometheus_url, "sum(director_predictions_total)", PHASE_IMAGES)
             t_in_distribution = time.time()
             time.sleep(1.5)
@@ -211,6 +217,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert set(statuses) == {200, 503}, statuses  # a queue of 2: some served, the rest refused fast
         wait_equal(prometheus_url, 'sum(director_rejected_requests_total{reason="queue_full"})', statuses.count(503))
         wait_equal(prometheus_url, "sum(director_feedback_total)", FEEDBACK)
+        wait_equal(prometheus_url, "sum(director_live_coverage_count)", FEEDBACK)  # every labelled input had a set
+        wait_for(prometheus_url, "sum(director_live_selective_risk_count)", bool)  # answered ones among them
         wait_for(prometheus_url, 'ALERTS{alertname="DirectorQueueSaturated"}', bool)  # rules have seen it all
         # requests_total{code="503"} is created by the burst itself: wait for the second scrape that rate() needs
         wait_for(prometheus_url, 'rate(director_requests_total{endpoint="/predict", code="503"}[5m])', bool)
@@ -264,7 +272,7 @@ def test_every_alert_expression_has_data_on_both_sides(stack: Stack) -> None:
     set operators is evaluated instead: the measured quantity and its threshold must both exist, otherwise the
     alert could never fire. ``absent(X)`` is quiet exactly when X has data, so X is checked."""
     expressions = alert_expressions()
-    assert len(expressions) == 10
+    assert len(expressions) == 12
     for expression in expressions:
         sides = operands(expression.expr)
         assert len(sides) >= 2, expression
@@ -290,7 +298,7 @@ def test_every_recording_rule_has_data(stack: Stack) -> None:
 def test_reference_values_are_the_manifest_s(stack: Stack) -> None:
     """The server exports the committed manifest's reference block for the ready version, and nothing for the
     broken version 2; the queue capacity is DIRECTOR_MAX_QUEUE."""
-    reference = json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())["reference"]
+    reference = json.loads((WHOLE_STACK_DIRECTOR_DIR / "manifest.json").read_text())["reference"]
     v1 = '{model="fashion-vit", version="1"}'
     for metric, expected in [("director_reference_accuracy_ratio", reference["accuracy"]),
                              ("director_reference_ece_ratio", reference["ece"]),

@@ -12,7 +12,7 @@ from tests.deploy.conftest import PROMETHEUS_CONFIG, PROMETHEUS_DIR, RULE_TESTS,
 
 ALERTS = {"DirectorOodRateHigh", "DirectorConfidenceDrift", "DirectorLatencyP99High", "DirectorHighErrorRatio",
           "DirectorModelNotReady", "DirectorDown", "DirectorQueueSaturated", "DirectorLiveAccuracyLow",
-          "DirectorLiveEceHigh", "DirectorGpuMemoryHigh"}
+          "DirectorLiveEceHigh", "DirectorGpuMemoryHigh", "DirectorLiveCoverageLow", "DirectorLiveSelectiveRiskHigh"}
 
 
 def alert_rules() -> dict[str, dict]:
@@ -64,6 +64,9 @@ def test_promtool_rule_unit_tests_fire_and_stay_quiet() -> None:
     ("live_accuracy_drop", "0.05", "0.2", "DirectorLiveAccuracyLow"),
     ("live_ece_rise", "0.05", "0.1", "DirectorLiveEceHigh"),
     ("gpu_memory_ratio", "0.9", "0.95", "DirectorGpuMemoryHigh"),
+    # a number of standard errors: at 10 neither the coverage nor the risk that fire at 3 is beyond chance
+    ("live_coverage_z", "3", "10", "DirectorLiveCoverageLow"),
+    ("live_selective_risk_z", "3", "10", "DirectorLiveSelectiveRiskHigh"),
 ])
 def test_thresholds_live_in_one_place(tmp_path: Path, record: str, value: str, changed: str, alert: str) -> None:
     """Raising one threshold in thresholds.yml alone silences its alert in some unit-test case: the alert reads

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from service.engine.artifact import Artifact, read_manifest, validate_manifest
-from service.engine.codecs.image import ImageBatch, ImageCodec
 from service.engine.device import Device, DeviceOutOfMemory, resolve_device
+from service.engine.modalities import image
+from service.engine.modalities.image import ImageBatch
 from tests.gpu.conftest import needs_cuda
 from tests.service.conftest import metric_value, one_batch, random_pixels, serve, settings_for
 
@@ -59,15 +60,16 @@ def test_a_real_out_of_memory_fails_the_batch_and_the_device_goes_on(cuda_artifa
     device.on_out_of_memory = lambda: counted.append(1)
     pixels = torch.rand(2, 1, 28, 28)  # [2, 1, 28, 28]
     manifest = validate_manifest(read_manifest(cuda_artifact))
-    codec = ImageCodec.load(manifest, cuda_artifact)
-    cost = codec.batch_cost(16, 0)
-    hog = Artifact(cuda_artifact, manifest, Hog(), codec)  # type: ignore[arg-type]
+    modality = image.load(manifest, cuda_artifact)
+    runner = modality.runner
+    cost = runner.batch_cost(16, 0)
+    hog = Artifact(cuda_artifact, manifest, Hog(), modality.decoder, runner)  # type: ignore[arg-type]
     with pytest.raises(DeviceOutOfMemory):
-        codec.forward(hog.rows, device, ImageBatch(pixels), [2, 2], cost, None)
+        runner.forward(hog.rows, device, ImageBatch(pixels), [2, 2], cost, None)
     assert counted == [1]
     module = torch.jit.load(str(cuda_artifact / "director.ts"), map_location="cuda").eval()
-    served = Artifact(cuda_artifact, manifest, module, codec)
-    forward = codec.forward(served.rows, device, ImageBatch(pixels), [2, 3], cost, None)
+    served = Artifact(cuda_artifact, manifest, module, modality.decoder, runner)
+    forward = runner.forward(served.rows, device, ImageBatch(pixels), [2, 3], cost, None)
     rows, errors = forward.rows, forward.scores
     assert errors is None or (errors.shape == (2,) and torch.isfinite(errors).all())
     assert rows.shape[0] == 5 and rows.device.type == "cpu" and torch.isfinite(rows).all()

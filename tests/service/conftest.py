@@ -2,7 +2,8 @@
 loopback.
 
 The tiny models are inaccurate on purpose (they train in seconds); accuracy and OOD-rate tests use the
-committed default model in ``model_repository/fashion-vit/1/``."""
+committed default model (``tests/repository_facts.py``: ``default_version_dir()``), and tests that need a small
+committed whole-stack DIRECTOR artifact use ``WHOLE_STACK_DIRECTOR_DIR`` (fashion-vit/1)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,6 @@ from service.state import AppState, Lifecycle
 from tests.service.pg_cluster import PostgresCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL_DIR = REPO_ROOT / "model_repository" / "fashion-vit" / "1"
 EXAMPLES = REPO_ROOT / "examples"
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
 from tests.service.conftest import (
-    DEFAULT_MODEL_DIR,
     REPO_ROOT,
     Running,
     copy_version,
@@ -45,7 +45,8 @@ def text_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     for folder in (*VERSIONS.values(), BASELINE_DIR):
         assert (folder / "manifest.json").is_file(), f"a committed text model is missing: {folder}"
     tmp = tmp_path_factory.mktemp("default-text-model")
-    copy_version(DEFAULT_MODEL_DIR, tmp / "repo", "fashion-vit", "1")
+    # a small vision model under the server's default model name, beside the text models
+    copy_version(WHOLE_STACK_DIRECTOR_DIR, tmp / "repo", "fashion-vit", "1")
     for version, folder in VERSIONS.items():
         copy_version(folder, tmp / "repo", "movie-reviews-minilm", version)
     copy_version(BASELINE_DIR, tmp / "repo", "movie-reviews-minilm-deterministic", "1")

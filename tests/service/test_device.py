@@ -15,8 +15,6 @@ import torch
 from artifact.contract import MANIFEST, parse_manifest
 from service.engine import device as device_module
 from service.engine.artifact import Artifact, warm_up_buckets
-from service.engine.codecs.image import ImageBatch, ImageCodec
-from service.engine.codecs.text import pad_tokens
 from service.engine.device import (
     DEVICE_DEFAULTS,
     Device,
@@ -26,9 +24,12 @@ from service.engine.device import (
     cpu_forward_slots,
     resolve_device,
 )
+from service.engine.modalities.image import ImageBatch, ImageDecoder, ImageRunner
+from service.engine.modalities.text import pad_tokens
 from service.engine.shapes import WARM_CALLS, BatchShapes, Padding, bucket, bucket_sizes, warm_counts
 from service.observability.metrics import Metrics
-from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value, random_pixels, serve, settings_for, wait_for
+from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
+from tests.service.conftest import metric_value, random_pixels, serve, settings_for, wait_for
 
 
 # ---------------------------------------------------------------------------------------------- device choice
@@ -121,19 +122,20 @@ class RowsByInput(torch.nn.Module):
 
 
 def image_artifact(module: torch.nn.Module, tmp_path: Path) -> Artifact:
-    """``module`` behind the committed default model's manifest, narrowed to 1x2x2 images, two labels, S <= 8."""
-    committed = parse_manifest(json.loads((DEFAULT_MODEL_DIR / MANIFEST).read_text()))
+    """``module`` behind a committed whole-stack DIRECTOR manifest (fashion-vit/1), narrowed to 1x2x2 images, two
+    labels, S <= 8."""
+    committed = parse_manifest(json.loads((WHOLE_STACK_DIRECTOR_DIR / MANIFEST).read_text()))
     manifest = committed.model_copy(update={
         "labels": ["a", "b"], "input": committed.input.model_copy(update={"channels": 1, "height": 2, "width": 2}),
         "sampling": committed.sampling.model_copy(update={"default_samples": 2, "max_samples": 8})})
-    return Artifact(tmp_path, manifest, module, ImageCodec((1, 2, 2)))  # type: ignore[arg-type]
+    return Artifact(tmp_path, manifest, module, ImageDecoder((1, 2, 2)), ImageRunner((1, 2, 2)))  # type: ignore[arg-type]
 
 
 def forward_rows(artifact: Artifact, device: Device, pixels: torch.Tensor, repeats: list[int], max_batch_samples: int
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The image codec's forwards of ``pixels`` within a budget of ``max_batch_samples`` rows."""
-    cost = artifact.codec.batch_cost(max_batch_samples, 0)
-    forward = artifact.codec.forward(artifact.rows, device, ImageBatch(pixels), repeats, cost, None)
+    """The image runner's forwards of ``pixels`` within a budget of ``max_batch_samples`` rows."""
+    cost = artifact.runner.batch_cost(max_batch_samples, 0)
+    forward = artifact.runner.forward(artifact.rows, device, ImageBatch(pixels), repeats, cost, None)
     return forward.rows, forward.scores
 
 

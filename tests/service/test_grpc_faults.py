@@ -97,8 +97,9 @@ def test_an_oip_id_longer_than_http_allows_is_refused(server: tuple[Running, str
 
 
 def test_a_large_message_is_parsed_off_the_event_loop_with_the_same_answers(server: tuple[Running, str]) -> None:
-    """A message of a MiB or more is parsed in the decode pool (15 MiB took 10-70 ms on the event loop): a valid one
-    gets the infer request's own refusal (too many inputs), garbage INVALID_ARGUMENT, as a small one would."""
+    """A message of a MiB or more is parsed on gRPC's own loop, not the HTTP server's (15 MiB took 10-70 ms on the
+    shared loop): a valid one gets the infer request's own refusal (too many inputs), garbage INVALID_ARGUMENT, as a
+    small one would."""
     running, address = server
     many = pb.ModelInferRequest(model_name="tiny")
     many.inputs.add(name="pixels", datatype="FP32", shape=[400, 1, 28, 28])

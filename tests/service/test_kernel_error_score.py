@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from artifact.contract import ARTIFACT, MANIFEST
+from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
 from tests.service.conftest import (
-    DEFAULT_MODEL_DIR,
     TEXT_MODEL,
     copy_version,
     random_pixels,
@@ -67,7 +67,8 @@ def test_image_kernel_error_and_combined_scores_over_http(tiny_artifact: Path, t
                  repository, "tiny", "2")
     no_terms = variant(tiny_artifact, tmp_path, "no-terms", {**rules("combined", 0.0), "combination": None})
     copy_version(no_terms, repository, "tiny", "3")
-    copy_version(variant(DEFAULT_MODEL_DIR, tmp_path, "old", rules("kernel_error", 0.01)), repository, "old", "1")
+    whole_stack = variant(WHOLE_STACK_DIRECTOR_DIR, tmp_path, "old", rules("kernel_error", 0.01))
+    copy_version(whole_stack, repository, "old", "1")
     with serve(settings_for(repository, tmp_path, required_models=[])) as running:
         body = {"inputs": [{"pixels": p} for p in pixels], "n_samples": 2}
         plain = httpx.post(f"{running.url}/predict", json={**body, "version": "1"}, timeout=60)

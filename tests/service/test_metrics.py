@@ -13,7 +13,8 @@ from artifact.contract import parse_manifest
 from models.uncertainty import UncertaintySummary, summarize
 from service.observability.metrics import Metrics
 from service.observability.multiprocess import _WorkerProcesses
-from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value
+from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
+from tests.service.conftest import metric_value
 
 
 @pytest.mark.parametrize("multiprocess", [False, True])
@@ -65,7 +66,7 @@ def test_per_class_counter_is_bounded_by_the_manifest_labels() -> None:
     """Every label of a ready version's manifest exists at 0 from its load; predictions count under their label;
     a class index the manifest does not name counts as `unknown`, so the label set stays bounded."""
     metrics = Metrics()
-    manifest = parse_manifest(json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text()))
+    manifest = parse_manifest(json.loads((WHOLE_STACK_DIRECTOR_DIR / "manifest.json").read_text()))
     metrics.publish_version("m", "1", manifest.model_copy(update={"labels": ["cat", "dog", "eel"]}), max_queue=4)
     text = metrics.expose().decode()
     for label in ("cat", "dog", "eel"):

@@ -16,23 +16,24 @@ from artifact.contract import TextInput as TextSpec
 from service.cli import build_parser, settings_from_args
 from service.config import Settings
 from service.engine.artifact import ArtifactError, ood_rule, validate_manifest
-from service.engine.codecs.image import ImageCodec
-from service.engine.codecs.text import TextCodec
 from service.engine.inference import chunks_by_cost
+from service.engine.modalities.image import ImageRunner
+from service.engine.modalities.text import TextRunner
 from service.engine.repository import version_key
 from service.engine.texts import pad_batch, padded_length
 from service.observability.metrics import REJECT_REASONS, Metrics
 from service.observability.reference import reference_values
-from tests.service.conftest import DEFAULT_MODEL_DIR, metric_value
+from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
+from tests.service.conftest import metric_value
 
 
 def chunks_by_rows(repeats: list[int], max_batch_samples: int) -> list[slice]:
-    return chunks_by_cost(repeats, [0] * len(repeats), ImageCodec((1, 2, 2)).batch_cost(max_batch_samples, 0))
+    return chunks_by_cost(repeats, [0] * len(repeats), ImageRunner((1, 2, 2)).batch_cost(max_batch_samples, 0))
 
 
 def chunks_by_tokens(lengths: list[int], repeats: list[int], max_batch_tokens: int, max_length: int) -> list[slice]:
     spec = TextSpec(tokenizer="tokenizer.json", max_length=max_length, max_characters=100, padding={"pad_id": 0})
-    cost = TextCodec(spec, None).batch_cost(0, max_batch_tokens)  # type: ignore[arg-type]  # no tokenizer needed
+    cost = TextRunner(spec, None).batch_cost(0, max_batch_tokens)  # type: ignore[arg-type]  # no tokenizer needed
     return chunks_by_cost(repeats, lengths, cost)
 
 
@@ -174,7 +175,7 @@ def test_a_bad_key_file_stops_the_server(tmp_path: Path, content: str | None, ke
 
 
 def committed_manifest() -> Manifest:
-    return parse_manifest(json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text()))
+    return parse_manifest(json.loads((WHOLE_STACK_DIRECTOR_DIR / "manifest.json").read_text()))
 
 
 def test_reference_values_from_the_committed_manifest_and_fallbacks() -> None:

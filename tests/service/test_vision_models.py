@@ -1,6 +1,7 @@
-"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v8 (the
-post-hoc path the kernel's verdict chose: the backbone's own forward with the Mahalanobis score and the temperature
-that follows it; the default version), v7 (v6 re-exported keeping only the score it reads), v6
+"""The committed vision models served side by side over real HTTP, as `make serve` serves them: fashion-vit v9 (v8
+exported again with a calibration split carved from validation, so it answers prediction sets and abstentions; the
+default version), v8 (the post-hoc path the kernel's verdict chose: the backbone's own forward with the Mahalanobis
+score and the temperature that follows it), v7 (v6 re-exported keeping only the score it reads), v6
 (v4's sampling at S = 1 with a temperature per input that grows with its Mahalanobis score), v5
 (v4's weights with the sampled noise shaped on a held-out shift and S = 16 by default), v4
 (partial-depth DIRECTOR with the backbone's last transition and the feature-space statistics, scored by the
@@ -19,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.repository_facts import default_version
 from tests.service.conftest import (
     REPO_ROOT,
     Running,
@@ -33,9 +35,9 @@ from tests.service.conftest import (
 
 VISION_MODEL = REPO_ROOT / "model_repository" / "fashion-vit"
 BASELINE = REPO_ROOT / "model_repository" / "fashion-vit-deterministic"
-FOLDERS = {**{("fashion-vit", v): VISION_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7", "8")},
+FOLDERS = {**{("fashion-vit", v): VISION_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7", "8", "9")},
            **{("fashion-vit-deterministic", v): BASELINE / v for v in ("1", "2")}}
-DEFAULT_VERSION = "8"
+DEFAULT_VERSION = default_version("fashion-vit")  # the highest published version
 DEFAULT_BASELINE = "2"
 BUDGET_MIB = 5
 FEATURE_BANK_MIB = 4  # v4-v6 carry the KNN bank: 10,000 training features x 96 floats (3.7 MiB) beside the model
@@ -43,6 +45,7 @@ FEATURE_BANK_MIB = 4  # v4-v6 carry the KNN bank: 10,000 training features x 96 
 
 @pytest.fixture(scope="module")
 def vision_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    assert ("fashion-vit", DEFAULT_VERSION) in FOLDERS, f"fashion-vit {DEFAULT_VERSION} is published: add it to FOLDERS"
     tmp = tmp_path_factory.mktemp("vision-models")
     for (name, version), folder in FOLDERS.items():
         assert (folder / "manifest.json").is_file(), f"a committed vision model is missing: {folder}"
@@ -113,8 +116,8 @@ def test_a_re_export_keeping_only_the_served_score_serves_what_v6_serves(vision_
 
 
 def test_the_default_serves_the_posthoc_path_the_verdict_chose(vision_models: Running) -> None:
-    """v8 serves the backbone's own forward: the labels of the deterministic baseline (the same backbone), every sample
-    the same row (mutual information 0 at S = 4), and the verdict's sentence in ``GET /models``."""
+    """The default serves the backbone's own forward: the labels of the deterministic baseline (the same backbone),
+    every sample the same row (mutual information 0 at S = 4), and the verdict's sentence in ``GET /models``."""
     manifest = json.loads((VISION_MODEL / DEFAULT_VERSION / "manifest.json").read_text())
     assert manifest["method"] == "posthoc" and manifest["kernel_verdict"]["served"] == "posthoc"
     models = {m["name"]: m for m in httpx.get(f"{vision_models.url}/models", timeout=10).json()["models"]}
@@ -131,6 +134,25 @@ def test_the_default_serves_the_posthoc_path_the_verdict_chose(vision_models: Ru
     for posthoc, backbone in zip(answers["fashion-vit"], answers["fashion-vit-deterministic"], strict=True):
         assert posthoc["label"] == backbone["label"]
         assert posthoc["mutual_information"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_default_answers_prediction_sets_and_abstentions(vision_models: Running) -> None:
+    """Calibrated on its own calibration split: held-out test images' 90% sets hold their labels about 90% of the
+    time (200 images: a binomial standard error of about 2 points), and max_risk 0.05 answers most of them."""
+    images, labels = held_out(200)
+    body = {"inputs": [{"image_base64": png_base64(img)} for img in images], "coverage": 0.9, "max_risk": 0.05}
+    response = httpx.post(f"{vision_models.url}/predict", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    names = json.loads((VISION_MODEL / DEFAULT_VERSION / "manifest.json").read_text())["labels"]
+    covered = [names[y] in p["prediction_set"] for p, y in zip(answer["predictions"], labels, strict=True)]
+    assert 0.84 <= sum(covered) / len(covered) <= 1.0
+    assert all(p["set_size"] == len(p["prediction_set"]) for p in answer["predictions"])
+    assert sum(p["set_size"] for p in answer["predictions"]) / len(covered) < 1.5  # LAC: mostly the one label
+    rules = answer["decisions"]
+    assert rules["coverage"] == 0.9 and rules["conformal_score"] == "lac" and rules["risk_level"] == 0.05
+    answered = [p for p in answer["predictions"] if not p["abstain"]]
+    assert len(answered) > 100 and all(p["confidence"] >= rules["confidence_threshold"] for p in answered)
 
 
 @pytest.mark.parametrize("folder", sorted(FOLDERS.values(), key=str), ids=lambda p: f"{p.parent.name}-{p.name}")

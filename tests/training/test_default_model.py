@@ -1,36 +1,36 @@
-"""The committed default model: loads with torch alone, matches its manifest, meets the issue's figures."""
+"""The committed whole-stack DIRECTOR version (fashion-vit/1, the foundation issue's model and the first default):
+loads with torch alone, matches its manifest, meets the issue's figures. (The default the server answers with is
+tests/service/test_default_model.py's.)"""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from artifact.contract import ARTIFACT, MANIFEST, major_version, parse_manifest, verify_files
 from models.uncertainty import summarize
+from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
 from training.data.images import digits_images, load_fashion_mnist_split, uniform_noise_images
 from training.export.writing import load_scripted
-
-DEFAULT = Path("model_repository/fashion-vit/1")
 
 
 @pytest.fixture(scope="module")
 def manifest() -> dict:
-    return json.loads((DEFAULT / MANIFEST).read_text())
+    return json.loads((WHOLE_STACK_DIRECTOR_DIR / MANIFEST).read_text())
 
 
 @pytest.fixture(scope="module")
 def model() -> torch.jit.ScriptModule:
-    return load_scripted(DEFAULT / ARTIFACT)
+    return load_scripted(WHOLE_STACK_DIRECTOR_DIR / ARTIFACT)
 
 
 def test_files_match_their_sha256(manifest: dict) -> None:
     assert major_version(manifest["format_version"]) == 1
     assert set(manifest["files"]) >= {ARTIFACT}
-    assert verify_files(DEFAULT, parse_manifest(manifest)) == []
-    assert (DEFAULT / ARTIFACT).stat().st_size < 8 * 1024 * 1024  # "a few MB"
+    assert verify_files(WHOLE_STACK_DIRECTOR_DIR, parse_manifest(manifest)) == []
+    assert (WHOLE_STACK_DIRECTOR_DIR / ARTIFACT).stat().st_size < 8 * 1024 * 1024  # "a few MB"
 
 
 def test_recorded_test_figures_meet_the_foundation_issue(manifest: dict) -> None:

@@ -280,7 +280,7 @@ def test_a_temperature_slope_is_fitted_on_validation_and_its_typos(exported: tup
                                                                     tmp_path: Path) -> None:
     """``export.temperature_slope_grid``: every slope's clean and shifted NLL is recorded, and a slope above 0 is
     written as ``temperature_by_score`` over the served score's terms, which the server's manifest check accepts."""
-    from service.engine.artifact import served_temperature, validate_manifest
+    from service.engine.artifact import manifest_temperature, validate_manifest
 
     config, _ = exported
     run = tmp_path / "run"
@@ -305,4 +305,4 @@ def test_a_temperature_slope_is_fitted_on_validation_and_its_typos(exported: tup
         assert manifest.temperature_by_score is None
     else:
         assert manifest.temperature_by_score is not None and manifest.temperature_by_score.slope == fit["slope"]
-        assert served_temperature(manifest).base == manifest.temperature
+        assert manifest_temperature(manifest).base == manifest.temperature

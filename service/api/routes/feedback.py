@@ -1,4 +1,5 @@
-"""POST /feedback: join a delayed true label to a logged prediction; updates live accuracy and ECE."""
+"""POST /feedback: join a delayed true label to a logged prediction; updates live accuracy and ECE, and records
+whether the prediction set logged with it held the label (live coverage, docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from service.api.deps import AppStateDep, require_api_key
 from service.api.json_body import JsonRoute
 from service.api.protocol import FeedbackRequest, FeedbackResponse
 from service.errors import ERROR_RESPONSES, invalid, not_found, overloaded, shown
-from service.feedback.store import FeedbackUnavailable
+from service.feedback.decisions import in_set
+from service.feedback.store import FeedbackUnavailable, LoggedPrediction
 
 router = APIRouter(tags=["feedback"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES,
                    route_class=JsonRoute)
@@ -44,7 +46,7 @@ async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> Feedback
         if labels is not None and body.label not in labels:
             raise invalid(f"unknown label {body.label!r}; labels: {labels}", ["body", "label"])
         correct = body.label == logged.label
-    await calls.run(store.record, prediction, body.index, correct)
+    await calls.run(store.record, prediction, body.index, correct, covered(logged, body.label, labels))
     stats = await calls.run(store.live_stats, logged.model, logged.version)
     model, version = state.metric_labels(logged.model, logged.version)
     state.metrics.feedback.labels(model, version).inc()
@@ -54,3 +56,15 @@ async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> Feedback
     return FeedbackResponse(id=prediction, index=body.index, model=logged.model, model_version=logged.version,
                             correct=correct, live_accuracy=stats.accuracy if stats else None,
                             live_ece=stats.ece if stats else None, labelled=stats.n if stats else 0)
+
+
+def covered(logged: LoggedPrediction, label: int | str, labels: list[str] | None) -> bool | None:
+    """Whether the logged prediction set held the true label; None without a set, or for a label name of a version
+    no longer loaded (its index is unknown: that label counts for accuracy only)."""
+    if logged.prediction_set is None:
+        return None
+    if isinstance(label, str):
+        if labels is None:
+            return None
+        label = labels.index(label)
+    return in_set(logged.prediction_set, label)

@@ -34,7 +34,7 @@ def version_info(state: AppState, entry: ModelVersion) -> VersionInfo:
     return VersionInfo(**common, method=manifest.method, modality=manifest.modality,
                        default_samples=ready.default_samples, max_samples=ready.max_samples,
                        serving=ready.serving.shown(), input=manifest.input.document(),
-                       max_text_characters=ready.artifact.codec.max_characters(state.predictor.limits),
+                       max_text_characters=ready.artifact.decoder.max_characters(state.predictor.limits),
                        samples_informative=verdict.informative if verdict else None,
                        samples_note=verdict.note if verdict else None,
                        kernel_verdict=manifest.kernel_verdict.sentence if manifest.kernel_verdict else None)

@@ -14,8 +14,8 @@ from service.api.json_body import JsonRoute
 from service.api.protocol import PredictRequest, PredictResponse, raw_inputs
 from service.api.request_context import request_id_of
 from service.api.routes.client_gone import unless_client_leaves
-from service.engine.codecs.base import EncodedImage
 from service.engine.decisions import DecisionRequest, Decisions
+from service.engine.modalities.base import EncodedImage
 from service.engine.predictor import Outcome
 from service.errors import ERROR_RESPONSES, too_large
 
@@ -98,13 +98,7 @@ def decisions_json(decisions: Decisions | None, labels: list[str], predictions: 
             prediction["set_size"] = len(decisions.sets[i])
         if decisions.abstain is not None:
             prediction["abstain"] = decisions.abstain[i]
-    info = {"coverage": decisions.coverage, "conformal_score": decisions.score,
-            "class_conditional": decisions.class_conditional if decisions.sets is not None else None,
-            "max_risk": decisions.max_risk, "risk_level": decisions.risk_level,
-            "confidence_threshold": decisions.confidence_threshold, "delta": decisions.delta,
-            "abstain_if_ood": decisions.abstain_if_ood if decisions.abstain is not None else None,
-            "reason": decisions.reason}
-    return {k: v for k, v in info.items() if v is not None}
+    return decisions.rules()
 
 
 @router.post("/predict", response_model=PredictResponse, response_model_exclude_none=True,

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from service.api import inference_protocol as protocol
+from service.api import inference_protocol
 from service.api.deps import AppStateDep, require_api_key
 from service.errors import ERROR_RESPONSES, bad_input
 
@@ -29,16 +29,16 @@ async def index(request: Request, state: AppStateDep) -> list[dict[str, Any]]:
         body = json.loads(raw) if raw.strip() else {}
     except ValueError as exc:
         raise bad_input(f"the index body must be JSON, e.g. {{\"ready\": true}}: {exc}") from exc
-    return protocol.repository_index(state, isinstance(body, dict) and body.get("ready") is True)
+    return inference_protocol.repository_index(state, isinstance(body, dict) and body.get("ready") is True)
 
 
 @router.post("/models/{name}/load", summary="Load (or reload) a model from the repository now")
 async def load(name: str, state: AppStateDep) -> Response:
-    await protocol.load_model(state, name)
+    await inference_protocol.load_model(state, name)
     return Response(status_code=200)
 
 
 @router.post("/models/{name}/unload", summary="Stop serving a model until it is loaded again")
 async def unload(name: str, state: AppStateDep) -> Response:
-    await protocol.unload_model(state, name)
+    await inference_protocol.unload_model(state, name)
     return Response(status_code=200)

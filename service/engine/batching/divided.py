@@ -19,12 +19,12 @@ import torch
 from models.uncertainty import UncertaintySummary
 from service.engine.batch_cost import BatchCost
 from service.engine.batching.items import BatchResult, WorkItem
-from service.engine.codecs.base import Codec
+from service.engine.modalities.base import BatchRunner
 
 
 def inputs_per_part(cost: BatchCost, n_samples: int, longest: int) -> int:
     """The most inputs whose ``n_samples`` rows each fit one batch at the request's widest input (at least one: a
-    single input over the budget is cut further by the codec's forward)."""
+    single input over the budget is cut further by the runner's forward)."""
     return max(1, cost.budget // (n_samples * cost.width(longest)))
 
 
@@ -43,11 +43,11 @@ class Divided:
         """The request's future is done before its last part: timed out, cancelled, or failed."""
         return self.item.future.done()
 
-    def next_part(self, codec: Codec, cost: BatchCost) -> WorkItem:
+    def next_part(self, runner: BatchRunner, cost: BatchCost) -> WorkItem:
         """The next inputs that fit one batch, as a work item of their own (a fresh future)."""
         item = self.item
         stop = min(item.size, self.done + inputs_per_part(cost, item.n_samples, item.longest))
-        inputs = codec.part(item.inputs, self.done, stop)
+        inputs = runner.part(item.inputs, self.done, stop)
         return dataclasses.replace(item, inputs=inputs, future=asyncio.get_running_loop().create_future(),
                                    enqueued=self.queued_at)
 
@@ -65,8 +65,9 @@ def joined(parts: list[BatchResult]) -> BatchResult:
     first = parts[0]
     summary = UncertaintySummary(**{f.name: torch.cat([getattr(p.summary, f.name) for p in parts])
                                     for f in dataclasses.fields(UncertaintySummary)})
-    scores = None if first.input_scores is None else torch.cat([p.input_scores for p in parts
-                                                               if p.input_scores is not None])
+    scores = None if first.input_scores is None else {
+        name: torch.cat([p.input_scores[name] for p in parts if p.input_scores is not None])
+        for name in first.input_scores}
     widths = [p.padded_length for p in parts if p.padded_length is not None]
     return dataclasses.replace(first, summary=summary, input_scores=scores,
                                inference_s=sum(p.inference_s for p in parts),

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from models.uncertainty import UncertaintySummary
-from service.engine.codecs.base import InputBatch
+from service.engine.modalities.base import InputBatch
 
 
 @dataclass
@@ -38,14 +39,16 @@ class WorkItem:
 
     @property
     def longest(self) -> int:
-        """The widest input's width, as the codec measures it (``InputBatch.longest``)."""
+        """The widest input's width, as the model's runner measures it (``InputBatch.longest``)."""
         return self.inputs.longest
 
 
 @dataclass(frozen=True)
 class BatchResult:
     summary: UncertaintySummary  # fields of shape [n]
-    input_scores: torch.Tensor | None  # [n, F]: scored_rows' per-input scores, when the artifact's OOD score needs them
+    # scored_rows' per-input scores by name ([n] each), named once per batch (``Artifact.named_scores``) and read by
+    # both the temperature and the OOD rule; None when the manifest reads none
+    input_scores: Mapping[str, torch.Tensor] | None
     queue_s: float
     inference_s: float
     batch_requests: int

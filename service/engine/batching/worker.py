@@ -1,7 +1,7 @@
 """The batch worker of one model version: a bounded asyncio queue drained by one task.
 
 The worker takes the first waiting request, then keeps packing requests until the batch's cost reaches its budget
-(``service.engine.batch_cost``, as the model's input codec measures it) or ``max_batch_delay_ms`` has passed since
+(``service.engine.batch_cost``, as the model's batch runner measures it) or ``max_batch_delay_ms`` has passed since
 it started waiting; the forward runs in a thread so the event loop keeps serving, and its rows are split back per
 request. A request with a ``seed`` runs in a batch of its own under that seed. A request that costs more than one
 batch runs one batch-sized part at a time, the rest going back to the end of the queue between parts, so requests
@@ -26,9 +26,9 @@ from service.engine.artifact import Artifact
 from service.engine.batching.divided import Divided, joined
 from service.engine.batching.items import BatchResult, BatchStats, WorkItem
 from service.engine.batching.slots import QueueFull, Slots, Ticket
-from service.engine.codecs.base import Forward, InputBatch
 from service.engine.device import Device
 from service.engine.inference import split_scores, summarize_requests
+from service.engine.modalities.base import Forward, InputBatch
 
 log = logging.getLogger("service.engine.batching")
 ADMIT_FRACTION = 0.8  # of the request timeout the queued work may fill: the estimate's margin
@@ -51,7 +51,7 @@ class BatchWorker:
         self.artifact = artifact
         self.temperature = artifact.temperature  # of every sampled logit row, or per input (fixed per artifact)
         self.device = device
-        self.batch_cost = artifact.codec.batch_cost(max_batch_samples, max_batch_tokens)
+        self.batch_cost = artifact.runner.batch_cost(max_batch_samples, max_batch_tokens)
         self.max_delay_s = max_batch_delay_ms / 1000.0
         # unbounded: the slots are the bound (a divided request's rest goes back in while its part runs)
         self.queue: asyncio.Queue[WorkItem | Divided] = asyncio.Queue()
@@ -106,7 +106,7 @@ class BatchWorker:
             raise Draining("model version is shutting down")
         self.slots.take(ticket, self.depth)
         if not isinstance(inputs, InputBatch):
-            raise TypeError("inputs must be decoded by the model's codec (an InputBatch)")
+            raise TypeError("inputs must be decoded by the model's decoder (an InputBatch)")
         item = WorkItem(inputs, n_samples, seed, asyncio.get_running_loop().create_future(),
                         units_per_input=n_samples * self.batch_cost.width(inputs.longest))
         self._admit(item.units)
@@ -169,7 +169,7 @@ class BatchWorker:
         if self._divides(first):
             divided = first if isinstance(first, Divided) else Divided(first, queued_at=first.enqueued)
             self._running_parts += 1
-            return [divided.next_part(self.artifact.codec, self.batch_cost)], divided
+            return [divided.next_part(self.artifact.runner, self.batch_cost)], divided
         assert isinstance(first, WorkItem)
         if first.seed is not None:
             return [first], None
@@ -253,11 +253,13 @@ class BatchWorker:
         self.seconds_per_unit = rate if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * rate
 
     def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
-               seed: int | None) -> tuple[Forward, list[UncertaintySummary], list[torch.Tensor | None]]:
-        """The batch's forwards, then each request's summary and per-input scores (in the forward's thread)."""
-        codec = self.artifact.codec
-        inputs = codec.join([item.inputs for item in batch])
-        forward = codec.forward(self.artifact.rows, self.device, inputs, repeats, self.batch_cost, seed)
-        temperature = temperature_for(self.temperature, self.artifact.named_scores(forward.scores))  # float or [n]
-        return (forward, summarize_requests(forward.rows, sizes, samples, temperature),
-                split_scores(forward.scores, sizes))
+               seed: int | None) -> tuple[Forward, list[UncertaintySummary], list[dict[str, torch.Tensor] | None]]:
+        """The batch's forwards, then each request's summary and per-input scores (in the forward's thread). The
+        scores are named once here, for the whole batch: the temperature reads them now and the predictor's OOD rule
+        reads each request's share later."""
+        runner = self.artifact.runner
+        inputs = runner.join([item.inputs for item in batch])
+        forward = runner.forward(self.artifact.rows, self.device, inputs, repeats, self.batch_cost, seed)
+        named = self.artifact.named_scores(forward.scores)  # {name: [n]} or None
+        temperature = temperature_for(self.temperature, named)  # float or [n]
+        return forward, summarize_requests(forward.rows, sizes, samples, temperature), split_scores(named, sizes)

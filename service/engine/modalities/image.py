@@ -1,6 +1,6 @@
-"""Image models' inputs: PNG / JPEG (base64 in JSON, or bytes from an upload) converted as the pipeline converts a
-user's training images (``models.image_input``), or pixel arrays already at the model's shape; a batch is one
-float32 tensor [n, C, H, W] in [0, 1], costed in sampled rows."""
+"""Image models: PNG / JPEG inputs (base64 in JSON, or bytes from an upload) converted as the pipeline converts a
+user's training images (``models.image_input``), or pixel arrays already at the model's shape (``ImageDecoder``); a
+batch is one float32 tensor [n, C, H, W] in [0, 1], costed in sampled rows (``ImageRunner``)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,23 @@ import torch
 
 from artifact.contract import Manifest, TextInput
 from service.engine.batch_cost import BatchCost
-from service.engine.codecs.base import (
+from service.engine.device import Device
+from service.engine.images import PixelBudget, decode_base64, image_to_tensor, pixels_to_tensor
+from service.engine.inference import Chunk, chunks_by_cost, run_forwards
+from service.engine.modalities.base import (
     Base64Image,
-    Codec,
+    BatchRunner,
     EncodedImage,
     Forward,
     InputBatch,
+    InputDecoder,
     InputLimits,
+    Modality,
     PixelValues,
     RawInput,
     RowsFunction,
     TensorSpec,
 )
-from service.engine.device import Device
-from service.engine.images import PixelBudget, decode_base64, image_to_tensor, pixels_to_tensor
-from service.engine.inference import Chunk, chunks_by_cost, run_forwards
 from service.engine.shapes import Padding
 from service.errors import invalid
 
@@ -48,20 +50,22 @@ def pad_pixels(pixels: torch.Tensor, padding: Padding) -> torch.Tensor:
     return torch.cat([pixels, pixels.new_zeros((extra, *pixels.shape[1:]))])  # [inputs, C, H, W]
 
 
-class ImageCodec(Codec):
+def load(manifest: Manifest, folder: Path) -> Modality:
+    """An image model's decoder and runner, at its manifest's input shape."""
+    spec = manifest.input
+    if isinstance(spec, TextInput):
+        raise ValueError("an image model's manifest needs an image input section")
+    shape = (spec.channels, spec.height, spec.width)
+    return Modality(ImageDecoder(shape), ImageRunner(shape))
+
+
+class ImageDecoder(InputDecoder):
     modality = "image"
     takes = (Base64Image, EncodedImage, PixelValues)
 
     def __init__(self, shape: tuple[int, int, int]) -> None:
         self.shape = shape  # (channels, height, width)
         self.tensor = TensorSpec("pixels", "FP32", shape, ("FP64", "FP16", "UINT8"), "FORMAT_NCHW")
-
-    @classmethod
-    def load(cls, manifest: Manifest, folder: Path) -> ImageCodec:
-        spec = manifest.input
-        if isinstance(spec, TextInput):
-            raise ValueError("an image model's manifest needs an image input section")
-        return cls((spec.channels, spec.height, spec.width))
 
     def describe(self) -> str:
         return f"pixels [{', '.join(map(str, self.shape))}], or a PNG or JPEG image"
@@ -87,6 +91,11 @@ class ImageCodec(Codec):
             raise invalid(f"pixels shape {list(array.shape)} must be [N, {', '.join(map(str, self.shape))}] with "
                           "N >= 1", item.loc)
         return torch.from_numpy(array.astype("float32"))  # [N, C, H, W]
+
+
+class ImageRunner(BatchRunner):
+    def __init__(self, shape: tuple[int, int, int]) -> None:
+        self.shape = shape  # (channels, height, width)
 
     def join(self, batches: Sequence[InputBatch]) -> ImageBatch:
         return ImageBatch(torch.cat([batch.pixels for batch in batches if isinstance(batch, ImageBatch)]))

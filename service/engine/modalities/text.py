@@ -1,6 +1,6 @@
-"""Text models' inputs: strings checked against the limits and tokenised with the artifact's own ``tokenizers``
-file (``service.engine.texts`` has the rules); a batch is a list of tokenised texts, costed in padded tokens x
-samples and right-padded per forward to its longest text."""
+"""Text models: strings checked against the limits and tokenised with the artifact's own ``tokenizers`` file
+(``TextDecoder``; ``service.engine.texts`` has the rules); a batch is a list of tokenised texts, costed in padded
+tokens x samples and right-padded per forward to its longest text (``TextRunner``)."""
 
 from __future__ import annotations
 
@@ -16,18 +16,20 @@ from tokenizers import Tokenizer
 from artifact.contract import Manifest, TextInput
 from artifact.tokenizer import tokenizer_problem, warm_up_texts
 from service.engine.batch_cost import BatchCost
-from service.engine.codecs.base import (
-    Codec,
+from service.engine.device import Device
+from service.engine.inference import Chunk, chunks_by_cost, run_forwards
+from service.engine.modalities.base import (
+    BatchRunner,
     Forward,
     InputBatch,
+    InputDecoder,
     InputLimits,
+    Modality,
     RawInput,
     RowsFunction,
     TensorSpec,
     Text,
 )
-from service.engine.device import Device
-from service.engine.inference import Chunk, chunks_by_cost, run_forwards
 from service.engine.shapes import Padding
 from service.engine.texts import PAD_MULTIPLE, EncodedText, check_text, encode, pad_batch, padded_length
 from service.errors import invalid
@@ -77,7 +79,16 @@ def load_tokenizer(folder: Path, spec: TextInput) -> Tokenizer:
     return tokenizer
 
 
-class TextCodec(Codec):
+def load(manifest: Manifest, folder: Path) -> Modality:
+    """A text model's decoder and runner, with the artifact's tokenizer (``ValueError`` when it is unusable)."""
+    spec = manifest.input
+    if not isinstance(spec, TextInput):
+        raise ValueError("a text model's manifest needs a text input section")
+    tokenizer = load_tokenizer(folder, spec)
+    return Modality(TextDecoder(spec, tokenizer), TextRunner(spec, tokenizer))
+
+
+class TextDecoder(InputDecoder):
     modality = "text"
     takes = (Text,)
     # one string per input, as Triton batches strings: [N, 1]
@@ -88,13 +99,6 @@ class TextCodec(Codec):
         self.spec = spec
         self.tokenizer = tokenizer  # truncation set from ``spec``, no padding
         self.tensor = TensorSpec("text", "BYTES", (1,))
-
-    @classmethod
-    def load(cls, manifest: Manifest, folder: Path) -> TextCodec:
-        spec = manifest.input
-        if not isinstance(spec, TextInput):
-            raise ValueError("a text model's manifest needs a text input section")
-        return cls(spec, load_tokenizer(folder, spec))
 
     def parameters(self) -> dict[str, Any]:
         return {"max_length": self.spec.max_length}
@@ -119,6 +123,12 @@ class TextCodec(Codec):
                 where = ".".join(str(part) for part in item.loc) if item.loc else "text"
                 raise invalid(f"{where}: the model's tokenizer reads no token in this text", item.loc)
         return TokenBatch(encoded)
+
+
+class TextRunner(BatchRunner):
+    def __init__(self, spec: TextInput, tokenizer: Tokenizer) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer  # the warm-up's example texts only
 
     def join(self, batches: Sequence[InputBatch]) -> TokenBatch:
         return TokenBatch([text for batch in batches if isinstance(batch, TokenBatch) for text in batch.texts])

@@ -1,22 +1,24 @@
-"""What every input codec provides (docs/architecture.md, "Input codecs").
+"""What a client sends, whatever the protocol (raw inputs), and the two jobs one modality does for a model
+(docs/architecture.md, "The server's parts"):
 
-A codec is chosen once, when an artifact loads, from its manifest's modality. It turns what a client sent (raw
-inputs, the same for every protocol) into the batch the model takes, tells the batching worker what a batch costs,
-runs the model's forwards on a batch, and describes its tensors to the protocols (OIP metadata, Triton's config).
-Nothing outside the codec modules asks which modality a model has."""
+- ``InputDecoder``: turns raw inputs into the batch the model takes (in the decode pool) and describes the model's
+  input tensor to the protocols (OIP metadata, Triton's config, error messages);
+- ``BatchRunner``: joins and cuts decoded batches, prices them against the batch budget and runs the model's forwards
+  on them (in the batch worker), and gives the warm-up its inputs.
+
+Both are built once, when an artifact loads, from its manifest's modality (``service.engine.modalities``). Nothing
+outside the modality modules asks which modality a model has."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
 
-from artifact.contract import Manifest
 from service.engine.batch_cost import BatchCost
 from service.engine.device import Device
 from service.errors import invalid
@@ -90,7 +92,7 @@ class TensorSpec:
     layout: str | None = None  # Triton's ``format`` of an input that has one (FORMAT_NCHW)
 
 
-# what a codec runs: one forward of model inputs and ``repeats`` (last) -> rows [sum(repeats), C] and the per-input
+# what a runner runs: one forward of model inputs and ``repeats`` (last) -> rows [sum(repeats), C] and the per-input
 # scores [B, F] or None (``service.engine.artifact.Artifact.rows``)
 RowsFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -103,7 +105,7 @@ class InputBatch:
     - ``longest``: what the batch cost's width counts of the widest input (tokens of the longest text; 0 when inputs
       have no width);
     - ``extras``: per-input facts the responses report beside the prediction, by output name
-      (``Codec.extra_outputs``)."""
+      (``InputDecoder.extra_outputs``)."""
 
     size: int
     longest: int = 0
@@ -121,18 +123,13 @@ class Forward:
     padded_length: int | None = None  # text models: the width the batch was padded to
 
 
-class Codec(ABC):
-    """One modality's inputs, for one artifact (``load`` builds it from the manifest and the version folder)."""
+class InputDecoder(ABC):
+    """One model's inputs as clients send them: decoded into its batches, described to the protocols."""
 
     modality: ClassVar[str]
-    takes: ClassVar[tuple[type, ...]]  # the raw input types this codec decodes
+    takes: ClassVar[tuple[type, ...]]  # the raw input types this decoder decodes
     extra_outputs: ClassVar[tuple[TensorSpec, ...]] = ()  # per-input outputs besides the prediction's
     tensor: TensorSpec  # the protocols' input tensor
-
-    @classmethod
-    @abstractmethod
-    def load(cls, manifest: Manifest, folder: Path) -> Codec:
-        """The codec of an artifact; ``ValueError`` with a readable reason when its input files are unusable."""
 
     def parameters(self) -> dict[str, Any]:
         """What Triton's model config reports of the input besides its tensor."""
@@ -157,6 +154,10 @@ class Codec(ABC):
     @abstractmethod
     def decode(self, items: Sequence[RawInput], limits: InputLimits, model: str) -> InputBatch:
         """The inputs as the model takes them; CPU-bound (the decode pool runs it)."""
+
+
+class BatchRunner(ABC):
+    """One model's decoded batches: joined, cut, priced against the batch budget and run through its forwards."""
 
     @abstractmethod
     def join(self, batches: Sequence[InputBatch]) -> InputBatch:
@@ -183,6 +184,14 @@ class Codec(ABC):
     def filler(self, inputs: int, rows: int, cost: BatchCost) -> tuple[torch.Tensor, ...]:
         """Model inputs of ``inputs`` inputs at the widest shape a forward of ``rows`` rows can have (host tensors):
         the shape-bucket warm-up."""
+
+
+@dataclass(frozen=True)
+class Modality:
+    """A model's two halves of its modality, built together from its manifest and version folder."""
+
+    decoder: InputDecoder
+    runner: BatchRunner
 
 
 MODALITY_OF = {Base64Image: "image", EncodedImage: "image", PixelValues: "image", Text: "text"}

@@ -1,0 +1,94 @@
+"""Prediction sets and abstentions over the Open Inference Protocol (HTTP and gRPC) and the batch scorer: the asks
+of ``/predict`` (``coverage``, ``conformal_score``, ``class_conditional``, ``max_risk``, ``abstain_if_ood``) read from
+loose parameters with ``/predict``'s types and ranges, and the answers as OIP outputs (docs/api.md, "Prediction sets
+and abstentions"). The decisions themselves are ``service.engine.decisions``'s, run by the shared prediction use case.
+
+Outputs, present only when their ask is: ``prediction_set`` BYTES ``[N]``, each element the set's labels as a JSON
+array string (``["Shirt", "T-shirt/top"]``, most probable first; ``[]`` for an empty set), since a tensor holds one
+value per input and a set has any number of labels; ``set_size`` INT64 ``[N]``; ``abstain`` BOOL ``[N]``."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from service.engine.decisions import DecisionRequest, Decisions
+from service.errors import bad_input, invalid
+
+SCORES = ("lac", "aps", "raps")
+OUTPUT_TYPES = {"prediction_set": "BYTES", "set_size": "INT64", "abstain": "BOOL"}
+NEEDS = {"prediction_set": "coverage", "set_size": "coverage", "abstain": "max_risk"}  # output -> its ask
+Loc = list[str | int]
+
+
+def decision_request(parameters: dict[str, Any], loc: Loc | None = None) -> DecisionRequest:
+    """The request's asks, each checked as ``/predict`` checks its field (422 naming the parameter); what asks
+    nothing gives an empty request, which the prediction use case leaves alone."""
+    where: Loc = loc or ["body", "parameters"]
+    score = parameters.get("conformal_score")
+    if score is not None and score not in SCORES:
+        raise invalid(f"parameter conformal_score must be one of {', '.join(SCORES)}, got {str(score)[:40]!r}",
+                      [*where, "conformal_score"])
+    return DecisionRequest(coverage=_fraction(parameters, "coverage", where),
+                           max_risk=_fraction(parameters, "max_risk", where), score=score,
+                           class_conditional=_flag(parameters, "class_conditional", False, where),
+                           abstain_if_ood=_flag(parameters, "abstain_if_ood", True, where))
+
+
+def _fraction(parameters: dict[str, Any], name: str, loc: Loc) -> float | None:
+    """A number strictly between 0 and 1 (``coverage``, ``max_risk``), or None when absent."""
+    value = parameters.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(f"parameter {name} must be a number, got {type(value).__name__}", [*loc, name])
+    if not (math.isfinite(value) and 0 < value < 1):
+        raise invalid(f"parameter {name} must be between 0 and 1 (both excluded), got {value}", [*loc, name])
+    return float(value)
+
+
+def _flag(parameters: dict[str, Any], name: str, default: bool, loc: Loc) -> bool:
+    value = parameters.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"parameter {name} must be true or false, got {type(value).__name__}", [*loc, name])
+    return value
+
+
+def answered_outputs(ask: DecisionRequest | None) -> list[str]:
+    """The decision outputs a request's asks give (every output of the response unless it names some)."""
+    if ask is None:
+        return []
+    asked = {"coverage": ask.coverage is not None, "max_risk": ask.max_risk is not None}
+    return [name for name, need in NEEDS.items() if asked[need]]
+
+
+def check_requested(names: list[str], ask: DecisionRequest | None) -> None:
+    """400 for a named decision output whose ask is missing: nothing would fill it."""
+    given = answered_outputs(ask)
+    for name in names:
+        if name in NEEDS and name not in given:
+            raise bad_input(f"output {name!r} needs the parameter {NEEDS[name]}: give {NEEDS[name]} with the "
+                            "request, or do not ask for this output")
+
+
+def output_values(decisions: Decisions | None, labels: list[str]) -> dict[str, tuple[str, list[int], list[Any]]]:
+    """Each decision output the request answered: (datatype, shape, data)."""
+    if decisions is None:
+        return {}
+    values: dict[str, tuple[str, list[int], list[Any]]] = {}
+    if decisions.sets is not None:
+        sets = decisions.sets
+        encoded = [json.dumps([labels[c] for c in s], ensure_ascii=False) for s in sets]  # one string per input
+        values["prediction_set"] = ("BYTES", [len(sets)], encoded)
+        values["set_size"] = ("INT64", [len(sets)], [len(s) for s in sets])
+    if decisions.abstain is not None:
+        values["abstain"] = ("BOOL", [len(decisions.abstain)], list(decisions.abstain))
+    return values
+
+
+def response_parameters(decisions: Decisions | None) -> dict[str, Any]:
+    """The rules applied, for the response ``parameters`` (scalars, as OIP parameters are)."""
+    return {} if decisions is None else decisions.rules()

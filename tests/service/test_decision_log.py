@@ -1,0 +1,159 @@
+"""The prediction log's sets and abstentions (service/feedback/decisions.py) on both backends: live coverage and
+selective risk per level over the same window as live accuracy, at most MAX_LEVELS levels per version, compact rows,
+databases of the previous schema still readable, and gauges of levels no longer reported removed."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.feedback.decisions import MAX_LEVELS, DecisionLog, LiveRate, in_set, set_mask
+from service.feedback.postgres import PostgresFeedbackStore
+from service.feedback.sqlite import SqliteFeedbackStore
+from service.feedback.store import FeedbackStore
+from service.observability.metrics import Metrics
+from tests.service.conftest import metric_value
+from tests.service.pg_cluster import PostgresCluster
+
+# the predictions table as the previous release wrote it: no decision columns
+OLD_COLUMNS = ("request_id TEXT NOT NULL, idx {int} NOT NULL, model TEXT NOT NULL, version TEXT NOT NULL, n_samples "
+               "INTEGER NOT NULL, class_index INTEGER NOT NULL, label TEXT NOT NULL, confidence {real} NOT NULL, "
+               "created {real} NOT NULL, correct INTEGER, feedback_at {real}, client_request_id TEXT, "
+               "PRIMARY KEY (request_id, idx)")
+OLD_ROW = "INSERT INTO predictions VALUES ('old', 0, 'm', '1', 4, 0, 'a', 0.9, {now}, 1, {now}, NULL)"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., FeedbackStore]:
+    """Opens a store of each backend on one file or database, however often it is called."""
+    if request.param == "sqlite":
+        return lambda **bounds: SqliteFeedbackStore(tmp_path / "f.sqlite3", **bounds)
+    url = request.getfixturevalue("postgres_cluster").create_database(f"decided_{tmp_path.name.lower()}")
+    return lambda **bounds: PostgresFeedbackStore(url, **bounds)
+
+
+def test_a_set_is_stored_in_at_most_one_bit_per_label() -> None:
+    assert set_mask([]) == b"" and set_mask([0]) == b"\x01" and set_mask([9, 1]) == b"\x02\x02"
+    mask = set_mask(range(0, 1000, 7))
+    assert len(mask) <= 125 and [i for i in range(1000) if in_set(mask, i)] == list(range(0, 1000, 7))
+    assert not in_set(b"", 0) and not in_set(b"\x01", 8) and not in_set(b"\x01", -1)
+
+
+def test_coverage_and_risk_per_level_over_the_latest_window(open_store: Callable[..., FeedbackStore]) -> None:
+    """Per level, the latest ``window`` labels, as live accuracy reads them; selective risk counts answered rows
+    only, and a level whose rows are all unlabelled or abstained is not reported."""
+    store = open_store(max_rows=100, max_age_s=3600, window=3)
+    sets = [set_mask([0]), set_mask([0, 1]), set_mask([2])] * 2
+    store.log("a", "m", "1", 4, [(0, "a", 0.9)] * 6, decisions=DecisionLog(0.9, sets, 0.1, [False] * 5 + [True]))
+    store.log("b", "m", "1", 4, [(1, "b", 0.6)] * 2, decisions=DecisionLog(0.8, sets[:2], 0.2, [True, True]))
+    store.log("c", "m", "1", 4, [(1, "b", 0.6)])  # asked for neither
+    for index, (correct, covered) in enumerate([(True, True), (False, False), (False, True), (True, True),
+                                                (False, False), (False, True)]):
+        store.record("a", index, correct, covered)
+    store.record("b", 0, True, True)
+    store.record("c", 0, True)
+    live = store.live_decisions("m", "1")
+    assert live.coverage == {0.9: LiveRate(2 / 3, 3), 0.8: LiveRate(1.0, 1)}  # rows 3-5 of a, row 0 of b
+    assert live.selective_risk == {0.1: LiveRate(2 / 3, 3)}  # rows 2-4: row 5 abstained; b abstained on all
+    stats = store.live_stats("m", "1")
+    assert stats is not None and stats.n == 3  # the same window
+    assert store.live_decisions("m", "2").coverage == {}
+    store.close()
+
+
+def test_at_most_max_levels_per_version_the_most_labelled(open_store: Callable[..., FeedbackStore]) -> None:
+    """A client cycling through levels cannot grow the series: the MAX_LEVELS levels with the most labels are kept
+    (ties: the smaller level), whatever else was asked."""
+    store = open_store(max_rows=1000, max_age_s=3600, window=100)
+    levels = [round(0.5 + 0.02 * i, 2) for i in range(MAX_LEVELS + 2)]
+    for n, level in enumerate(levels):
+        rows = 1 if n < 3 else 2  # the first three levels have one label each, the others two
+        store.log(f"r{n}", "m", "1", 4, [(0, "a", 0.9)] * rows,
+                  decisions=DecisionLog(level, [set_mask([0])] * rows, None, None))
+        for index in range(rows):
+            store.record(f"r{n}", index, True, True)
+    coverage = store.live_decisions("m", "1").coverage
+    assert len(coverage) == MAX_LEVELS and set(coverage) == {levels[0], *levels[3:]}
+    store.close()
+
+
+def test_a_database_of_the_previous_schema_opens_and_gains_the_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    now = time.time()
+    with sqlite3.connect(path) as old:
+        old.execute(f"CREATE TABLE predictions ({OLD_COLUMNS.format(int='INTEGER', real='REAL')})")
+        old.execute(OLD_ROW.format(now=now))
+    store = SqliteFeedbackStore(path, max_rows=100, max_age_s=3600, window=100)
+    check_old_rows_and_new_ones(store)
+    store.close()
+    reopened = SqliteFeedbackStore(path, max_rows=100, max_age_s=3600, window=100)  # migrated once, opens again
+    assert reopened.live_decisions("m", "1").coverage == {0.9: LiveRate(0.0, 1)}
+    reopened.close()
+
+
+def test_a_postgres_database_of_the_previous_schema_opens(postgres_cluster: PostgresCluster) -> None:
+    import psycopg
+
+    url = postgres_cluster.create_database("previous_schema")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE predictions ({OLD_COLUMNS.format(int='BIGINT', real='DOUBLE PRECISION')})")
+        conn.execute(OLD_ROW.format(now=time.time()))
+    store = PostgresFeedbackStore(url, max_rows=100, max_age_s=3600, window=100)
+    check_old_rows_and_new_ones(store)
+    store.close()
+
+
+def check_old_rows_and_new_ones(store: FeedbackStore) -> None:
+    """A row of the previous schema is found and counts for accuracy, not for coverage; new rows log their sets."""
+    old = store.lookup("old", 0)
+    assert old is not None and old.prediction_set is None
+    stats = store.live_stats("m", "1")
+    assert stats is not None and stats.n == 1 and store.live_decisions("m", "1").coverage == {}
+    store.log("new", "m", "1", 4, [(0, "a", 0.9)], decisions=DecisionLog(0.9, [set_mask([0, 3])], None, None))
+    new = store.lookup("new", 0)
+    assert new is not None and new.prediction_set == set_mask([0, 3])
+    store.record("new", 0, False, False)
+    assert store.live_decisions("m", "1").coverage == {0.9: LiveRate(0.0, 1)}
+
+
+def test_decisions_grow_the_sqlite_file_by_their_bounded_row_size(tmp_path: Path) -> None:
+    """256 inputs of a 1000-class model, each with a set of every label (the largest a set can be): the file grows by
+    at most 125 bytes of bitmask and 40 of columns and record overhead per row over the same rows without them."""
+
+    def growth(name: str, decisions: DecisionLog | None) -> int:
+        store = SqliteFeedbackStore(tmp_path / name, max_rows=1000, max_age_s=3600, window=100)
+        page = store._conn.execute("PRAGMA page_size").fetchone()[0]
+        store.flush()
+        before = store._conn.execute("PRAGMA page_count").fetchone()[0] * page
+        store.log("p" * 32, "m", "1", 4, [(3, "Dress", 0.75)] * 256, decisions=decisions)
+        store.flush()
+        after = store._conn.execute("PRAGMA page_count").fetchone()[0] * page
+        store.close()
+        return after - before
+
+    full = DecisionLog(0.95, [set_mask(range(1000))] * 256, 0.05, [False] * 256)
+    plain, decided = growth("plain.sqlite3", None), growth("decided.sqlite3", full)
+    assert len(set_mask(range(1000))) == 125
+    assert 256 * 125 <= decided - plain <= 256 * (125 + 40) + 2 * 4096, (plain, decided)
+
+
+def test_gauges_of_levels_no_longer_reported_are_removed() -> None:
+    metrics = Metrics()
+    metrics.set_live_decisions("m", "1", {0.9: (0.875, 8), 0.8: (0.75, 4)}, {0.05: (0.02, 50)})
+    text = metrics.expose().decode()
+    assert metric_value(text, "director_live_coverage_ratio", model="m", version="1", coverage="0.9") == 0.875
+    assert metric_value(text, "director_live_coverage_count", model="m", version="1", coverage="0.8") == 4.0
+    assert metric_value(text, "director_live_coverage_target_ratio", model="m", version="1", coverage="0.8") == 0.8
+    assert metric_value(text, "director_live_selective_risk_ratio", model="m", version="1", max_risk="0.05") == 0.02
+    assert metric_value(text, "director_live_selective_risk_bound_ratio", model="m", version="1",
+                        max_risk="0.05") == 0.05
+    metrics.set_live_decisions("m", "1", {0.9: (0.9, 10)}, {})
+    text = metrics.expose().decode()
+    assert metric_value(text, "director_live_coverage_ratio", model="m", version="1", coverage="0.9") == 0.9
+    for name in ("director_live_coverage_ratio", "director_live_coverage_count", "director_live_coverage_target_ratio"):
+        assert metric_value(text, name, model="m", version="1", coverage="0.8") is None, name
+    assert "director_live_selective_risk_ratio{" not in text
