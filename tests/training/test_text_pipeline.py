@@ -92,7 +92,7 @@ def test_manifest_follows_the_artifact_contract(exported: tuple[Path, Path]) -> 
     assert ref["n_samples"] == 4 and len(ref["confidence_quantiles"]) == 101 and ref["n_inputs"] == 90
     assert ref["confidence_quantiles"] == sorted(ref["confidence_quantiles"])
     assert set(manifest["files"]) == {"director.ts", "tokenizer.json", "conformal.json"}
-    assert manifest["conformal"]["n"] == 30 and manifest["conformal"]["default_score"] == "aps"
+    assert manifest["conformal"]["n"] == 30 and manifest["conformal"]["default_score"] == "lac"
     assert manifest["files"]["tokenizer.json"]["sha256"] == sha256_file(folder / "tokenizer.json")
     assert verify_files(folder, parse_manifest(manifest)) == []
     table = manifest["artifact"]["word_table"]
