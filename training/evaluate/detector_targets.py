@@ -16,7 +16,7 @@ from typing import Any
 
 from artifact.contract import parse_manifest, read_document
 from artifact.samples import samples_verdict
-from training.evaluate.target_checks import Check, at_least, pct
+from training.evaluate.target_checks import Check, at_least, pct, served_key
 
 FEATURE_DETECTORS = ("mds", "rmds", "knn", "vim")
 
@@ -42,7 +42,7 @@ def detector_checks(results: dict[str, Any]) -> list[Check]:
     paired interval of served minus detector does not lie below 0) and its FPR95 against that detector's."""
     served = results["detectors"]["served_score_auroc"]
     backbone = results["detectors"]["methods"]["deterministic"]["ood"]
-    label = results["test_and_ood"]["director_s1"]["ood_score"]
+    label = results["test_and_ood"][results["detectors"].get("served_method", "director_s1")]["ood_score"]
     checks = []
     for set_name, mine in served.items():
         name = max(FEATURE_DETECTORS, key=lambda d: backbone[set_name][d]["auroc"])
@@ -80,7 +80,8 @@ def models_note_check(repository: Path, spec: DetectorTargets) -> Check:
     if not folder.is_dir():
         return Check("or: GET /models says MI is not this version's OOD signal", "-", "-", None)
     note = samples_verdict(parse_manifest(read_document(folder))).note
-    says = "mutual_information" in note and ("is not its OOD score" in note or "weaker OOD signal" in note)
+    says = "mutual_information" in note and any(phrase in note for phrase in (
+        "is not its OOD score", "weaker OOD signal", "mutual_information is 0"))
     shown = next((part.strip() for part in note.split(";") if "mutual_information" in part), note)
     return Check("or: GET /models says MI is not this version's OOD signal", f"\"{shown}\"", "samples_note", says)
 
@@ -159,8 +160,9 @@ def detector_sections(results_dir: Path, cost_file: Path | None = None, reposito
         if any(c.met is False for c in checks if c.target.startswith("MI AUROC")):
             checks.append(models_note_check(repository, spec))
         if shifted is not None:
-            checks += (shift_ece_checks(shifted, "director_served", f"DIRECTOR as served (v{served['version']}, "
-                                                                   f"S={served['default_samples']})")
+            checks += (shift_ece_checks(shifted, served_key(shifted, served["default_samples"]),
+                                        f"{'Post-hoc' if served.get('method') == 'posthoc' else 'DIRECTOR'} as served "
+                                        f"(v{served['version']}, S={served['default_samples']})")
                        if served else shift_ece_checks(shifted, "director_s1", "DIRECTOR (S=1, served)"))
             samples = shifted["settings"]["samples"]
             checks += shift_ece_checks(shifted, f"director_s{samples}_shift_noise",

@@ -156,7 +156,8 @@ DETECTOR_SOURCES = ("deterministic", "mc_dropout", "ensemble", "director")  # th
 
 def evaluate_detectors(evaluation: Evaluation, draws_test: int) -> dict[str, Any]:
     """The free detectors above on each method's own features and logits, per OOD set,
-    each against DIRECTOR's served score (its S = 1 choice in ``test_and_ood``, which runs first). Scores are cached
+    each against the served score (the served version's row's choice in ``test_and_ood``, which runs first, or
+    DIRECTOR's at S = 1 when the evaluation has no served version). Scores are cached
     beside the logits, so a rerun fits nothing."""
     inputs, ev, cfg = evaluation.inputs, evaluation.ev, evaluation.cfg
     sets = {"test": inputs.test, **inputs.ood}
@@ -164,7 +165,7 @@ def evaluate_detectors(evaluation: Evaluation, draws_test: int) -> dict[str, Any
     out: dict[str, Any] = {"served_score_auroc": {name: ood_report(evaluation.served_scores["test"],
                                                                    evaluation.served_scores[name])
                                                   for name in inputs.ood},
-                           "methods": {}}
+                           "served_method": evaluation.served_score_method, "methods": {}}
     for source_name in DETECTOR_SOURCES:
         if source_name == "ensemble" and ev.ensemble_members < 2:
             continue  # an ensemble of one is the backbone itself

@@ -91,7 +91,8 @@ class Evaluation:
         self.cache = LogitCache(self.run_dir / "eval" / "logits")
         self.sources: dict[str, Source] = {}
         self.input_scores: dict[tuple[str, str], InputScores] = {}  # (source, set) -> its per-input scores
-        self.served_scores: dict[str, torch.Tensor] = {}  # set name -> DIRECTOR's chosen score at S = 1 [N]
+        self.served_scores: dict[str, torch.Tensor] = {}  # set name -> the served score [N] (``served_score_method``'s)
+        self.served_score_method = "director_s1"  # DIRECTOR at S = 1, or the served version's row when evaluated
         self.chosen_scores: dict[str, dict[str, torch.Tensor]] = {}  # method key -> set -> its own OOD score [N]
         self.flag_rules: dict[str, tuple[Candidate, float]] = {}  # method key -> its OOD score and 95%-TPR threshold
         self.served: dict[str, Any] = {}  # the exported version's sampling (``add_served_source``), when evaluated

@@ -39,6 +39,7 @@ from training.evaluate.kernel_depth import evaluate_kernel_depth
 from training.evaluate.logit_cache import fingerprint
 from training.evaluate.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
 from training.evaluate.shift import evaluate_shift
+from training.evaluate.target_checks import SERVED_ROWS
 from training.evaluate.targets import RESULTS, write_targets
 from training.export.ood_selection import (
     ScoreInputs,
@@ -109,8 +110,8 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
             row["mean_mutual_information"] = float(set_inputs.summary.mutual_information.mean())
             per_set[set_name] = row
         evaluation.chosen_scores[method.key] = chosen
-        if method.key == "director_s1":
-            evaluation.served_scores = dict(chosen)
+        if method.key == "director_s1" or method.key in SERVED_ROWS:  # a served version's row comes last
+            evaluation.served_scores, evaluation.served_score_method = dict(chosen), method.key
         results[method.key] = {
             "label": method.label, "n_samples": method.n_samples, "temperature": method.temperature,
             **({"temperature_slope": method.by_score.slope} if method.by_score else {}),

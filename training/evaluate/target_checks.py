@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+SERVED_ROWS = ("director_served", "posthoc_served")  # an exported version's row, as it serves
 
 
 @dataclass
@@ -28,3 +31,8 @@ def pct(value: float) -> str:
 
 def table(checks: list[Check]) -> list[str]:
     return ["| target | DIRECTOR | reference | |", "| --- | --- | --- | --- |", *[c.row() for c in checks]]
+
+
+def served_key(results: dict[str, Any], samples: int) -> str:
+    """The row the targets hold to: the served version's, else DIRECTOR at the default S."""
+    return next((k for k in SERVED_ROWS if k in results["test_and_ood"]), f"director_s{samples}")

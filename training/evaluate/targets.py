@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from training.evaluate.detector_targets import detector_sections
-from training.evaluate.target_checks import Check, at_least, pct, table
+from training.evaluate.target_checks import Check, at_least, pct, served_key, table
 
 RESULTS = Path("docs/results")
 REPOSITORY = Path("model_repository")
@@ -45,7 +45,6 @@ TARGETS = (
     TaskTargets("fashion-mnist", "fashion-vit", 3, "make evaluate", 0.003, 0.005, "best baseline", False, 3.0, 0.3),
     TaskTargets("movie-reviews", "movie-reviews-minilm", 3, "make text-evaluate", 0.005, 0.01, "backbone", True),
 )
-SERVED_ROWS = ("director_served", "posthoc_served")
 
 
 def served_version(spec: TaskTargets, results: dict[str, Any]) -> int:
@@ -56,11 +55,6 @@ def default_samples(spec: TaskTargets, results: dict[str, Any], repository: Path
     version = served_version(spec, results)
     manifest = json.loads((repository / spec.model / str(version) / "manifest.json").read_text())
     return int(manifest["sampling"]["default_samples"])
-
-
-def served_key(results: dict[str, Any], samples: int) -> str:
-    """The row the targets hold to: the served version's, else DIRECTOR at the default S."""
-    return next((k for k in SERVED_ROWS if k in results["test_and_ood"]), f"director_s{samples}")
 
 
 def kernel_checks(results: dict[str, Any], key: str) -> list[Check]:

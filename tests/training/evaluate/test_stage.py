@@ -188,12 +188,16 @@ def test_shift_sweep_cost_and_ablations(evaluated: tuple[Path, dict[str, Any]]) 
 
 def test_free_detectors_on_every_method_against_the_served_score(evaluated: tuple[Path, dict[str, Any]]) -> None:
     """MDS, RMDS, KNN, ViM, GEN and MaxLogit on the features and logits of every method that has them, per OOD set,
-    each with its paired AUROC difference from DIRECTOR's served score; DIRECTOR's own candidates include the
+    each with its paired AUROC difference from the served version's score; DIRECTOR's own candidates include the
     feature scores its artifact would serve."""
     config, results = evaluated
     detectors = results["detectors"]
     sets = {"uniform_noise", "sklearn_digits", "letters"}
     assert set(detectors["served_score_auroc"]) == sets
+    assert detectors["served_method"] == "director_served"  # the exported version's own score, as it serves
+    served = results["test_and_ood"]["director_served"]
+    for name, report in detectors["served_score_auroc"].items():
+        assert report["auroc"] == pytest.approx(served["ood"][name][served["ood_score"]]["auroc"])
     assert set(detectors["methods"]) == {"deterministic", "mc_dropout", "ensemble", "director"}
     assert detectors["methods"]["director"]["rows_per_input"] == 4
     assert detectors["methods"]["ensemble"]["rows_per_input"] == 2
