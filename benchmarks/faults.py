@@ -227,9 +227,10 @@ def small_file_system(folder: Path) -> Iterator[Path | None]:
 
 
 def fill(folder: Path) -> Path:
-    """Write a file until the file system is full; returns it (delete it to give the space back)."""
+    """Write a file until the file system is full (it may be full already: the store itself can fill it); returns
+    it (delete it to give the space back)."""
     filler = folder / "filler"
-    with filler.open("wb") as handle, contextlib.suppress(OSError):
+    with contextlib.suppress(OSError), filler.open("wb") as handle:
         while True:
             handle.write(b"\0" * 65536)
             handle.flush()
@@ -297,7 +298,7 @@ def store_faults(url: str, seconds: float, rate: float, request_id: str, wanted:
     elif "store_full" in wanted:
         filler = fill(store)
         results["store_full"] = measure(url, seconds, 4, *store_clients(url, request_id, rate))
-        filler.unlink()
+        filler.unlink(missing_ok=True)
         results["store_full"]["recovered"] = recovered(url, request_id)  # type: ignore[index]
     return results
 
