@@ -33,7 +33,8 @@ STAGES = {"training.fit.backbone", "training.distil.stage", "training.export.sta
           "training.baselines.export"}
 # modules whose job is to run stages: the CLI, calibrate, the ablation variants (distillations) and the ensemble
 # members (fits)
-ORCHESTRATORS = {"training.cli", "training.calibrate.stage", "training.evaluate.ablations", "training.baselines.models"}
+ORCHESTRATORS = {"training.cli", "training.calibrate.stage", "training.evaluate.ablations",
+                 "training.baselines.builders"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config value, e.g. --set distil.epochs=1")
         p.add_argument("--no-resume", action="store_true", help="start from scratch instead of resuming")
         if name == "export-baseline":
-            from training.baselines.models import BASELINES
+            from training.baselines.builders import BASELINES
 
             p.add_argument("--method", required=True, choices=BASELINES)
             p.add_argument("--repository", help="model repository to write into (default: export.repository)")

@@ -74,7 +74,7 @@ class FitConfig:
 
 
 @dataclass
-class KernelConfig:
+class DistilKernelConfig:
     __pydantic_config__ = FORBID
     mlp_ratio: float = 1.0
     frequency_embedding_size: int = 64
@@ -121,7 +121,7 @@ class DistilConfig:
     max_steps: int | None = None
     # the cached start states X_{T-K} past this many bytes (float32) go to a file in half precision under the run
     start_states_memory_bytes: int | None = 4 * 2**30
-    kernel: KernelConfig = field(default_factory=KernelConfig)
+    kernel: DistilKernelConfig = field(default_factory=DistilKernelConfig)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Stage ``export-baseline``: a baseline (``training.baselines.models``) exported under the same artifact contract and
+"""Stage ``export-baseline``: a baseline (``training.baselines.builders``) exported under the same artifact contract and
 manifest sections as DIRECTOR, so the server serves and benchmarks it side by side."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sampling, file_digests
 from models.backbones import fold_batch_norms
-from training.baselines.models import BaselineModel, build_baseline
+from training.baselines.builders import BaselineModel, build_baseline
 from training.config import PipelineConfig
 from training.export.parts import (
     ExportParts,

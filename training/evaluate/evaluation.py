@@ -16,8 +16,8 @@ import torch
 from artifact.contract import MANIFEST, parse_manifest, read_document
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
 from models.uncertainty import ScoreTemperature, ScoreTerm, UncertaintySummary, summarize
+from training.baselines.builders import build_baseline, ensemble_members, member_config
 from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir
-from training.baselines.models import build_baseline, ensemble_members, member_config
 from training.config import PipelineConfig
 from training.data.held_out_shift import held_out_shift
 from training.evaluate.logit_cache import LogitCache, fingerprint

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from training.config import DistilConfig, KernelConfig
+from training.config import DistilConfig, DistilKernelConfig
 from training.evaluate.ablations import link_backbone, variant_overrides
 
 
 def test_variants_change_one_setting() -> None:
-    base = DistilConfig(kernel=KernelConfig(mlp_ratio=2.0, frequency_embedding_size=32))
+    base = DistilConfig(kernel=DistilKernelConfig(mlp_ratio=2.0, frequency_embedding_size=32))
     assert variant_overrides("both", base) == {}
     assert variant_overrides("unlabeled", base) == {"l2_target": "teacher", "unlabeled_copies": 1}
     assert variant_overrides("corpus", base)["unlabeled_corpus"] == "debian_descriptions"
@@ -18,7 +18,7 @@ def test_variants_change_one_setting() -> None:
     assert variant_overrides("depth_2", base) == {"depth": 2, "tau": None}
     assert variant_overrides("tau_0.1", base) == {"tau": 0.1}
     width = variant_overrides("mlp_0.5", base)["kernel"]
-    assert width == KernelConfig(mlp_ratio=0.5, frequency_embedding_size=32)  # the rest of the kernel kept
+    assert width == DistilKernelConfig(mlp_ratio=0.5, frequency_embedding_size=32)  # the rest of the kernel kept
 
 
 def test_unknown_variant_is_refused() -> None:
