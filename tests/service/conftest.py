@@ -216,6 +216,14 @@ def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.005)
 
 
+async def until(condition: Any, what: str, timeout_s: float = 60.0) -> None:
+    """``wait_for`` inside an event loop: yield to it until ``condition()`` holds (what it waits on runs there)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
 def one_batch(server: Running, model: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
     """POST ``bodies`` to /predict for ``model`` so that the worker packs them into batches by its budget alone, not
     by arrival times: a seeded request (which runs alone) is held inside its forward by taking the device lock,

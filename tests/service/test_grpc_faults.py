@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +26,7 @@ from service.api.grpc_messages import LARGE_MESSAGE_BYTES, MessageBytes, Trimmer
 from service.api.grpc_service import SERVICE, GrpcInferenceService, call
 from service.config import Settings
 from service.observability.metrics import Metrics
-from tests.service.conftest import Running, metric_value, serve, settings_for, wait_for
+from tests.service.conftest import Running, metric_value, serve, settings_for, until, wait_for
 from tests.service.test_feedback_metrics import stored_id_characters
 from tests.service.test_grpc import AUTH, KEY, free_port
 
@@ -195,14 +194,6 @@ def servicer(max_calls: int, **settings: Any) -> GrpcInferenceService:
     return GrpcInferenceService(state)  # type: ignore[arg-type]
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Yield to the loop until ``condition()``; the timeout only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.001)
-
-
 def count_of(service: GrpcInferenceService, method: str, code: str) -> float:
     value = service.state.metrics.registry.get_sample_value(
         "director_requests_total", {"endpoint": SERVICE + method, "code": code})
@@ -269,12 +260,12 @@ def test_message_bytes_past_the_bound_are_refused_before_they_are_parsed() -> No
     async def run() -> tuple[GrpcInferenceService, Context, list[int], int]:
         service = servicer(8, max_body_bytes=64 * 1024, grpc_max_bytes_in_flight=64 * 1024)
         first = asyncio.ensure_future(held(service, None, Context(big)))
-        await until(lambda: service.message_bytes.held > 0)
+        await until(lambda: service.message_bytes.held > 0, "the message held")
         refused = Context(b"\xff" * (30 * 1024))
         with pytest.raises(Aborted, match="would pass 65536 bytes"):
             await held(service, None, refused)
         beside = asyncio.ensure_future(held(service, None, Context(small)))
-        await until(lambda: service.message_bytes.held > len(big))
+        await until(lambda: service.message_bytes.held > len(big), "both messages held")
         holding = service.message_bytes.held
         release.set()
         return service, refused, list(await asyncio.gather(first, beside)), holding
@@ -334,7 +325,7 @@ def test_freed_pages_are_handed_back_once_the_last_large_message_is_gone() -> No
             ledger.settle()  # still held: no trim asked yet
         ledger.settle()
         proceed.set()
-        await until(lambda: not trimmer.running and trimmer.trims == 2)
+        await until(lambda: not trimmer.running and trimmer.trims == 2, "two trims")
         return trimmer
 
     trimmer = asyncio.run(run())

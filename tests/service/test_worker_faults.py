@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.service.conftest import random_pixels
+from tests.service.conftest import random_pixels, wait_for
 from tests.service.test_process import service_process
 from tests.service.test_workers import answered_by_worker
 
@@ -95,10 +95,7 @@ def test_a_drain_under_load_with_two_workers_answers_every_request(tiny_reposito
     env = {"DIRECTOR_FEEDBACK_DB": str(tmp_path / "f.sqlite3"), "DIRECTOR_TORCH_THREADS": "1"}
     with service_process(["--model-repository", str(tiny_repository), *worker_args(2)], env) as (proc, url):
         with Load(url) as load:
-            deadline = time.monotonic() + 60
-            while load.outcomes["200"] < 2 * CLIENTS:  # the load is flowing through both workers' queues
-                assert time.monotonic() < deadline, load.outcomes
-                time.sleep(0.05)
+            wait_for(lambda: load.outcomes["200"] >= 2 * CLIENTS, "the load to flow through both workers' queues")
             before_term = sum(load.outcomes.values())
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0

@@ -4,9 +4,7 @@ its per-input scores are named. No TorchScript, no server: every test here runs 
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,9 +106,3 @@ def first_probability(value: float, temperature: float = 1.0) -> float:
     return float(torch.softmax(torch.tensor([value, -value]) / temperature, 0)[0])
 
 
-async def until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Let the event loop run until ``condition()`` holds; the bound only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)

@@ -24,7 +24,7 @@ from service.engine.repository import ModelRepository, ModelVersion, ReadyVersio
 from service.errors import ApiError
 from service.observability.metrics import Metrics
 from service.observability.statistics import Statistics
-from tests.service.conftest import metric_value
+from tests.service.conftest import metric_value, until
 from tests.service.engine.fakes import (
     LABELS,
     CountingArtifact,
@@ -33,7 +33,6 @@ from tests.service.engine.fakes import (
     first_probability,
     images,
     pixels,
-    until,
     worker,
 )
 

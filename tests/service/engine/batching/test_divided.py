@@ -14,7 +14,8 @@ from service.engine.batching import BatchResult, BatchStats
 from service.engine.batching.divided import Divided, inputs_per_part, joined
 from service.engine.batching.items import WorkItem
 from service.engine.modalities.image import ImageRunner
-from tests.service.engine.fakes import SHAPE, FakeModule, fake_artifact, first_probability, images, until, worker
+from tests.service.conftest import until
+from tests.service.engine.fakes import SHAPE, FakeModule, fake_artifact, first_probability, images, worker
 
 
 def test_a_part_holds_the_inputs_whose_rows_fit_one_batch() -> None:

@@ -10,7 +10,8 @@ import torch
 
 from service.engine.batching import BatchStats, Draining, QueueFull
 from service.engine.batching.worker import OverBudget
-from tests.service.engine.fakes import FakeModule, fake_artifact, first_probability, images, until, worker
+from tests.service.conftest import until
+from tests.service.engine.fakes import FakeModule, fake_artifact, first_probability, images, worker
 
 
 def test_requests_queued_together_share_one_forward_and_get_their_own_rows_back() -> None:
