@@ -14,20 +14,31 @@ import torch
 
 from training.cli import main
 from training.config import load_config
+from training.distil.stage import CHECKPOINT_FILE
+from training.loading import DIRECTOR_FILE
 from training.runtime import load_checkpoint
 
 
 def check_distil_resumes(config: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """Copy the run (the exported one stays untouched), ask for a third epoch: it resumes at epoch 2 and trains."""
+    """Copy the run (the exported one stays untouched), ask for a third epoch: it resumes at epoch 2 and trains.
+
+    The trained weights always move; ``director.pt`` keeps the best-validated epoch's, which is the third only when
+    it validated better, so the kept weights are checked against the checkpoint's record of that epoch."""
     copy_run = tmp_path / "run"
     shutil.copytree(Path(load_config(config).run_dir), copy_run)
-    before = load_checkpoint(copy_run / "director.pt")["kernel"]
+    before = load_checkpoint(copy_run / CHECKPOINT_FILE)["parts"]
     args = ["--config", str(config), "--set", f"run_dir={copy_run}", "--set", "distil.epochs=3"]
     assert main(["distil", *args]) == 0
     assert "resuming distillation at epoch 2" in capsys.readouterr().out
-    after = load_checkpoint(copy_run / "director.pt")
-    assert len(after["history"]) == 3
-    assert any(not torch.equal(before[k], after["kernel"][k]) for k in before)
+    progress = load_checkpoint(copy_run / CHECKPOINT_FILE)
+    assert progress["epoch"] == 3 and len(progress["history"]) == 3
+    assert any(not torch.equal(before[k], progress["parts"][k]) for k in before)
+    kept = load_checkpoint(copy_run / DIRECTOR_FILE)
+    assert kept["kept_epoch"] == progress["best"]["epoch"]
+    best = progress["best"]["parts"]
+    best_kernel = {k.removeprefix("kernel."): v for k, v in best.items() if k.startswith("kernel.")}
+    assert best_kernel.keys() == kept["kernel"].keys()
+    assert all(torch.equal(best_kernel[k], kept["kernel"][k]) for k in best_kernel)
 
 
 def check_runs_isolated(script: str, folder: Path) -> None:
