@@ -6,6 +6,7 @@ need that). A random share, not the last rows: a user's own validation file may 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TypeVar
 
 import torch
@@ -40,7 +41,23 @@ def calibration_line(validation: int, share: float) -> str:
     if count == 0:
         return "calibration split: none (export.calibration_share 0): the version will answer no coverage or max_risk"
     return (f"calibration split: {count:,} of the {validation:,} validation inputs (export.calibration_share "
-            f"{share:g}), for the prediction sets and abstentions only")
+            f"{share:g}), for the prediction sets and abstentions only; {coverage_spread_note(count)}")
+
+
+def coverage_spread(count: int, coverage: float = 0.9) -> float:
+    """The standard deviation, between draws of ``count`` calibration inputs, of the coverage split conformal gives
+    at ``coverage``: conditional on its draw it is Beta(k, n + 1 - k) with k = ceil((n + 1) * coverage)."""
+    k = min(math.ceil((count + 1) * coverage), count)
+    return math.sqrt(k * (count + 1 - k) / ((count + 1) ** 2 * (count + 2)))
+
+
+def coverage_spread_note(count: int) -> str:
+    """The plan's warning of how much one draw's coverage moves, with the size that brings it under a point."""
+    spread = coverage_spread(count)
+    note = f"a draw of {count:,} gives 90% coverage within about +-{100 * spread:.1f} points (one standard deviation)"
+    if spread > 0.01:
+        note += "; 900 or more bring it under 1 point (raise export.calibration_share if validation allows)"
+    return note
 
 
 def calibration_description(calibration: Split | TokenSplit, share: float) -> str:

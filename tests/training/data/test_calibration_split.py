@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.data.calibration_split import calibration_line, carve_calibration
+from training.data.calibration_split import calibration_line, carve_calibration, coverage_spread
 from training.data.image_file import ImageFile
 from training.data.images import Dataset, Split
 
@@ -40,6 +40,19 @@ def test_too_large_a_share_is_refused_and_the_plan_says_how_many() -> None:
         carve_calibration(dataset(10), 1.0, seed=0)
     assert "1,500 of the 6,000 validation inputs" in calibration_line(6000, 0.25)
     assert "none" in calibration_line(6000, 0.0)
+
+
+def test_the_plan_says_how_far_one_draw_moves_the_coverage() -> None:
+    """Split conformal's coverage given its draw is Beta(k, n + 1 - k), k = ceil(0.9 (n + 1)): checked against that
+    Beta's spread by simulation, and the plan warns below 900 inputs, where it passes a point."""
+    count = 250
+    k = 226  # ceil(0.9 * 251)
+    draws = torch.distributions.Beta(float(k), float(count + 1 - k)).sample((20000,))  # [20000]
+    assert abs(coverage_spread(count) - draws.std().item()) < 0.001
+    assert coverage_spread(250) > 0.018 > coverage_spread(500) > 0.01 > coverage_spread(1000)
+    assert "+-1.9 points" in calibration_line(1000, 0.25) and "raise export.calibration_share" in calibration_line(
+        1000, 0.25)
+    assert "raise export.calibration_share" not in calibration_line(6000, 0.25)  # 1,500: +-0.8 points
 
 
 def test_images_on_disk_stay_on_disk(tmp_path: Path) -> None:
