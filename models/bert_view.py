@@ -19,6 +19,7 @@ from transformers.models.bert.modeling_bert import BertLayer
 from models.observed_variance import mixture_attention, post_layernorm_variance
 from models.text_backbones import ClassifierHead, TextClassifier, pool_tokens
 from models.text_layers import TextPrefix, text_transition
+from models.transition_view import TransitionViewBase
 
 
 def _check_supported(encoder: BertModel) -> None:
@@ -66,7 +67,7 @@ class BertReadout(nn.Module):
         return self.head(self.dropout(pool_tokens(h, key_padding_mask, self.pooling)))  # [B, C]
 
 
-class BertTransitionView(nn.Module):
+class BertTransitionView(TransitionViewBase):
     """The frozen teacher: ``embed``, ``transition(t, x, key_padding_mask) -> (mean, raw variance)``, ``readout``.
 
     ``key_padding_mask`` is [B, L] bool, True for real tokens (an ``attention_mask`` cast to bool). The variance is
@@ -95,12 +96,17 @@ class BertTransitionView(nn.Module):
         """Transitions 1..num_transitions as one deterministic plain module (copied weights, scriptable)."""
         return TextPrefix.from_bert(self.layers, num_transitions)
 
-    def teacher_steps(self, depth: int) -> nn.ModuleList:
-        """The last ``depth`` transitions T-K+1..T as plain modules with copied weights (the kernel error's targets)."""
-        if not 1 <= depth <= self.num_steps:
-            raise ValueError(f"depth must be in 1..{self.num_steps}, got {depth}")
-        return nn.ModuleList(text_transition(self.layers, t) for t in range(self.num_steps - depth + 1,
-                                                                              self.num_steps + 1))
+    def step_module(self, t: int) -> nn.Module:
+        """Transition t as a plain module with copied weights (scriptable)."""
+        return text_transition(self.layers, t)
+
+    def feed_forward(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return feed_forward(self.layers[layer - 1], x)  # [B, L, D]
+
+    def attention_step(
+        self, layer: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.attention_sublayer(self.layers[layer - 1], x, key_padding_mask)
 
     def attention_sublayer(
         self, layer: BertLayer, x: torch.Tensor, key_padding_mask: torch.Tensor | None
@@ -119,16 +125,6 @@ class BertTransitionView(nn.Module):
         pre_norm = out_proj.dense(mixed.to(x.dtype)) + x  # [B, L, D]
         mean = out_proj.LayerNorm(pre_norm)  # [B, L, D]
         return mean, post_layernorm_variance(variance, pre_norm, out_proj.LayerNorm)
-
-    def transition(
-        self, t: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """X_{t-1} [B, L, D] -> (X_t, raw variance of X_t) [B, L, D] each, t in 1..T."""
-        if not 1 <= t <= self.num_steps:
-            raise ValueError(f"t must be in 1..{self.num_steps}, got {t}")
-        if t > 1:
-            x = feed_forward(self.layers[t - 2], x)  # [B, L, D] = h_{t-1}
-        return self.attention_sublayer(self.layers[t - 1], x, key_padding_mask)
 
     def readout(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.readout_head(x, key_padding_mask)  # [B, C]

@@ -29,6 +29,7 @@ from models.decoder_layers import (
     check_rope,
 )
 from models.observed_variance import mixture_attention
+from models.transition_view import TransitionViewBase
 
 DECODER_TYPES: tuple[str, ...] = ("qwen2", "llama")
 
@@ -50,7 +51,7 @@ def check_supported(model: nn.Module) -> None:
         raise ValueError(f"the decoder view does not support pretraining_tp={config.pretraining_tp}")
 
 
-class DecoderTransitionView(nn.Module):
+class DecoderTransitionView(TransitionViewBase):
     """The frozen teacher: ``embed``, ``transition(t, x, key_padding_mask) -> (mean, raw variance)``, ``readout``.
 
     ``key_padding_mask`` is [B, L] bool, True for real tokens (an ``attention_mask`` cast to bool). The variance is
@@ -91,21 +92,16 @@ class DecoderTransitionView(nn.Module):
             raise ValueError(f"a prefix has 0..{self.num_steps} transitions, got {num_transitions}")
         return DecoderPrefix([self.plain_transition(t) for t in range(1, num_transitions + 1)])
 
-    def teacher_steps(self, depth: int) -> nn.ModuleList:
-        """The last ``depth`` transitions T-K+1..T as plain modules with copied weights (the kernel error's targets)."""
-        if not 1 <= depth <= self.num_steps:
-            raise ValueError(f"depth must be in 1..{self.num_steps}, got {depth}")
-        return nn.ModuleList(self.plain_transition(t) for t in range(self.num_steps - depth + 1, self.num_steps + 1))
+    def step_module(self, t: int) -> DecoderTransition:
+        return self.plain_transition(t)
 
-    def transition(
-        self, t: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    def feed_forward(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp_sublayers[layer - 1](x)  # [B, L, D]
+
+    def attention_step(
+        self, layer: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """X_{t-1} [B, L, D] -> (X_t, raw variance of X_t) [B, L, D] each, t in 1..T."""
-        if not 1 <= t <= self.num_steps:
-            raise ValueError(f"t must be in 1..{self.num_steps}, got {t}")
-        if t > 1:
-            x = self.mlp_sublayers[t - 2](x)  # [B, L, D] = h_{t-1}
-        sublayer: DecoderAttentionSublayer = self.attention_sublayers[t - 1]
+        sublayer: DecoderAttentionSublayer = self.attention_sublayers[layer - 1]
         attn = sublayer.attn
         q, k, v = attn.project(sublayer.norm(x))  # [B, H, L, hd] each
         mixed, variance = mixture_attention(q, k, v, attn.o_proj.weight, attn.scaling, key_padding_mask, causal=True)

@@ -14,6 +14,7 @@ from torch import nn
 
 from models.backbones import ImageClassifier
 from models.observed_variance import attention_with_mixture_variance
+from models.transition_view import TransitionViewBase
 
 
 class VitEmbedding(nn.Module):
@@ -133,7 +134,7 @@ def _layer_scale_gain(layer_scale: nn.Module) -> torch.Tensor | float:
     return layer_scale.gamma if hasattr(layer_scale, "gamma") else 1.0
 
 
-class VitTransitionView(nn.Module):
+class VitTransitionView(TransitionViewBase):
     """The frozen teacher: ``embed``, ``transition(t, x) -> (mean, raw variance)``, ``readout``."""
 
     def __init__(self, backbone: ImageClassifier) -> None:
@@ -153,27 +154,22 @@ class VitTransitionView(nn.Module):
         """Transitions 1..num_transitions as one deterministic module sharing the backbone's weights."""
         return VitPrefix(self.blocks, num_transitions)
 
-    def teacher_steps(self, depth: int) -> nn.ModuleList:
-        """The last ``depth`` transitions T-K+1..T, one deterministic module each (the kernel error's targets)."""
-        if not 1 <= depth <= self.num_steps:
-            raise ValueError(f"depth must be in 1..{self.num_steps}, got {depth}")
-        return nn.ModuleList(VitTransition(self.blocks[t - 2] if t > 1 else None, self.blocks[t - 1])
-                             for t in range(self.num_steps - depth + 1, self.num_steps + 1))
+    def step_module(self, t: int) -> VitTransition:
+        return VitTransition(self.blocks[t - 2] if t > 1 else None, self.blocks[t - 1])
 
-    def transition(
-        self, t: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    def feed_forward(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        block: Block = self.blocks[layer - 1]
+        return x + block.ls2(block.mlp(block.norm2(x)))  # [B, N, D]
+
+    def attention_step(
+        self, layer: int, x: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """X_{t-1} [B, N, D] -> (X_t, raw mixture variance of X_t), t in 1..T."""
-        if not 1 <= t <= self.num_steps:
-            raise ValueError(f"t must be in 1..{self.num_steps}, got {t}")
-        if t > 1:
-            prev: Block = self.blocks[t - 2]
-            x = x + prev.ls2(prev.mlp(prev.norm2(x)))  # [B, N, D]
-        block: Block = self.blocks[t - 1]
+        block: Block = self.blocks[layer - 1]
         out, variance = attention_with_mixture_variance(block.attn, block.norm1(x), key_padding_mask)
         gain = _layer_scale_gain(block.ls1)
         mean = x + out * gain  # [B, N, D]
         return mean, variance * (gain * gain if isinstance(gain, float) else gain.float().square())
 
-    def readout(self, x: torch.Tensor) -> torch.Tensor:
+    def readout(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        del key_padding_mask  # every patch is real
         return self.readout_head(x)  # [B, C]

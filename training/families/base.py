@@ -11,11 +11,12 @@ from torch import nn
 from models.director import ImageDirector
 from models.kernel import TransitionKernel
 from models.text_director import TextDirector
+from models.transition_view import TransitionView
 from training.config import PipelineConfig
 from training.data.images import Dataset, Split
 from training.data.tokens import TokenDataset, TokenSplit
 
-View = Any  # a transition view: ``embed``, ``transition``, ``prefix``, ``teacher_steps``, ``readout`` (docs/method.md)
+View = TransitionView  # the frozen teacher re-read as transitions (models.transition_view)
 Director = ImageDirector | TextDirector | nn.Module
 
 
