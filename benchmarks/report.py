@@ -73,7 +73,7 @@ def raw_gain(results: dict[str, Any], n_samples: int, max_rows: int) -> tuple[fl
 
 
 def targets_section(results: dict[str, Any]) -> list[str]:
-    """The issue's CPU targets, each computed from this run's own figures."""
+    """The CPU performance targets, each computed from this run's own figures."""
     lines = ["## Targets (from the figures above)", "", "| target | measured | met |", "| --- | --- | --- |"]
     runs = results.get("runs", {})
     at = {mode: {r["concurrency"]: r for r in rows} for mode, rows in runs.items()}

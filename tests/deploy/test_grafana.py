@@ -1,5 +1,5 @@
 """The Grafana provisioning and dashboard, statically: one fixed datasource uid everywhere, the files mounted
-where the providers look, a sound layout, the panels the issue asks for, and only metric names the server
+where the providers look, a sound layout, the panels operators need, and only metric names the server
 really exports (test_monitoring_live.py then runs every query against a live Prometheus)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from service.observability.metrics import Metrics
 from tests.deploy.conftest import GRAFANA_PROVISIONING, PROMETHEUS_CONFIG, compose
 from tests.deploy.promql import alert_expressions, dashboard, dashboard_expressions, panels, recorded_series, variables
 
-REQUIRED_PANELS = [  # (the issue's wording, a title that shows it)
+REQUIRED_PANELS = [  # (what an operator looks for, a title that shows it)
     ("OOD rate per model", "OOD rate per model"),
     ("confidence distribution over time", "Confidence distribution"),
     ("entropy distribution over time", "Predictive entropy distribution"),

@@ -1,5 +1,5 @@
-"""The committed whole-stack DIRECTOR version (fashion-vit/1, the foundation issue's model and the first default):
-loads with torch alone, matches its manifest, meets the issue's figures. (The default the server answers with is
+"""The committed whole-stack DIRECTOR version (fashion-vit/1, the first default): loads with torch alone, matches
+its manifest, meets the figures it was accepted with. (The default the server answers with is
 tests/service/test_default_model.py's.)"""
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def mutual_information_checks(results: dict[str, Any], key: str, label: str) -> 
 
 
 def models_note_check(repository: Path, spec: DetectorTargets) -> Check:
-    """The issue's alternative to MI beating energy: the version's own note (``GET /models``' ``samples_note``, from
+    """The accepted alternative to MI beating energy: the version's own note (``GET /models``' ``samples_note``, from
     ``artifact.samples``) says plainly that the samples' disagreement is not its OOD score."""
     folder = repository / spec.model / str(spec.version)
     if not folder.is_dir():

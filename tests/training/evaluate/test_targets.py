@@ -90,7 +90,7 @@ def test_the_cost_rows_read_the_paired_round_ratios_against_version_3() -> None:
 
 
 def test_the_mi_alternative_reads_the_version_s_own_note() -> None:
-    """Where MI misses a set, the row for the issue's alternative quotes what GET /models says of MI for the version."""
+    """Where MI misses a set, the accepted alternative's row quotes what GET /models says of MI for the version."""
     from training.evaluate.detector_targets import DETECTOR_TARGETS, models_note_check
 
     spec = next(s for s in DETECTOR_TARGETS if s.model == "fashion-vit")
