@@ -36,8 +36,8 @@ def major_minor(version: str) -> tuple[str, ...]:
 def isa_level(isa: str | None) -> int:
     """The capability level an instruction set string (``AOTI_CPU_ISA``, e.g. "AVX512 AVX512_VNNI") needs; 0 when
     it names no x86 vector extension."""
-    first = (isa or "").split()[0].upper() if isa else ""
-    return X86_LEVELS.get(first, 0)
+    words = (isa or "").split()  # blank: no extension named
+    return X86_LEVELS.get(words[0].upper(), 0) if words else 0
 
 
 def check_runnable(compiled: Compiled, target: torch.device) -> None:

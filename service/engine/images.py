@@ -79,11 +79,12 @@ def image_to_tensor(data: bytes, shape: tuple[int, int, int], max_pixels: int, l
 def pixels_to_tensor(pixels: Any, shape: tuple[int, int, int], loc: list[str | int]) -> torch.Tensor:
     channels, height, width = shape
     array = float_array(pixels, loc, "pixels must be a rectangular nested list of numbers")
+    sent = list(array.shape)  # as the client sent it, for the error
     if array.ndim == 2 and channels == 1:
         array = array[None]
     if array.shape != (channels, height, width):
         expected = f"[{height}, {width}] or " if channels == 1 else ""
-        raise invalid(f"{_where(loc)}: pixels have shape {list(array.shape)}, expected {expected}"
+        raise invalid(f"{_where(loc)}: pixels have shape {sent}, expected {expected}"
                       f"[{channels}, {height}, {width}]", loc)
     check_values(array, loc)
     return torch.from_numpy(array.astype(np.float32))

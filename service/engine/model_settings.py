@@ -61,7 +61,7 @@ class VersionPolicy(BaseModel):
     """Which version folders are served: the ``latest`` N (numeric versions, highest first), a ``specific`` list, or
     ``all`` of them."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # a YAML true or 1.0 is no version number
     latest: int | None = Field(None, ge=1, le=MAX_SPECIFIC_VERSIONS)
     specific: list[str | int] | None = Field(None, min_length=1, max_length=MAX_SPECIFIC_VERSIONS)
     all: dict[str, Any] | None = Field(None, max_length=0)

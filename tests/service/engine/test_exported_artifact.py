@@ -36,7 +36,8 @@ def compiled(**fields: Any) -> Compiled:
 def test_versions_compare_by_major_and_minor_and_isas_by_level() -> None:
     assert major_minor("2.14.1+cu130") == major_minor("2.14") == ("2", "14")
     assert major_minor("2.4.0") != major_minor("2.14.0")
-    assert [isa_level(isa) for isa in (None, "", "DEFAULT", "avx2", "AVX512 AVX512_VNNI", "NEON")] == [0, 0, 0, 1, 2, 0]
+    isas = (None, "", "  ", "DEFAULT", "avx2", "AVX512 AVX512_VNNI", "NEON")
+    assert [isa_level(isa) for isa in isas] == [0, 0, 0, 0, 1, 2, 0]
 
 
 def test_a_package_this_server_runs_passes() -> None:

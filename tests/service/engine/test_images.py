@@ -103,7 +103,7 @@ def test_pixel_arrays_of_the_models_shape_become_float32() -> None:
 
 
 @pytest.mark.parametrize(("pixels", "shape", "message"), [
-    ([[0.0, 0.5]], (1, 2, 2), "expected [2, 2] or [1, 2, 2]"),  # the shape it names has the channel axis added
+    ([[0.0, 0.5]], (1, 2, 2), "pixels have shape [1, 2], expected [2, 2] or [1, 2, 2]"),  # the shape as sent
     ([[0.0, 0.5], [0.5, 0.5]], (3, 2, 2), "pixels have shape [2, 2], expected [3, 2, 2]"),
     ([[0.0, 0.5], [0.5]], (1, 2, 2), "pixels must be a rectangular nested list of numbers"),
     ([["a", 0.5], [0.5, 0.5]], (1, 2, 2), "pixels must be a rectangular nested list of numbers"),

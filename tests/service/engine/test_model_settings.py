@@ -80,14 +80,15 @@ def test_a_linked_file_must_stay_inside_the_repository(tmp_path: Path) -> None:
     assert refused(folder) == "config.yaml cannot be read: FileNotFoundError"  # a dangling link is no "no file"
 
 
-@pytest.mark.parametrize("versions", [["1.5"], ["-1"], ["\u0661"], ["1" * 19], [], ["x"]])
+@pytest.mark.parametrize("versions", [["1.5"], ["-1"], ["\u0661"], ["1" * 19], [], ["x"], [True], [1.0]])
 def test_specific_versions_are_whole_ascii_numbers(versions: list[Any]) -> None:
     with pytest.raises(ValidationError):
         VersionPolicy(specific=versions)
 
 
 def test_a_policy_is_exactly_one_of_three_and_has_a_triton_form() -> None:
-    for fields in ({}, {"latest": 1, "specific": [1]}, {"all": {"x": 1}}, {"latest": 0}, {"pinned": [1]}):
+    for fields in ({}, {"latest": 1, "specific": [1]}, {"all": {"x": 1}}, {"latest": 0}, {"pinned": [1]},
+                   {"latest": True}, {"latest": 2.0}):
         with pytest.raises(ValidationError):
             VersionPolicy.model_validate(fields)
     assert VersionPolicy(latest=2).triton() == {"latest": {"num_versions": 2}}
