@@ -5,7 +5,7 @@ calls and back, so both answer with the same checks, errors, statistics and metr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from service import __version__
@@ -86,6 +86,7 @@ class Inference:
     n_samples: int
     requested: list[str] | None  # output names asked for (None: every output)
     request_id: str | None
+    left_out: dict[str, str] = field(default_factory=dict)  # named decision outputs without their ask, and why
 
     def response(self) -> dict[str, Any]:
         """The OIP inference response (JSON form, every output's ``data`` inline); with sets or abstentions
@@ -95,7 +96,7 @@ class Inference:
             "model_name": outcome.entry.name, "model_version": outcome.entry.version,
             "parameters": {"n_samples": self.n_samples, "prediction_id": outcome.id,
                            "ood_score_name": outcome.rule.score, "ood_threshold": outcome.rule.threshold,
-                           **oip_decisions.response_parameters(outcome.decisions)},
+                           **oip_decisions.response_parameters(outcome.decisions), **self.left_out},
             "outputs": oip.outputs_json(outcome, self.requested),
         }
         if self.request_id is not None:
@@ -124,7 +125,7 @@ async def infer(state: AppState, name: str, version: str | None, body: dict[str,
     limit = state.settings.max_inputs_per_request
     outcome = await predictor.predict(entry, lambda: oip.raw_inputs(body, tail, decoder, limit), n_samples, seed,
                                       ticket, client_request_id or request_id, ask)
-    return Inference(outcome, n_samples, requested, request_id)
+    return Inference(outcome, n_samples, requested, request_id, oip_decisions.left_out_parameters(body, requested))
 
 
 def controllable(state: AppState) -> None:

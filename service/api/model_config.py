@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from service.api import oip_decisions
 from service.api.oip import OUTPUT_TYPES
 from service.config import Settings
 from service.engine.artifact import Artifact, ood_rule
@@ -33,17 +34,21 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
 
 def io_config(artifact: Artifact) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Inputs and outputs without their batch dimension (``max_batch_size`` > 0): the decoder's input tensor, the
-    prediction's outputs and the decoder's per-input extras."""
+    prediction's outputs, the decoder's per-input extras and, with a conformal part, the decision outputs (produced
+    only when asked: ``parameters`` says so)."""
     decoder = artifact.decoder
     outputs = [{"name": "probabilities", "data_type": TRITON_TYPES[OUTPUT_TYPES["probabilities"]],
                 "dims": [len(artifact.labels)], "label_filename": ""}]
     outputs += [_tensor(TensorSpec(name, kind, (1,))) for name, kind in OUTPUT_TYPES.items() if name != "probabilities"]
     outputs += [_tensor(spec) for spec in decoder.extra_outputs]
+    outputs += [_tensor(TensorSpec(name, oip_decisions.OUTPUT_TYPES[name], (1,)))
+                for name in oip_decisions.declared(artifact)]
     return [_tensor(decoder.tensor)], outputs
 
 
 def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
-    """DIRECTOR's settings that have no Triton field: sampling, the OOD rule, the batch budgets."""
+    """DIRECTOR's settings that have no Triton field: sampling, the OOD rule, the batch budgets, and which outputs
+    exist only when the request asks for them."""
     artifact, serving = entry.artifact, entry.serving
     manifest = artifact.manifest
     values: dict[str, Any] = {
@@ -61,6 +66,7 @@ def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
     cost = artifact.runner.batch_cost(serving.max_batch_samples, serving.max_batch_tokens)
     values[cost.setting] = cost.budget
     values |= artifact.decoder.parameters()
+    values |= oip_decisions.config_parameters(artifact)
     return {key: {"string_value": str(value)} for key, value in values.items()}
 
 

@@ -250,8 +250,9 @@ def available_outputs(decoder: InputDecoder, ask: DecisionRequest | None = None)
 
 def requested_outputs(body: dict[str, Any], decoder: InputDecoder, ask: DecisionRequest | None = None
                       ) -> list[str] | None:
-    """The output names the request asks for, checked before inference (None or an empty list: every output): an
-    unknown name is 422, a decision output without its ask 400."""
+    """The output names the request asks for and will get, checked before inference (None or an empty list: every
+    output): an unknown name is 422; a decision output without its ask is left out, or 400 when nothing is left
+    (``oip_decisions.answerable``)."""
     outputs = body.get("outputs")
     if outputs is None:
         return None
@@ -268,8 +269,7 @@ def requested_outputs(body: dict[str, Any], decoder: InputDecoder, ask: Decision
     unknown = [name for name in names if name not in available]
     if unknown:
         raise invalid(f"unknown outputs {unknown}; available: {available}", loc)
-    oip_decisions.check_requested(names, ask)
-    return names or None
+    return oip_decisions.answerable(names, ask) or None
 
 
 def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str, Any]]:
@@ -301,12 +301,15 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
 
 
 def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, Any]:
+    """OIP model metadata: the input tensor, every output with its shape (the batch dimension -1), the decision
+    outputs last when the version has a conformal part."""
     decoder = artifact.decoder
     inputs = [{"name": decoder.tensor.name, "datatype": decoder.tensor.datatype, "shape": [-1, *decoder.tensor.dims]}]
     per_input = {name: kind for name, kind in OUTPUT_TYPES.items() if name != "probabilities"}
     per_input |= {spec.name: spec.datatype for spec in decoder.extra_outputs}
     outputs = ([{"name": "probabilities", "datatype": OUTPUT_TYPES["probabilities"],
                  "shape": [-1, len(artifact.labels)]}]
-               + [{"name": name, "datatype": kind, "shape": [-1]} for name, kind in per_input.items()])
+               + [{"name": name, "datatype": kind, "shape": [-1]} for name, kind in per_input.items()]
+               + oip_decisions.metadata_outputs(artifact))  # only with a conformal part; each says its ask
     return {"name": name, "versions": versions, "platform": "pytorch_torchscript", "inputs": inputs,
             "outputs": outputs}

@@ -5,7 +5,9 @@ and abstentions"). The decisions themselves are ``service.engine.decisions``'s, 
 
 Outputs, present only when their ask is: ``prediction_set`` BYTES ``[N]``, each element the set's labels as a JSON
 array string (``["Shirt", "T-shirt/top"]``, most probable first; ``[]`` for an empty set), since a tensor holds one
-value per input and a set has any number of labels; ``set_size`` INT64 ``[N]``; ``abstain`` BOOL ``[N]``."""
+value per input and a set has any number of labels; ``set_size`` INT64 ``[N]``; ``abstain`` BOOL ``[N]``. A version
+with a conformal part declares all three in its model metadata and Triton configuration, each marked as produced only
+when its ask is given; one without declares none."""
 
 from __future__ import annotations
 
@@ -13,12 +15,16 @@ import json
 import math
 from typing import Any
 
+from service.engine.artifact import Artifact
 from service.engine.decisions import DecisionRequest, Decisions
 from service.errors import bad_input, invalid
 
 SCORES = ("lac", "aps", "raps")
 OUTPUT_TYPES = {"prediction_set": "BYTES", "set_size": "INT64", "abstain": "BOOL"}
 NEEDS = {"prediction_set": "coverage", "set_size": "coverage", "abstain": "max_risk"}  # output -> its ask
+CONTENTS = {"prediction_set": "the set's labels, most probable first, as a JSON array string ([] for an empty set)",
+            "set_size": "the number of labels in prediction_set",
+            "abstain": "true when the input should go to a person"}
 Loc = list[str | int]
 
 
@@ -65,13 +71,28 @@ def answered_outputs(ask: DecisionRequest | None) -> list[str]:
     return [name for name, need in NEEDS.items() if asked[need]]
 
 
-def check_requested(names: list[str], ask: DecisionRequest | None) -> None:
-    """400 for a named decision output whose ask is missing: nothing would fill it."""
+def answerable(names: list[str], ask: DecisionRequest | None) -> list[str]:
+    """The named outputs the request answers: a decision output named without its ask is left out (nothing fills
+    it), so that a client naming every output the metadata declares, as perf_analyzer and Model Analyzer do, is
+    answered; 400 when that leaves nothing to answer (a client that named only such outputs forgot the ask)."""
     given = answered_outputs(ask)
-    for name in names:
-        if name in NEEDS and name not in given:
-            raise bad_input(f"output {name!r} needs the parameter {NEEDS[name]}: give {NEEDS[name]} with the "
-                            "request, or do not ask for this output")
+    kept = [name for name in names if name not in NEEDS or name in given]
+    if names and not kept:
+        name = names[0]
+        raise bad_input(f"output {name!r} needs the parameter {NEEDS[name]}: give {NEEDS[name]} with the request, "
+                        "or do not ask for this output")
+    return kept
+
+
+def left_out_parameters(body: dict[str, Any], requested: list[str] | None) -> dict[str, str]:
+    """The response parameter that says which named decision outputs ``answerable`` left out and the ask each needs
+    (none when nothing was), so that nothing a client named disappears without a word. ``body``'s outputs are
+    already checked by ``requested_outputs``."""
+    named = [item["name"] for item in body.get("outputs") or []]
+    dropped = [name for name in named if name in NEEDS and name not in (requested or [])]
+    if not named or not dropped:
+        return {}
+    return {"outputs_left_out": ", ".join(f"{name} (needs {NEEDS[name]})" for name in dropped)}
 
 
 def output_values(decisions: Decisions | None, labels: list[str]) -> dict[str, tuple[str, list[int], list[Any]]]:
@@ -92,3 +113,31 @@ def output_values(decisions: Decisions | None, labels: list[str]) -> dict[str, t
 def response_parameters(decisions: Decisions | None) -> dict[str, Any]:
     """The rules applied, for the response ``parameters`` (scalars, as OIP parameters are)."""
     return {} if decisions is None else decisions.rules()
+
+
+def declared(artifact: Artifact) -> list[str]:
+    """The decision outputs a version declares in its metadata and configuration: all three with a conformal part,
+    none without (it answers neither ask)."""
+    return [] if artifact.decisions is None else list(OUTPUT_TYPES)
+
+
+def metadata_outputs(artifact: Artifact) -> list[dict[str, Any]]:
+    """The decision outputs as OIP metadata tensors (``[-1]``, one value per input), each with the parameters that
+    say when it is produced: ``requires`` names the request parameter (gRPC's ``TensorMetadata`` has no parameters:
+    there the configuration's ``decision_outputs`` says it)."""
+    return [{"name": name, "datatype": OUTPUT_TYPES[name], "shape": [-1],
+             "parameters": {"requires": NEEDS[name],
+                            "description": f"{CONTENTS[name]}; produced only when the request's parameters give "
+                                           f"{NEEDS[name]}"}}
+            for name in declared(artifact)]
+
+
+def config_parameters(artifact: Artifact) -> dict[str, str]:
+    """What the Triton configuration's parameters say of the decision outputs (none without a conformal part)."""
+    if not declared(artifact):
+        return {}
+    return {"decision_outputs": json.dumps(NEEDS),
+            "decision_outputs_note": "prediction_set, set_size and abstain are produced only when the request's "
+                                     "parameters ask for them: prediction_set and set_size with coverage, abstain "
+                                     "with max_risk (decision_outputs: output -> parameter); named in outputs "
+                                     "without it, an output is left out of the response"}

@@ -7,10 +7,15 @@ what a request asks (``DecisionRequest``) for the probabilities its batch served
 - ``max_risk`` -> each input's abstention: answered when its confidence reaches the Learn-then-Test threshold of the
   largest risk level in the manifest at or below ``max_risk`` (a smaller level's guarantee is stricter, so it holds
   for ``max_risk`` too; ``models.selective``). An OOD-flagged input abstains too unless the request says otherwise.
+
+What depends only on the ask (the thresholds of a coverage, the risk level) is computed once per version and ask
+(``Plan``); a request pays for scoring its own inputs, on Python floats when it is small
+(``service.engine.prediction_sets``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,9 @@ import torch
 from artifact.conformal import Conformal, read_conformal_file
 from artifact.contract import Manifest
 from models.conformal import ConformalTable, ScoreRule
+from service.engine.prediction_sets import python_rows, row_sets, tensor_sets
+
+PLANS = 128  # asks whose plan a version keeps (a client may cycle through levels: the least recently used go)
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,28 @@ class Decisions:
         return {name: value for name, value in rules.items() if value is not None}
 
 
+@dataclass(frozen=True)
+class SetRule:
+    """A coverage's sets: the score's rule and each label's threshold (the same for every label unless Mondrian)."""
+
+    rule: ScoreRule
+    thresholds: tuple[float, ...]  # [C], for the Python path
+    tensor: torch.Tensor  # [C] float64, the same values, for the tensor path
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a version answers to one ask whatever the inputs: the sets' score and rule, the selective level, its
+    threshold and why it has none. Computed once per version and ask (``VersionDecisions.plan``), so that a request
+    pays only for scoring its own inputs."""
+
+    score: str | None  # the sets' score; None without a coverage
+    sets: SetRule | None
+    risk_level: float | None
+    confidence_threshold: float | None
+    reason: str | None
+
+
 class VersionDecisions:
     """A version's conformal tables and selective thresholds, from its manifest's ``conformal`` section and file."""
 
@@ -90,6 +120,7 @@ class VersionDecisions:
                                                per_class)
         self.thresholds = {float(level): value for level, value in document["selective"]["thresholds"].items()}
         self.num_classes = num_classes
+        self.plan = functools.lru_cache(maxsize=PLANS)(self._plan)  # per instance: a reloaded version starts afresh
 
     @classmethod
     def load(cls, folder: Path, manifest: Manifest) -> VersionDecisions | None:
@@ -110,24 +141,38 @@ class VersionDecisions:
             return "this version has no class-conditional calibration"
         return None
 
-    def decide(self, probs: torch.Tensor, is_ood: list[bool], ask: DecisionRequest) -> Decisions:
-        """The answers for a request's served probabilities ``[n, C]`` and its OOD flags."""
-        score = ask.score or self.section.default_score
-        sets = None
+    def _plan(self, ask: DecisionRequest) -> Plan:
+        """The input-free part of the answer to ``ask`` (one this version can answer: ``problem`` is None)."""
+        score, sets = None, None
         if ask.coverage is not None:
+            score = ask.score or self.section.default_score
             table = self.tables[score]
             if not ask.class_conditional:
                 table = ConformalTable(table.rule, table.marginal)
-            sets = table.sets(probs, ask.coverage)
-        abstain, level, threshold, reason = None, None, None, None
+            thresholds = table.thresholds(ask.coverage, self.num_classes)  # [C] float64
+            sets = SetRule(table.rule, tuple(thresholds.tolist()), thresholds)
+        level, threshold, reason = None, None, None
         if ask.max_risk is not None:
             level, threshold, reason = self.selective_rule(ask.max_risk)
-            confidence = probs.max(dim=1).values.tolist()  # [n]
+        return Plan(score, sets, level, threshold, reason)
+
+    def decide(self, probs: torch.Tensor, is_ood: list[bool], ask: DecisionRequest) -> Decisions:
+        """The answers for a request's served probabilities ``[n, C]`` and its OOD flags."""
+        plan = self.plan(ask)
+        rows = python_rows(probs)  # None: large, or not finite; scored on tensors
+        sets, rule = None, plan.sets
+        if rule is not None:
+            sets = row_sets(rows, rule.rule, rule.thresholds) if rows is not None else \
+                tensor_sets(probs, rule.rule, rule.tensor)
+        abstain = None
+        if ask.max_risk is not None:
+            confidence = [max(row) for row in rows] if rows is not None else probs.max(dim=1).values.tolist()  # [n]
+            threshold = plan.confidence_threshold
             abstain = [threshold is None or c < threshold or (flag and ask.abstain_if_ood)
                        for c, flag in zip(confidence, is_ood, strict=True)]
-        return Decisions(sets, abstain, ask.coverage, score if sets is not None else None, ask.class_conditional,
-                         ask.max_risk, level, threshold, self.section.selective_delta if abstain is not None else None,
-                         reason, ask.abstain_if_ood)
+        return Decisions(sets, abstain, ask.coverage, plan.score, ask.class_conditional, ask.max_risk, plan.risk_level,
+                         plan.confidence_threshold, self.section.selective_delta if abstain is not None else None,
+                         plan.reason, ask.abstain_if_ood)
 
     def selective_rule(self, max_risk: float) -> tuple[float | None, float | None, str | None]:
         """(the level used, its confidence threshold, why every input abstains): the largest level <= ``max_risk``."""

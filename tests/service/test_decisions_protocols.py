@@ -2,8 +2,10 @@
 Open Inference Protocol over HTTP (the real tritonclient[http], JSON and binary outputs), over gRPC (the real
 tritonclient.grpc) and the offline batch scorer answer ``coverage`` / ``max_risk`` as ``/predict`` does for the same
 inputs and seed; a version without a conformal calibration is refused (400, INVALID_ARGUMENT over gRPC), a bad ask
-422 / INVALID_ARGUMENT. Also: an OIP request with more inputs than allowed is refused from its declared shape,
-before its tensor is converted."""
+422 / INVALID_ARGUMENT. A calibrated version declares the three outputs in its model metadata and Triton configuration
+(HTTP and gRPC) as they are returned, marked as produced only when asked, and one without declares none; a request
+naming every declared output without the asks (perf_analyzer's) is answered without them. Also: an OIP request with
+more inputs than allowed is refused from its declared shape, before its tensor is converted."""
 
 from __future__ import annotations
 
@@ -226,6 +228,67 @@ def test_grpc_refusals_are_invalid_argument(grpc_client: triton_grpc.InferenceSe
         with pytest.raises(InferenceServerException) as error:
             grpc_client.infer(model, [tensor], parameters=parameters, outputs=wanted)
         assert "INVALID_ARGUMENT" in str(error.value) and message in str(error.value), str(error.value)
+
+
+# ---- the outputs declared in the metadata and the configuration ----------------------------------------------
+
+DECLARED = {"prediction_set": ("BYTES", "TYPE_STRING", "coverage"), "set_size": ("INT64", "TYPE_INT64", "coverage"),
+            "abstain": ("BOOL", "TYPE_BOOL", "max_risk")}  # name: (OIP datatype, Triton type, the ask it needs)
+
+
+def test_http_metadata_and_config_declare_the_outputs_as_they_are_returned(served: Served) -> None:
+    client = triton_http.InferenceServerClient(served.running.url.removeprefix("http://"), network_timeout=60.0)
+    outputs = {o["name"]: o for o in client.get_model_metadata("tiny")["outputs"]}
+    config = client.get_model_config("tiny")
+    configured = {o["name"]: o for o in config["output"]}
+    result = client.infer("tiny", [pixels_tensor(triton_http)], parameters={**SEEDED, **ASK})
+    for name, (datatype, triton_type, ask) in DECLARED.items():
+        assert outputs[name]["datatype"] == datatype and outputs[name]["shape"] == [-1]
+        assert outputs[name]["parameters"]["requires"] == ask and ask in outputs[name]["parameters"]["description"]
+        assert configured[name] == {"name": name, "data_type": triton_type, "dims": [1], "reshape": {"shape": []}}
+        returned = result.get_output(name)  # the batch dimension, then what the declarations say
+        assert returned["datatype"] == datatype and returned["shape"] == [len(PIXELS)]
+    assert list(outputs)[-3:] == list(DECLARED) and list(configured)[-3:] == list(DECLARED)
+    parameters = {key: value["string_value"] for key, value in config["parameters"].items()}
+    assert json.loads(parameters["decision_outputs"]) == {name: ask for name, (_, _, ask) in DECLARED.items()}
+    assert "only when" in parameters["decision_outputs_note"]
+    plain = client.get_model_metadata("plain")  # no conformal part: none of them, nowhere
+    plain_config = client.get_model_config("plain")
+    assert not set(DECLARED) & {o["name"] for o in [*plain["outputs"], *plain_config["output"]]}
+    assert "decision_outputs" not in plain_config["parameters"]
+    assert [o["name"] for o in plain["outputs"]] == [name for name in outputs if name not in DECLARED]
+
+
+def test_grpc_metadata_and_config_declare_them_too(grpc_client: triton_grpc.InferenceServerClient) -> None:
+    for model, calibrated in (("tiny", True), ("plain", False)):
+        metadata = grpc_client.get_model_metadata(model, as_json=True)
+        outputs = {o["name"]: (o["datatype"], [int(d) for d in o["shape"]]) for o in metadata["outputs"]}
+        config = grpc_client.get_model_config(model, as_json=True)["config"]
+        configured = {o["name"]: o["data_type"] for o in config["output"]}
+        for name, (datatype, triton_type, _) in DECLARED.items():
+            assert outputs.get(name) == ((datatype, [-1]) if calibrated else None)
+            assert configured.get(name) == (triton_type if calibrated else None)
+        assert ("decision_outputs" in config["parameters"]) is calibrated
+
+
+def test_every_declared_output_named_without_its_ask_is_left_out(
+        served: Served, grpc_client: triton_grpc.InferenceServerClient) -> None:
+    """What perf_analyzer and Model Analyzer send: every output the metadata declares, by name, and no ask."""
+    every = [o["name"] for o in oip_json(served, {}).json()["outputs"]] + list(DECLARED)
+    plain = oip_json(served, {}, outputs=every)
+    assert plain.status_code == 200, plain.text
+    assert [o["name"] for o in plain.json()["outputs"]] == every[:-3]
+    left_out = "prediction_set (needs coverage), set_size (needs coverage), abstain (needs max_risk)"
+    assert plain.json()["parameters"]["outputs_left_out"] == left_out  # said, not silently dropped
+    with_sets = oip_json(served, {"coverage": 0.9}, outputs=every).json()
+    assert [o["name"] for o in with_sets["outputs"]] == every[:-1]  # abstain needs max_risk
+    assert with_sets["parameters"]["outputs_left_out"] == "abstain (needs max_risk)"
+    assert "outputs_left_out" not in oip_json(served, {"coverage": 0.9, "max_risk": 0.1}, outputs=every).json()[
+        "parameters"]
+    named = grpc_client.infer("tiny", [pixels_tensor(triton_grpc, 2)],
+                              outputs=[triton_grpc.InferRequestedOutput(name) for name in every])
+    assert [o.name for o in named.get_response().outputs] == every[:-3]
+    assert named.get_response().parameters["outputs_left_out"].string_param == left_out
 
 
 # ---- the input count, from the declared shape -------------------------------------------------------------------
