@@ -35,11 +35,13 @@ TEXT_MODEL = REPO_ROOT / "model_repository" / "movie-reviews-minilm"
 DEFAULT_VERSION = default_version("movie-reviews-minilm")
 TEXT_MODEL_DIR = TEXT_MODEL / DEFAULT_VERSION
 BASELINE_DIR = REPO_ROOT / "model_repository" / "movie-reviews-minilm-deterministic" / "1"
-VERSIONS = {v: TEXT_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7")}
+VERSIONS = {v: TEXT_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7", "8")}
 # v4 and v5 carry the feature statistics beside v3's layers: a KNN bank of 5,000 x 384 floats (7.3 MiB) and two
-# 384 x 384 whitening matrices; v6 reads the kernel error alone, so it carries none of them; v7 the backbone and ViM's
+# 384 x 384 whitening matrices; v6 reads the kernel error alone, so it carries none of them; v7 and v8 the backbone
+# and ViM's
 BUDGET_MIB = {TEXT_MODEL / "1": 25, TEXT_MODEL / "2": 40, TEXT_MODEL / "3": 40, TEXT_MODEL / "4": 48,
-              TEXT_MODEL / "5": 48, TEXT_MODEL / "6": 40, TEXT_MODEL / "7": 40, BASELINE_DIR: 40}
+              TEXT_MODEL / "5": 48, TEXT_MODEL / "6": 40, TEXT_MODEL / "7": 40, TEXT_MODEL / "8": 40,
+              BASELINE_DIR: 40}
 
 
 @pytest.fixture(scope="module")
