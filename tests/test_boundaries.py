@@ -31,10 +31,10 @@ PACKAGES = ("artifact", "models", "training", "service", "benchmarks")
 # each stage's entry point; a stage's sub-package may hold shared pieces other stages import (export.calibration)
 STAGES = {"training.fit.backbone", "training.distil.stage", "training.export.stage", "training.evaluate.stage",
           "training.baselines.export"}
-# modules whose job is to run stages: the CLI, calibrate, the ablation variants (distillations) and the ensemble
-# members (fits)
-ORCHESTRATORS = {"training.cli", "training.calibrate.stage", "training.evaluate.ablations",
-                 "training.baselines.builders"}
+# modules whose job is to run stages: the CLI, calibrate and its depth search, the ablation variants (distillations)
+# and the ensemble members (fits)
+ORCHESTRATORS = {"training.cli", "training.calibrate.stage", "training.calibrate.depth_search",
+                 "training.evaluate.ablations", "training.baselines.builders"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set distil.epochs=1")
         p.add_argument("--no-resume", action="store_true", help="start from scratch instead of resuming")
+        if name == "distil":
+            p.add_argument("--until-epoch", type=int, help="stop after this epoch (a depth search's probe; the "
+                           "schedule still spans distil.epochs, so a later run goes on from it)")
         if name == "export-baseline":
             from training.baselines.builders import BASELINES
 
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("distil", "all"):
         from training.distil.stage import distil
 
-        distil(cfg, resume=resume)
+        distil(cfg, resume=resume, until=getattr(args, "until_epoch", None))
     if args.command in ("export", "all"):
         from training.export.stage import export
 

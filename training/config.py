@@ -69,8 +69,7 @@ class FitConfig:
     augment: bool = True
     max_steps: int | None = None
     grad_clip: float | None = None  # max gradient norm (None: no clipping)
-    # what fit-backbone trains: the whole backbone, or the head alone on the frozen body (a checkpoint without a head)
-    train: str = "all"
+    train: str = "all"  # fit-backbone trains the whole backbone, or the head alone on the frozen body (no head)
 
 
 @dataclass
@@ -86,8 +85,10 @@ class DistilConfig:
     # K, the transitions the kernel diffuses: the first T - K run as the real layers once per input (partial depth,
     # docs/method.md); None = the whole stack (K = T)
     depth: int | None = None
-    # calibrate: the depths distilled and compared on validation (the best NLL is exported); empty: depth alone
+    # calibrate: the depths compared on validation NLL, each distilled probe_epochs and only the best to the end (and
+    # exported; probe_epochs null: each to the end, docs/your-own-model.md "Choosing K"); empty: depth alone
     depth_candidates: list[int] = field(default_factory=list)
+    probe_epochs: int | None = 1
     epochs: int = 4
     batch_size: int = 128
     lr: float = 1e-3
@@ -310,8 +311,7 @@ class PipelineConfig:
 
 
 def validated(raw: dict[str, Any]) -> PipelineConfig:
-    """The config's dict as typed sections (pydantic validates the dataclasses): an unknown key or a value of the
-    wrong type is a ``ValueError`` naming every offending key."""
+    """The config's dict as typed sections: an unknown key or a wrongly typed value is a ValueError naming each."""
     try:
         return TypeAdapter(PipelineConfig).validate_python(raw)
     except ValidationError as exc:

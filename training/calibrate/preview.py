@@ -13,6 +13,7 @@ from training.config import USER_IMAGE_DATASET, USER_TEXT_DATASET, PipelineConfi
 from training.data.calibration_split import calibration_line
 from training.data.image_task import image_store
 from training.data.sources import DataError, LabelLimit, check_class_count
+from training.data.sources.summary import DataSummary
 from training.families.checkpoint import Checkpoint, checkpoint_tokenizer
 
 TEXT_INPUT_BYTES = 2 * 8  # ids and mask, int64 per token
@@ -29,6 +30,8 @@ class DataPreview:
     tokens: int  # per input
     input_bytes: int  # every split held in memory
     stored_bytes: int = 0  # the decoded inputs kept on disk instead (a user's images: ``ImageFile``)
+    held_out: int = 0  # validation and test inputs
+    typical_tokens: float | None = None  # texts: the length a length-bucketed batch pads to, about (None: tokens)
 
 
 def check_labels(checkpoint: Checkpoint, labels: list[str], named: bool) -> None:
@@ -68,6 +71,13 @@ def refuse_unread_texts(root: str, split: str, texts: list[str], tokenizer: Toke
                         "trained with")
 
 
+def typical_tokens(summary: DataSummary, max_length: int) -> float | None:
+    """About the length a length-bucketed batch of these texts pads to: midway between the median and the 95th
+    percentile of their token counts, at most ``max_length``."""
+    lengths = summary.texts.tokens if summary.texts is not None else None
+    return None if lengths is None else min(float(max_length), (lengths.median + lengths.p95) / 2)
+
+
 def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
     data = cfg.data
     labels = data.labels or None
@@ -85,7 +95,8 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         batch = max(cfg.distil.batch_size, cfg.fit.batch_size, 256)  # rows read at once (a teacher chunk at most)
         preview = DataPreview(f"{summary.render()}\n{calibration_line(len(dataset.val), cfg.export.calibration_share)}",
                               dataset.labels, len(dataset.train), tokens,
-                              batch * channels * height * width * 4, inputs * channels * height * width)
+                              batch * channels * height * width * 4, inputs * channels * height * width,
+                              len(dataset.val) + len(dataset.test))
     elif data.dataset == USER_TEXT_DATASET:
         from training.data.sources import load_text_table
 
@@ -107,9 +118,11 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         if checkpoint.max_positions is not None and cfg.text.max_length > checkpoint.max_positions:
             raise DataError(f"text.max_length {cfg.text.max_length} exceeds the checkpoint's "
                             f"{checkpoint.max_positions} positions: --set text.max_length={checkpoint.max_positions}")
+        typical = typical_tokens(summary, cfg.text.max_length)
         preview = DataPreview(f"{summary.render()}\n{calibration_line(len(texts.val), cfg.export.calibration_share)}",
                               texts.labels, len(texts.train), cfg.text.max_length,
-                              inputs * cfg.text.max_length * TEXT_INPUT_BYTES)
+                              inputs * cfg.text.max_length * TEXT_INPUT_BYTES, 0, len(texts.val) + len(texts.test),
+                              typical)
     else:  # a built-in dataset (the hub-backed configs in configs/calibrate/): read when the run starts
         train, test = BUILT_IN_SIZES.get(data.dataset, (50_000, 10_000))
         train = min(data.train_limit or train, train - data.val_size)
@@ -121,6 +134,7 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         else:
             tokens, per_input = cfg.text.max_length, cfg.text.max_length * TEXT_INPUT_BYTES
         return DataPreview(f"data: the built-in dataset {data.dataset!r} (read when the run starts; about {inputs} "
-                           "inputs assumed for the estimates)", data.labels, train, tokens, inputs * per_input)
+                           "inputs assumed for the estimates)", data.labels, train, tokens, inputs * per_input, 0,
+                           inputs - train)
     check_labels(checkpoint, preview.labels, bool(cfg.data.labels))
     return preview

@@ -10,39 +10,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from artifact.contract import MANIFEST, parse_manifest
+from training.calibrate.depth_search import DistillationFailed, choose_depth
+from training.calibrate.measured import Measured, comparison, comparison_line, write_comparison
 from training.calibrate.plan import Plan, plan_run
 from training.calibrate.preview import preview_data
-from training.calibrate.run_config import CONFIG_FILE, RunConfig, run_config, run_folder
-from training.config import PipelineConfig, config_dict
+from training.calibrate.run_config import RunConfig, run_config, run_folder
+from training.config import PipelineConfig
 from training.distil.stage import CHECKPOINT_FILE as DISTIL_CHECKPOINT_FILE
-from training.distil.stage import distil
 from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning
 from training.export.stage import export
 from training.families.checkpoint import inspect_checkpoint, parameter_count
 from training.fit.backbone import CHECKPOINT_FILE as FIT_CHECKPOINT_FILE
 from training.fit.backbone import fit_backbone
 from training.loading import BACKBONE_FILE, DIRECTOR_FILE
-from training.runtime import load_checkpoint
 
-SELECTION_FILE = "depth_selection.json"
-DISTIL_CONFIG_FILE = "distil.yaml"  # a depth's sub-run config, for torchrun
 MODEL_CARD = "README.md"  # beside the model's versions: the newest version's results page
 # what a rerun resumes from: the backbone's fit and each depth's distillation, finished or stopped in an epoch
 TRAINED_FILES = (FIT_CHECKPOINT_FILE, BACKBONE_FILE, DISTIL_CHECKPOINT_FILE, DIRECTOR_FILE,
                  f"depth-*/{DISTIL_CHECKPOINT_FILE}", f"depth-*/{DIRECTOR_FILE}")
-SHARED_FILES = (BACKBONE_FILE, "tokenizer.json", "images")  # what every depth's sub-run reads from the run
 
 
 class CalibrateError(ValueError):
@@ -66,75 +59,9 @@ def prepare(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[RunCon
     run = run_config(args, checkpoint, overrides, trained_files(run_folder(args)))
     cfg = run.config()
     preview = preview_data(cfg, checkpoint)
-    plan = plan_run(cfg, checkpoint, parameter_count(checkpoint), preview.tokens, preview.train_inputs,
-                    preview.input_bytes, preview.summary, preview.stored_bytes)
+    plan = plan_run(cfg, checkpoint, parameter_count(checkpoint), preview)
     print(plan.render(), flush=True)
     return run, cfg, plan
-
-
-def depth_config(cfg: PipelineConfig, depth: int) -> PipelineConfig:
-    """The sub-run that distils depth K: its own folder beside the run's shared backbone and tokenizer."""
-    run_dir = Path(cfg.run_dir) / f"depth-{depth}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name in SHARED_FILES:
-        link, target = run_dir / name, Path(cfg.run_dir) / name
-        if target.exists() and not link.exists():
-            os.symlink(os.path.relpath(target, run_dir), link)
-    sub = replace(cfg, run_dir=str(run_dir), distil=replace(cfg.distil, depth=depth))
-    return replace(sub, source=str(Path(cfg.run_dir) / CONFIG_FILE))
-
-
-def best_validation_nll(run_dir: Path) -> float:
-    """The validation NLL of the epoch a finished distillation kept."""
-    payload = load_checkpoint(run_dir / DIRECTOR_FILE)
-    kept = payload["kept_epoch"]
-    records = [r for r in payload["history"] if r["epoch"] == kept] or payload["history"][-1:]
-    return float(records[0]["val_nll"])
-
-
-def distil_under_torchrun(cfg: PipelineConfig, processes: int, resume: bool) -> None:
-    """``distil`` of one depth's sub-run in ``processes`` DDP ranks (``torch.distributed.run``, one per GPU, or gloo
-    on CPU): its config is written beside the sub-run, so the command can also be rerun by hand."""
-    config = Path(cfg.run_dir) / DISTIL_CONFIG_FILE
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(yaml.safe_dump({k: v for k, v in config_dict(cfg).items() if k != "source"}, sort_keys=False))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "-m", "training", "distil", "--config", str(config), *([] if resume else ["--no-resume"])]
-    print("running " + " ".join(command), flush=True)
-    if subprocess.run(command, check=False).returncode != 0:
-        raise CalibrateError(f"distillation under torchrun failed (see its output above); rerun it with: "
-                             f"{' '.join(command[2:])}")
-
-
-def depth_search_line(candidates: list[int], to_run: list[int]) -> str:
-    """What the depth search will do: the candidates, those it distils and those distilled before (resumed)."""
-    done = [k for k in candidates if k not in to_run]
-    line = f"depth search: K in {candidates}, distilling {len(to_run)}" + (f" (K in {to_run})" if to_run else "")
-    return line + (f"; K in {done} distilled before, resumed" if done else "")
-
-
-def choose_depth(cfg: PipelineConfig, resume: bool, processes: int = 1) -> PipelineConfig:
-    """Distil every depth candidate (in ``processes`` DDP ranks when > 1) and return the sub-run of the one with the
-    best validation NLL (ties: the smaller K, the cheaper artifact)."""
-    subs = {depth: depth_config(cfg, depth) if depth else cfg
-            for depth in cfg.distil.depth_candidates or [cfg.distil.depth or 0]}
-    to_run = [k for k, sub in subs.items() if not (resume and (Path(sub.run_dir) / DIRECTOR_FILE).exists())]
-    print(depth_search_line(list(subs), to_run), flush=True)
-    scores: dict[int, float] = {}
-    for depth, sub in subs.items():
-        if depth in to_run:
-            print(f"depth {to_run.index(depth) + 1} of {len(to_run)}: distilling K={depth}", flush=True)
-            if processes > 1:
-                distil_under_torchrun(sub, processes, resume)
-            else:
-                distil(sub, resume=resume)
-        scores[depth] = best_validation_nll(Path(sub.run_dir))
-        print(f"depth K={depth}: validation NLL {scores[depth]:.4f}", flush=True)
-    chosen = min(scores, key=lambda k: (round(scores[k], 4), k))
-    record = {"validation_nll": {str(k): v for k, v in scores.items()}, "chosen": chosen}
-    (Path(cfg.run_dir) / SELECTION_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"chosen depth K={chosen}", flush=True)
-    return depth_config(cfg, chosen) if chosen else cfg
 
 
 def publish_model_card(cfg: PipelineConfig, version_dir: Path) -> Path:
@@ -178,16 +105,23 @@ def calibrate(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     run.write()
     if run.resumes:
         print(f"resuming the run in {run.path.parent} from {', '.join(run.trained)}", flush=True)
-    resume = not args.no_resume
-    fit_backbone(cfg, resume=resume)
+    resume, measured = not args.no_resume, Measured()
+    with measured.stage("fit"):
+        fit_backbone(cfg, resume=resume)
     try:
-        version_dir = export(choose_depth(cfg, resume, args.nproc_per_node), strict=args.strict)
-    except LessAccurateThanBackbone as err:
+        with measured.stage("distil"):
+            chosen = choose_depth(cfg, resume, args.nproc_per_node)
+        with measured.stage("export"):
+            version_dir = export(chosen, strict=args.strict)
+    except (LessAccurateThanBackbone, DistillationFailed) as err:
         raise CalibrateError(str(err)) from err
     card = publish_model_card(cfg, version_dir)
     print(f"results page {Path(cfg.export.docs_dir) / f'{cfg.export.name}.md'}, model card {card}", flush=True)
     verdict = parse_manifest(json.loads((version_dir / MANIFEST).read_text())).kernel_verdict
     warned = " (less accurate than its backbone: see the warning above)" if backbone_warning(verdict) else ""
+    record = comparison(plan, measured)
+    write_comparison(Path(cfg.run_dir), record)
+    print(comparison_line(record), flush=True)
     print(f"wrote {version_dir}: {cfg.export.name} version {version_dir.name}, which `make serve` serves{warned}",
           flush=True)
     return 0

@@ -34,14 +34,18 @@ from training.data.tokens import TokenDataset, bucketed_indices
 from training.distil.objective import DistillationLoss, LossWeights, ObservedProcess
 from training.distil.start_states import StartStates, start_states
 from training.distil.teacher import (
+    STATISTICS_FILE,
     StepStatistics,
     diffused_depth,
     gather_step_statistics,
     kernel_config,
     select_tau,
+    shared_statistics,
+    statistics_key,
 )
 from training.families.base import Family
 from training.loading import (
+    BACKBONE_FILE,
     DIRECTOR_FILE,
     AnySplit,
     Director,
@@ -94,8 +98,10 @@ def prepare_teacher(cfg: PipelineConfig, family: Family, view: View, prefix: tor
         stats = StepStatistics(**state["stats"])
         return Teacher(stats, depth, stats.last(depth).floors(dcfg.floor_fraction), state["tau"],
                        state["tau_accuracies"])
-    stats_inputs = data.train.head(dcfg.stats_batches * 128)
-    stats = gather_step_statistics(view, stats_inputs, device, family.stats_chunk)
+    inputs = data.train.head(dcfg.stats_batches * 128)
+    stats = shared_statistics(Path(cfg.run_dir) / STATISTICS_FILE,
+                              statistics_key(Path(cfg.run_dir) / BACKBONE_FILE, len(inputs)),
+                              lambda: gather_step_statistics(view, inputs, device, family.stats_chunk))
     floors = stats.last(depth).floors(dcfg.floor_fraction)
     if dcfg.observed_variance == "floor":
         tau, tau_accuracies = 0.0, {}
@@ -150,6 +156,7 @@ def moving_average(parts: Trainables, decay: float) -> AveragedModel | None:
 class DistilResult:
     path: Path
     kernel: TransitionKernel  # this rank's trained kernel (equal on every rank after DDP training)
+    run: Distillation  # what ``distil(..., run=)`` goes on with
 
 
 @dataclass
@@ -189,11 +196,15 @@ class Distillation:
     progress: Progress
 
 
-def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
-    """Train the kernel (resumable, one checkpoint per epoch); write ``director.pt`` with the kept weights."""
-    run = prepare(cfg, resume)
+def distil(cfg: PipelineConfig, resume: bool = True, until: int | None = None, run: Distillation | None = None
+           ) -> DistilResult:
+    """Train the kernel (resumable, one checkpoint per epoch) to ``distil.epochs``, or to epoch ``until`` (a depth
+    search's probe: the schedule still spans every epoch, so going on later trains the run it would have been); write
+    ``director.pt`` with the kept weights. ``run``: a prepared run to go on with (its start states in memory)."""
+    run = run or prepare(cfg, resume)
+    last = cfg.distil.epochs if until is None else min(until, cfg.distil.epochs)
     gen = torch.Generator().manual_seed(cfg.seed)
-    for epoch in range(run.progress.epoch, cfg.distil.epochs):
+    for epoch in range(run.progress.epoch, last):
         if run.progress.step >= run.total_steps:
             break
         record = train_epoch(run, epoch, gen)
@@ -206,7 +217,7 @@ def distil(cfg: PipelineConfig, resume: bool = True) -> DistilResult:
     if run.dist_info.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return DistilResult(path, run.parts.kernel)
+    return DistilResult(path, run.parts.kernel, run)
 
 
 def prepare(cfg: PipelineConfig, resume: bool) -> Distillation:
@@ -219,7 +230,7 @@ def prepare(cfg: PipelineConfig, resume: bool) -> Distillation:
     seed_everything(cfg.seed)
     device = select_device(cfg.device, dist_info)
     dcfg = cfg.distil
-    if not (run_dir / "backbone.pt").exists():
+    if not (run_dir / BACKBONE_FILE).exists():
         raise FileNotFoundError(f"no fitted backbone in {run_dir}: run `python -m training fit-backbone` first")
     data = load_data(cfg)
     family, _ = run_family(run_dir)
@@ -347,7 +358,8 @@ def save_kept(run: Distillation, path: Path) -> None:
         "kernel": kept.kernel.state_dict(), "kernel_config": run.kernel_config.document(),
         "readout": kept.readout.state_dict() if dcfg.finetune_readout else None,
         "depth": run.kernel_config.depth, "backbone_steps": run.view.num_steps,
-        "kept_epoch": None if best is None else best["epoch"], "tau": teacher.tau,
+        "kept_epoch": None if best is None else best["epoch"], "epochs_trained": run.progress.epoch,
+        "finished": run.progress.epoch >= dcfg.epochs or run.progress.step >= run.total_steps, "tau": teacher.tau,
         "tau_accuracies": teacher.tau_accuracies, "floors": teacher.floors, "stats": vars(teacher.stats),
         "observed_variance": dcfg.observed_variance, "history": run.progress.history,
         "seconds": run.progress.elapsed, "config": config_dict(run.cfg),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,7 +22,9 @@ from training.data.images import key_padding
 from training.distil.objective import ObservedProcess, masked_mean
 from training.loading import AnySplit, View
 from training.metrics import classification_report
+from training.runtime import load_checkpoint, save_checkpoint
 
+STATISTICS_FILE = "teacher_statistics.pt"  # the run's step statistics, shared by every depth (``shared_statistics``)
 Rollout = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (X_0 [B, N, D], mask) -> X_T
 
 
@@ -93,6 +97,26 @@ def gather_step_statistics(view: View, inputs: AnySplit, device: torch.device,
                 var_max[t - 1] = max(float(var_max[t - 1]), float(var[mask].max()))
         count += weight
     return StepStatistics(sums / count, var_sums / count, var_max)
+
+
+def shared_statistics(path: Path, key: dict[str, Any], gather: Callable[[], StepStatistics]) -> StepStatistics:
+    """The step statistics of every transition, which do not depend on K, gathered once per run: read from ``path``
+    (in a depth's sub-run a link to the run's file, ``STATISTICS_FILE``) when they were gathered for the same ``key``
+    (the backbone file and the inputs), else gathered and written there for the next depth."""
+    if path.exists():
+        saved = load_checkpoint(path)
+        if saved.get("key") == key:
+            return StepStatistics(**saved["stats"])
+    stats = gather()
+    save_checkpoint(path.resolve(), {"key": key, "stats": vars(stats)})
+    return stats
+
+
+def statistics_key(backbone: Path, inputs: int) -> dict[str, Any]:
+    """What the step statistics were gathered from: the backbone file as written (a new fit writes a new one) and the
+    number of training inputs read."""
+    stat = backbone.resolve().stat()
+    return {"backbone_bytes": stat.st_size, "backbone_mtime_ns": stat.st_mtime_ns, "inputs": inputs}
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ from models.uncertainty import (
     UncertaintySummary,
     ood_score,
 )
+from training.export import draws
 from training.loading import AnySplit
 from training.ood_metrics import auroc
 
@@ -231,5 +232,7 @@ class InputScoreCache:
 
     def __call__(self, name: str, split: AnySplit) -> InputScores | None:
         if name not in self.values:
-            self.values[name] = split_input_scores(self.model, split)
+            cache = draws.active()  # inside an export: the scores of a pass that drew the logits too
+            self.values[name] = (split_input_scores(self.model, split) if cache is None
+                                 else cache.input_scores(self.model, split, split_input_scores))
         return self.values[name]

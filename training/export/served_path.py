@@ -113,8 +113,8 @@ class ServedPath:
     def inputs(self, name: str, split: AnySplit, seed: int) -> ScoreInputs:
         """What this path serves on ``split`` (``name`` caches its per-input scores): its probabilities under its
         temperature rule and its per-input scores."""
+        logits = sample_split(self.served, split, self.default_samples, seed)  # [S, N, C] (and the scores, once)
         scores = self.stats.input_scores(name, split)
-        logits = sample_split(self.served, split, self.default_samples, seed)  # [S, N, C]
         return ScoreInputs(summarize(logits, temperature_for(self.rule, scores)), scores)
 
     def val_inputs(self, split: AnySplit) -> ScoreInputs:

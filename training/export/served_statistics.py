@@ -22,7 +22,9 @@ from models.uncertainty import (
 )
 from training.config import ExportConfig
 from training.data.ood_families import OodFamily, selection_description
+from training.export import draws
 from training.export.calibration import fit_temperature
+from training.export.draws import scored_pass
 from training.export.ood_selection import (
     LOG_SCALED,
     SELECTION_RULE,
@@ -31,6 +33,8 @@ from training.export.ood_selection import (
     OodChoice,
     ScoreInputs,
     choose_ood_score,
+    returns_input_scores,
+    score_names,
     standardised,
 )
 from training.loading import AnySplit, Director, split_sampled_logits
@@ -41,9 +45,15 @@ QUANTILES = 101  # reference distributions are stored as this many evenly spaced
 
 
 def sample_split(model: torch.nn.Module, split: AnySplit, n_samples: int, seed: int) -> torch.Tensor:
-    """Sampled logits [S, N, C] of an image or text split under ``seed``."""
-    torch.manual_seed(seed)
-    return split_sampled_logits(model, split, n_samples)  # [S, N, C]
+    """Sampled logits [S, N, C] of an image or text split under ``seed``; inside an export, each pass once
+    (``training.export.draws``: with the per-input scores in the same pass where the model returns them)."""
+    cache = draws.active()
+    if cache is None:
+        torch.manual_seed(seed)
+        return split_sampled_logits(model, split, n_samples)  # [S, N, C]
+    names = score_names(model) if returns_input_scores(model) else ()
+    return cache.sampled(model, split, n_samples, seed, split_sampled_logits,
+                         lambda: scored_pass(model, split, n_samples, names) if names else None)
 
 
 def fit_noise_scale(director: Director, split: AnySplit, grid: list[float], n_samples: int, seed: int
@@ -258,14 +268,17 @@ def served_statistics(served: torch.nn.Module, val: AnySplit, ecfg: ExportConfig
                               {name: family.weight for name, family in families.items()})
 
     thresholds: dict[str, dict[str, Any]] = {}
-    # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below
+    # thresholds come from a validation subset; the reference OOD rate is measured on the whole split below. The
+    # draws at every other S are the first S of one pass at the largest (each input's draws are independent, so the
+    # first S of them are S draws): one pass instead of one per sample count
     id_subset = val.head(ecfg.threshold_images)
+    others = [n for n in sample_counts if n != default_s]
+    nested = sample_split(served, id_subset, max(others), seed) if others else None  # [S_max, N, C]
     for n_samples in sample_counts:
-        if n_samples == default_s:  # draws at this sample count exist already: reuse them, do not sample again
+        if nested is None or n_samples == default_s:  # draws at this sample count exist already: reuse them
             inputs = val_inputs.head(len(id_subset))
         else:  # the per-input scores do not depend on S
-            inputs = ScoreInputs(summarize(sample_split(served, id_subset, n_samples, seed), temperature),
-                                 val_inputs.head(len(id_subset)).inputs)
+            inputs = ScoreInputs(summarize(nested[:n_samples], temperature), val_inputs.head(len(id_subset)).inputs)
         rule = choice.rule_at(n_samples)
         thresholds[str(n_samples)] = {"score": rule.name, "threshold": threshold_at_tpr(inputs.score(rule.name,
                                                                                                      rule.terms))}

@@ -40,6 +40,7 @@ from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import split_rollout_trace
 from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning, with_test_split
 from training.export.conformal import write_conformal
+from training.export.draws import shared_draws
 from training.export.figures import SplitFigures, test_split_figures
 from training.export.final_artifact import finish_artifact
 from training.export.model_page import write_results
@@ -294,6 +295,12 @@ def refuse_unless_as_accurate(verdict: KernelVerdict, tmp_dir: Path, out_dir: Pa
 
 
 def export(cfg: PipelineConfig, strict: bool = False) -> Path:
+    """``export_version`` with each of its forward passes made once (``training.export.draws``)."""
+    with shared_draws():
+        return export_version(cfg, strict)
+
+
+def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
     """Calibrate the sampling, stage and verify the artifact, fit both paths' post-hoc tools, compare them (the
     kernel's verdict), then write the manifest of the one served, swap the version in and write the reports.
     ``strict``: refuse (``LessAccurateThanBackbone``) to publish a version less accurate than its backbone."""
