@@ -17,7 +17,7 @@ class MultiLabel(Section):
     label's logit after the manifest's ``temperature``."""
 
     thresholds: list[float] = Field(min_length=1)
-    threshold_rule: str  # "0.5", or "f1": each label's threshold maximising its F1 on validation
+    threshold_rule: str  # "fixed" (0.5 each), or "f1": each label's threshold maximising its F1 on validation
     temperatures: list[float] | None = None  # one per label; absent: the manifest's temperature alone
     temperature_rule: str | None = None  # "one" or "per_label", and what chose it
     temperature_fit: dict[str, Any] | None = None  # the validation NLLs the choice was made on

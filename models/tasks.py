@@ -160,3 +160,6 @@ def task_for(kind: str, label_temperatures: list[float] | None = None, threshold
 def max_label_entropy(num_labels: int) -> float:
     """The largest per-input (summed) entropy of ``num_labels`` Bernoullis: num_labels * log 2."""
     return num_labels * math.log(2.0)
+
+
+SOFTMAX = SingleLabel()  # the default task wherever none is given: every model before multi-label ones

@@ -11,6 +11,7 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from models.backbones import VitConfig
+from training.task_config import TaskConfig
 
 MODALITIES = ("image", "text")
 HUB_TEXT_DATASETS = ("imdb", "cola")  # training.data.hub_text
@@ -302,11 +303,10 @@ class PipelineConfig:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     kep_svgp: KepSvgpConfig = field(default_factory=KepSvgpConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     source: str = ""
 
-    @property
-    def is_text(self) -> bool:
-        return self.modality == "text"
+    is_text = property(lambda self: self.modality == "text")
 
 
 def validated(raw: dict[str, Any]) -> PipelineConfig:

@@ -18,7 +18,7 @@ from models.tasks import MultiLabel
 from models.uncertainty import ECE_BINS
 
 THRESHOLD_GRID = torch.linspace(0.05, 0.95, 19)  # candidate thresholds for the F1 fit
-THRESHOLD_RULES = ("f1", "0.5")
+THRESHOLD_RULES = ("f1", "fixed")
 
 
 def label_ece(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = ECE_BINS) -> list[float]:
@@ -41,12 +41,12 @@ def label_f1(probs: torch.Tensor, labels: torch.Tensor, thresholds: torch.Tensor
 
 
 def fit_thresholds(probs: torch.Tensor, labels: torch.Tensor, rule: str = "f1") -> list[float]:
-    """Per label: 0.5 (``rule`` "0.5"), or the grid threshold with the best validation F1 (ties: the one nearest
+    """Per label: 0.5 (``rule`` "fixed"), or the grid threshold with the best validation F1 (ties: the one nearest
     0.5; a label with no positive on validation keeps 0.5)."""
     if rule not in THRESHOLD_RULES:
         raise ValueError(f"unknown threshold rule {rule!r}; choose from {THRESHOLD_RULES}")
     count = probs.shape[1]
-    if rule == "0.5":
+    if rule == "fixed":
         return [0.5] * count
     grid = THRESHOLD_GRID.double()  # [G]
     scores = torch.stack([label_f1(probs.double(), labels, torch.full((count,), float(t), dtype=torch.float64))

@@ -118,7 +118,7 @@ def test_the_depth_has_one_name_for_readers(image_document: dict[str, Any]) -> N
 def test_a_multi_label_manifest_names_its_task_and_thresholds(image_document: dict[str, Any]) -> None:
     assert parse_manifest(image_document).task == "single_label"  # manifests before 1.7: single-label
     labels = image_document["labels"]
-    section = {"thresholds": [0.5] * len(labels), "threshold_rule": "0.5"}
+    section = {"thresholds": [0.5] * len(labels), "threshold_rule": "fixed"}
     base = {k: v for k, v in image_document.items() if k != "conformal"}
     manifest = parse_manifest({**base, "format_version": "1.7", "task": "multi_label", "multi_label": section})
     assert manifest.task == "multi_label" and manifest.multi_label is not None

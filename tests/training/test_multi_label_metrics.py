@@ -26,7 +26,7 @@ def test_f1_thresholds_follow_each_label() -> None:
     labels = torch.tensor([[1, 0], [1, 0], [0, 0], [0, 0]])
     thresholds = fit_thresholds(probs, labels)
     assert 0.1 < thresholds[0] <= 0.3 and thresholds[1] == 0.5
-    assert fit_thresholds(probs, labels, "0.5") == [0.5, 0.5]
+    assert fit_thresholds(probs, labels, "fixed") == [0.5, 0.5]
     f1 = label_f1(probs, labels, torch.tensor(thresholds))
     assert f1[0] == 1.0
     with pytest.raises(ValueError, match="threshold rule"):

@@ -96,11 +96,13 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         def count_tokens(texts: list[str]) -> list[int]:
             return [len(e.ids) for e in tokenizer.encode_batch(texts)]
 
-        limit = label_limit(cfg, checkpoint, f"the column {data.label_column!r}",
-                            f" Is {data.label_column!r} the labels' column? --label-column names it")
+        limit = None if cfg.task.multi_label else label_limit(
+            cfg, checkpoint, f"the column {data.label_column!r}",
+            f" Is {data.label_column!r} the labels' column? --label-column names it")
         texts, summary = load_text_table(data.root, data.text_column, data.label_column, labels, data.val_fraction,
                                          data.test_fraction, data.split_seed, cfg.text.max_characters, count_tokens,
-                                         cfg.text.max_length, limit)
+                                         cfg.text.max_length, limit, cfg.task.multi_label,
+                                         cfg.task.label_columns or None)
         for name, split in (("train", texts.train), ("val", texts.val), ("test", texts.test)):
             refuse_unread_texts(data.root, name, split.texts, tokenizer)
         inputs = len(texts.train) + len(texts.val) + len(texts.test)
