@@ -33,12 +33,14 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
 
 def io_config(artifact: Artifact) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Inputs and outputs without their batch dimension (``max_batch_size`` > 0): the decoder's input tensor, the
-    prediction's outputs and the decoder's per-input extras."""
+    prediction's outputs, the decoder's per-input extras and a multi-label model's per-label outputs."""
     decoder = artifact.decoder
     outputs = [{"name": "probabilities", "data_type": TRITON_TYPES[OUTPUT_TYPES["probabilities"]],
                 "dims": [len(artifact.labels)], "label_filename": ""}]
     outputs += [_tensor(TensorSpec(name, kind, (1,))) for name, kind in OUTPUT_TYPES.items() if name != "probabilities"]
     outputs += [_tensor(spec) for spec in decoder.extra_outputs]
+    width = (len(artifact.labels),)
+    outputs += [_tensor(TensorSpec(name, kind, width)) for name, kind in artifact.task.label_outputs.items()]
     return [_tensor(decoder.tensor)], outputs
 
 

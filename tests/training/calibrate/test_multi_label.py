@@ -1,16 +1,26 @@
 """A multi-label classifier end to end, as a user runs it: a tiny BERT saved with ``problem_type:
 multi_label_classification``, labelled data with several labels per row (a JSON-lines column of label lists, or a CSV
-with one 0/1 column per label), one ``calibrate`` command each, and the exported versions' manifests."""
+with one 0/1 column per label), one ``calibrate`` command each, the exported versions' manifests, and a real server
+answering them over ``/predict``, the Open Inference Protocol over HTTP (the real tritonclient) and gRPC."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
 
 from artifact.contract import MANIFEST, parse_manifest
+from service.batch_scoring import main as score_file
+from tests.service.conftest import Running, serve, settings_for
+from tests.service.test_grpc import free_port
 from tests.training.calibrate.test_calibrate import calibrate
 from tests.training.calibrate.tiny_checkpoints import TOPICS, multi_label_texts, save_multi_label_checkpoint
 
@@ -64,3 +74,107 @@ def test_the_manifest_says_the_task_thresholds_and_temperatures(multi_label_repo
 def test_the_results_page_lists_each_label(multi_label_repo: Path) -> None:
     page = (multi_label_repo / "repo" / "tags" / "README.md").read_text()
     assert "multi-label" in page and all(f"| {t} |" in page for t in TOPICS)
+
+
+@pytest.fixture(scope="module")
+def served(multi_label_repo: Path) -> Iterator[tuple[Running, str]]:
+    """A real server (uvicorn on loopback, gRPC beside it) over the multi-label versions."""
+    port = free_port()
+    settings = settings_for(multi_label_repo / "repo", multi_label_repo, default_model="tags", grpc_port=port,
+                            max_inputs_per_request=16)
+    with serve(settings) as running:
+        yield running, f"127.0.0.1:{port}"
+
+
+TEXTS = ["great superb film", "the plot was dull and fine", "a story"]
+
+
+@pytest.mark.parametrize("name", ["tags", "tag-columns"])
+def test_predict_answers_each_label(served: tuple[Running, str], multi_label_repo: Path, name: str) -> None:
+    manifest = parse_manifest(manifest_of(multi_label_repo, name))
+    assert manifest.multi_label is not None
+    response = httpx.post(f"{served[0].url}/predict", timeout=60,
+                          json={"model": name, "inputs": [{"text": t} for t in TEXTS], "n_samples": 3})
+    assert response.status_code == 200, response.text
+    for prediction in response.json()["predictions"]:
+        probabilities = prediction["probabilities"]
+        assert set(probabilities) == set(TOPICS) and all(0 <= p <= 1 for p in probabilities.values())
+        expected = [t for t, cut in zip(TOPICS, manifest.multi_label.thresholds, strict=True)
+                    if probabilities[t] >= cut]
+        assert prediction["labels"] == expected
+        assert set(prediction["label_entropy"]) == set(TOPICS)
+        assert all(0 <= h <= math.log(2) + 1e-6 for h in prediction["label_entropy"].values())
+        assert prediction["predictive_entropy"] == pytest.approx(sum(prediction["label_entropy"].values()), rel=1e-4)
+        assert all(v >= 0 for v in prediction["label_mutual_information"].values())
+        assert isinstance(prediction["is_ood"], bool) and prediction["label"] in TOPICS
+
+
+def test_sets_and_abstentions_are_refused_with_the_reason(served: tuple[Running, str]) -> None:
+    for ask in ({"coverage": 0.9}, {"max_risk": 0.1}):
+        response = httpx.post(f"{served[0].url}/predict", timeout=60,
+                              json={"inputs": [{"text": TEXTS[0]}], **ask})
+        assert response.status_code == 400, response.text
+        assert "multi-label model answers no coverage or max_risk" in response.text
+
+
+def test_oip_http_declares_and_answers_the_per_label_outputs(served: tuple[Running, str]) -> None:
+    client = triton_http.InferenceServerClient(served[0].url.removeprefix("http://"))
+    outputs = {o["name"]: o for o in client.get_model_metadata("tags")["outputs"]}
+    assert outputs["predicted"]["shape"] == [-1, 3] and outputs["predicted"]["datatype"] == "BOOL"
+    assert outputs["label_entropy"]["shape"] == [-1, 3]
+    texts = triton_http.InferInput("text", [len(TEXTS)], "BYTES")
+    texts.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+    result = client.infer("tags", [texts])
+    probabilities, predicted = result.as_numpy("probabilities"), result.as_numpy("predicted")
+    assert probabilities.shape == (3, 3) and predicted.shape == (3, 3) and predicted.dtype == bool
+    assert result.as_numpy("label_entropy").shape == (3, 3)
+    config = client.get_model_config("tags")
+    assert {o["name"] for o in config["output"]} >= {"predicted", "label_entropy", "label_mutual_information"}
+
+
+def test_grpc_answers_the_per_label_outputs(served: tuple[Running, str]) -> None:
+    client = triton_grpc.InferenceServerClient(served[1])
+    metadata = client.get_model_metadata("tags", as_json=True)
+    assert "predicted" in {o["name"] for o in metadata["outputs"]}
+    texts = triton_grpc.InferInput("text", [len(TEXTS)], "BYTES")
+    texts.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+    result = client.infer("tags", [texts], outputs=[triton_grpc.InferRequestedOutput(name)
+                                                    for name in ("probabilities", "predicted", "label_entropy")])
+    assert result.as_numpy("predicted").shape == (3, 3) and result.as_numpy("probabilities").shape == (3, 3)
+    assert (result.as_numpy("label_entropy") >= 0).all()
+
+
+def test_feedback_takes_the_list_of_true_labels(served: tuple[Running, str]) -> None:
+    url = served[0].url
+    answer = httpx.post(f"{url}/predict", timeout=60, json={"inputs": [{"text": TEXTS[0]}], "n_samples": 2}).json()
+    predicted = answer["predictions"][0]["labels"]
+    response = httpx.post(f"{url}/feedback", json={"id": answer["id"], "label": predicted}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["correct"] is True and response.json()["live_ece"] is None
+    wrong = [t for t in TOPICS if t not in predicted][:1] or []
+    response = httpx.post(f"{url}/feedback", json={"id": answer["id"], "label": [*predicted, *wrong]}, timeout=30)
+    assert response.status_code == 200 and response.json()["correct"] is (not wrong)
+    for label, message in (("positive", "takes the list of true labels"), (["funny"], "unknown label 'funny'"),
+                           ([7], "label index 7")):
+        refused = httpx.post(f"{url}/feedback", json={"id": answer["id"], "label": label}, timeout=30)
+        assert refused.status_code == 422 and message in refused.text, refused.text
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    assert 'director_feedback_label_decisions_total{label="negative",model="tags",outcome="correct",version="1"}' \
+        in metrics.replace(", ", ",")
+    assert "director_predicted_labels_bucket" in metrics
+
+
+def test_the_batch_scorer_writes_each_label(multi_label_repo: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    out = tmp_path / "scores.jsonl"
+    assert score_file(["--model-repository", str(multi_label_repo / "repo"), "--model", "tags", "--input",
+                       str(source), "--output", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 3 and all(set(line["label_entropy"]) == set(TOPICS) for line in lines)
+    assert all(set(line["labels"]) <= set(TOPICS) and len(line["probabilities"]) == 3 for line in lines)
+    refused = tmp_path / "refused.jsonl"
+    assert score_file(["--model-repository", str(multi_label_repo / "repo"), "--model", "tags", "--input",
+                       str(source), "--output", str(refused), "--coverage", "0.9"]) == 2
+    assert "a multi-label model answers no coverage or max_risk" in capsys.readouterr().err
