@@ -72,13 +72,14 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
     data = cfg.data
     labels = data.labels or None
     if data.dataset == USER_IMAGE_DATASET:
-        from training.data.sources import load_image_folder
+        from training.data.sources.multi_label_images import load_images
 
         channels, height, width = data.image_shape or (0, 0, 0)
-        limit = label_limit(cfg, checkpoint, "the class folders", "; each class folder is a class")
-        dataset, summary = load_image_folder(Path(data.root), channels, height, width, labels, data.val_fraction,
-                                             data.test_fraction, data.split_seed, store=image_store(cfg),
-                                             label_limit=limit)
+        limit = None if cfg.task.multi_label else label_limit(cfg, checkpoint, "the class folders",
+                                                              "; each class folder is a class")
+        dataset, summary = load_images(Path(data.root), (channels, height, width), labels,
+                                       (data.val_fraction, data.test_fraction), data.split_seed, image_store(cfg),
+                                       limit, cfg.task.image_columns(data.label_column))
         inputs = len(dataset.train) + len(dataset.val) + len(dataset.test)
         patch = int(checkpoint.config.get("patch_size") or 16)
         tokens = (height // patch) * (width // patch) + 1

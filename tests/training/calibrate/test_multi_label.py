@@ -1,10 +1,12 @@
 """A multi-label classifier end to end, as a user runs it: a tiny BERT saved with ``problem_type:
-multi_label_classification``, labelled data with several labels per row (a JSON-lines column of label lists, or a CSV
-with one 0/1 column per label), one ``calibrate`` command each, the exported versions' manifests, and a real server
+multi_label_classification`` and a tiny ViT likewise, labelled data with several labels per row (a JSON-lines column of
+label lists, a CSV with one 0/1 column per label, a CSV of image paths and label lists), one ``calibrate`` command
+each, the exported versions' manifests, and a real server
 answering them over ``/predict``, the Open Inference Protocol over HTTP (the real tritonclient) and gRPC."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import math
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from PIL import Image
 
 from artifact.contract import MANIFEST, parse_manifest
 from service.batch_scoring import main as score_file
@@ -38,9 +41,28 @@ def write_columns_csv(path: Path, rows: list[tuple[str, list[str]]]) -> Path:
     return path
 
 
+def write_image_table(folder: Path, count: int) -> Path:
+    """``count`` images whose bright colour channels are their labels (a channel per topic), listed in a CSV with
+    their labels joined by ``|`` (none: an empty cell)."""
+    rng = np.random.default_rng(3)
+    (folder / "images").mkdir(parents=True)
+    rows = []
+    for i in range(count):
+        labels = [t for t in TOPICS if rng.random() < 0.4] if i % 6 else []
+        pixels = rng.integers(0, 90, (20, 24, 3), dtype=np.uint8)
+        for t in labels:
+            pixels[..., TOPICS.index(t)] = rng.integers(150, 256, (20, 24), dtype=np.uint8)
+        Image.fromarray(pixels, "RGB").save(folder / "images" / f"{i}.png")
+        rows.append([f"images/{i}.png", "|".join(labels)])
+    with (folder / "images.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([["image", "tags"], *rows])
+    return folder / "images.csv"
+
+
 @pytest.fixture(scope="module")
 def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two multi-label versions: label lists (the checkpoint's problem_type says multi-label) and 0/1 columns."""
+    """Three multi-label versions: a BERT from label lists (the checkpoint's problem_type says multi-label) and from
+    0/1 columns, and a ViT from a table of image paths and label lists."""
     tmp = tmp_path_factory.mktemp("multi-label")
     rows = multi_label_texts(150, 1)
     bert = str(save_multi_label_checkpoint(tmp / "ckpt" / "bert"))
@@ -49,6 +71,9 @@ def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     calibrate(tmp, "tag-columns", bert, write_columns_csv(tmp / "tags.csv", rows), "--label-columns",
               ",".join(TOPICS), "--set", "distil.depth_candidates=[1]", "--set", "task.thresholds=fixed",
               "--set", "task.temperature=per_label")
+    vit = str(save_multi_label_checkpoint(tmp / "ckpt" / "vit", "vit"))
+    calibrate(tmp, "tagged-images", vit, write_image_table(tmp / "pictures", 90), "--label-column", "tags",
+              "--set", "distil.depth_candidates=[1]")
     return tmp
 
 
@@ -178,3 +203,21 @@ def test_the_batch_scorer_writes_each_label(multi_label_repo: Path, tmp_path: Pa
     assert score_file(["--model-repository", str(multi_label_repo / "repo"), "--model", "tags", "--input",
                        str(source), "--output", str(refused), "--coverage", "0.9"]) == 2
     assert "a multi-label model answers no coverage or max_risk" in capsys.readouterr().err
+
+
+def test_a_multi_label_vit_is_served(served: tuple[Running, str], multi_label_repo: Path) -> None:
+    manifest = parse_manifest(manifest_of(multi_label_repo, "tagged-images"))
+    assert manifest.task == "multi_label" and manifest.modality == "image" and manifest.labels == TOPICS
+    image = multi_label_repo / "pictures" / "images" / "1.png"
+    body = {"model": "tagged-images", "inputs": [{"image_base64": base64.b64encode(image.read_bytes()).decode()}],
+            "n_samples": 2}
+    response = httpx.post(f"{served[0].url}/predict", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    prediction = response.json()["predictions"][0]
+    assert set(prediction["labels"]) <= set(TOPICS) and set(prediction["label_entropy"]) == set(TOPICS)
+    pixels = np.random.default_rng(0).random((2, 3, 16, 16)).astype(np.float32)
+    oip = httpx.post(f"{served[0].url}/v2/models/tagged-images/infer", timeout=60, json={
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 3, 16, 16], "data": pixels.ravel().tolist()}]})
+    assert oip.status_code == 200, oip.text
+    outputs = {o["name"]: o for o in oip.json()["outputs"]}
+    assert outputs["predicted"]["shape"] == [2, 3] and outputs["label_entropy"]["datatype"] == "FP32"
