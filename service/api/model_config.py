@@ -59,6 +59,8 @@ def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
         "ood_thresholds": json.dumps({str(k): v.threshold for k, v in sorted(manifest.ood.thresholds.items())}),
         "labels": json.dumps(artifact.labels),
         **({"kernel_verdict": manifest.kernel_verdict.sentence} if manifest.kernel_verdict else {}),
+        **({"task": manifest.task, "label_thresholds": json.dumps(manifest.multi_label.thresholds)}
+           if manifest.multi_label is not None else {}),  # a multi-label version: a sigmoid per label
     }
     cost = artifact.runner.batch_cost(serving.max_batch_samples, serving.max_batch_tokens)
     values[cost.setting] = cost.budget

@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import timm
+import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from PIL import Image
@@ -26,6 +28,7 @@ from tests.service.conftest import Running, serve, settings_for
 from tests.service.test_grpc import free_port
 from tests.training.calibrate.test_calibrate import calibrate
 from tests.training.calibrate.tiny_checkpoints import TOPICS, multi_label_texts, save_multi_label_checkpoint
+from training.cli import main
 
 
 def write_jsonl(path: Path, rows: list[tuple[str, list[str]]]) -> Path:
@@ -155,6 +158,8 @@ def test_oip_http_declares_and_answers_the_per_label_outputs(served: tuple[Runni
     assert result.as_numpy("label_entropy").shape == (3, 3)
     config = client.get_model_config("tags")
     assert {o["name"] for o in config["output"]} >= {"predicted", "label_entropy", "label_mutual_information"}
+    assert config["parameters"]["task"]["string_value"] == "multi_label"
+    assert len(json.loads(config["parameters"]["label_thresholds"]["string_value"])) == 3
 
 
 def test_grpc_answers_the_per_label_outputs(served: tuple[Running, str]) -> None:
@@ -221,3 +226,19 @@ def test_a_multi_label_vit_is_served(served: tuple[Running, str], multi_label_re
     assert oip.status_code == 200, oip.text
     outputs = {o["name"]: o for o in oip.json()["outputs"]}
     assert outputs["predicted"]["shape"] == [2, 3] and outputs["label_entropy"]["datatype"] == "FP32"
+
+
+def test_a_timm_vit_is_multi_label_by_the_flag(multi_label_repo: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    """A timm head says nothing of its task: ``--multi-label`` says it (here a dry run: the plan and the config)."""
+    torch.manual_seed(0)
+    vit = timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=3)
+    torch.save(vit.state_dict(), tmp_path / "timm-vit.pth")
+    args = ["calibrate", "--backbone", "timm:vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "timm-vit.pth"),
+            "--data", str(multi_label_repo / "pictures" / "images.csv"), "--label-column", "tags", "--multi-label",
+            "--name", "timm-tags", "--run-dir", str(tmp_path / "run"), "--repository", str(tmp_path / "repo"),
+            "--dry-run", "--set", f"data.labels=[{','.join(TOPICS)}]",
+            "--set", "pretrained.model_args={img_size: 16, patch_size: 4, embed_dim: 32, depth: 2, num_heads: 4}"]
+    assert main(args) == 0
+    assert "multi-label: counts are rows with the label" in capsys.readouterr().out
+    assert "kind: multi_label" in (tmp_path / "run" / "calibrate.yaml").read_text()

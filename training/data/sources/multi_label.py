@@ -111,5 +111,7 @@ def multi_label_dataset(tables: dict[str, Table], texts: dict[str, list[str]], l
 def multi_label_summary(source: str, names: list[str], kind: str, counts: dict[str, list[int]],
                         origins: dict[str, str], what: str) -> DataSummary:
     """The data summary; its counts are each label's positive rows."""
+    carved = {split: origin.replace("stratified by class", "stratified by each row's first label")
+              for split, origin in origins.items()}
     return DataSummary(source, names, f"{what} read as {kind} (multi-label: counts are rows with the label)", counts,
-                       origins)
+                       carved)
