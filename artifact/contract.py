@@ -25,13 +25,14 @@ from pydantic import (
 )
 
 from artifact.conformal import Conformal as Conformal
+from artifact.multi_label import MultiLabel as MultiLabel
 from artifact.section import Section as Section  # re-exported: the contract's readers import them from here
 from artifact.verdict import KernelVerdict as KernelVerdict
 from artifact.verdict import VerdictComparison as VerdictComparison
 
 # a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone;
-# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict; 1.6 conformal)
-FORMAT_VERSION = "1.6"
+# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict; 1.6 conformal; 1.7 task, multi_label)
+FORMAT_VERSION = "1.7"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -268,6 +269,8 @@ class Manifest(Section):
     method: Literal["director", "posthoc", "deterministic", "mc_dropout", "ensemble", "kep_svgp"] = "director"
     modality: Literal["image", "text"]
     labels: list[str] = Field(min_length=1)  # index = class
+    task: Literal["single_label", "multi_label"] = "single_label"  # softmax over labels, or a sigmoid each (1.7)
+    multi_label: MultiLabel | None = None  # a multi-label version's thresholds and temperatures (1.7)
     input: ImageInput | TextInput
     sampling: Sampling
     variance: Variance | None = None
@@ -301,6 +304,21 @@ class Manifest(Section):
             raise ValueError(f"files do not list {ARTIFACT}")
         if isinstance(self.input, TextInput) and self.input.tokenizer not in self.files:
             raise ValueError(f"files do not list the tokenizer {self.input.tokenizer!r} (it must be sha256-checked)")
+        return self
+
+    @model_validator(mode="after")
+    def _task_sections(self) -> Manifest:
+        if self.task == "single_label":
+            if self.multi_label is not None:
+                raise ValueError("multi_label is for task multi_label only")
+            return self
+        if self.multi_label is None:
+            raise ValueError("task multi_label needs the multi_label section (its thresholds)")
+        if len(self.multi_label.thresholds) != len(self.labels):
+            raise ValueError(f"multi_label has {len(self.multi_label.thresholds)} thresholds for {len(self.labels)} "
+                             "labels")
+        if self.conformal is not None:
+            raise ValueError("conformal prediction sets are for single-label models; a multi-label version has none")
         return self
 
 

@@ -23,7 +23,11 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the data summary and the plan, then stop")
     p.add_argument("--config", help="a base config to start from (default: configs/calibrate/<modality>.yaml)")
     p.add_argument("--text-column", help="the texts' column (default: text)")
-    p.add_argument("--label-column", help="the labels' column (default: label)")
+    p.add_argument("--label-column", help="the labels' column (default: label); multi-label: each row's list")
+    p.add_argument("--multi-label", action="store_true",
+                   help="a sigmoid per label (implied by a checkpoint's problem_type multi_label_classification)")
+    p.add_argument("--label-columns", metavar="A,B,C",
+                   help="multi-label data as one 0/1 column per label, named in the head's order")
     p.add_argument("--ood-validation", metavar="PATH",
                    help="inputs the model should flag, nearer your domain than the built-in sets: a folder of PNG / "
                         "JPEG images or a text file with one input per line; it chooses the served OOD score and "

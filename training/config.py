@@ -11,6 +11,7 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from models.backbones import VitConfig
+from training.task_config import TaskConfig
 
 MODALITIES = ("image", "text")
 HUB_TEXT_DATASETS = ("imdb", "cola")  # training.data.hub_text
@@ -35,8 +36,7 @@ class DataConfig:
     labels: list[str] = field(default_factory=list)
     # imdb / cola: local copies of the hub splits ({"train": file, "test": file}; parquet, jsonl or csv), else the hub
     files: dict[str, str] | None = None
-    # a user's data (dataset image_folder | table, at ``root``): its columns, and the seeded validation and test
-    # fractions carved when the data has no such split; images are converted to ``image_shape`` [C, H, W]
+    # a user's data (image_folder | table at root): columns, val / test fractions carved if absent, image [C, H, W]
     text_column: str = "text"
     label_column: str = "label"
     val_fraction: float = 0.1
@@ -159,8 +159,7 @@ class ExportConfig:
     # one slope is fitted on validation and a held-out shift of it; [0.0]: one temperature for every input
     temperature_slope_grid: list[float] = field(default_factory=lambda: [0.0])
     docs_dir: str = "docs/results"
-    # the feature-space OOD scores' statistics (models.feature_scores) on the training split's backbone features, in
-    # the artifact; knn_bank: the training features kept for KNN
+    # the feature-space OOD scores' statistics (models.feature_scores) in the artifact; knn_bank: KNN's features kept
     feature_scores: bool = True
     knn_bank: int = 10_000
     # "aoti": also compile with torch.export + AOTInductor into director.pt2 (artifact.formats) and serve that; needs a
@@ -303,6 +302,7 @@ class PipelineConfig:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     kep_svgp: KepSvgpConfig = field(default_factory=KepSvgpConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     source: str = ""
 
     @property

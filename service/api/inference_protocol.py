@@ -119,9 +119,9 @@ async def infer(state: AppState, name: str, version: str | None, body: dict[str,
     seed = oip.seed_parameter(parameters)
     ask = oip_decisions.decision_request(parameters)
     request_id = oip.request_id(body)
-    requested = oip.requested_outputs(body, decoder, ask)
+    requested = oip.requested_outputs(body, decoder, ask, entry.artifact.task)
     if before is not None:
-        before(requested or oip.available_outputs(decoder, ask))
+        before(requested or oip.available_outputs(decoder, ask, entry.artifact.task))
     limit = state.settings.max_inputs_per_request
     outcome = await predictor.predict(entry, lambda: oip.raw_inputs(body, tail, decoder, limit), n_samples, seed,
                                       ticket, client_request_id or request_id, ask)

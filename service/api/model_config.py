@@ -34,13 +34,15 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
 
 def io_config(artifact: Artifact) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Inputs and outputs without their batch dimension (``max_batch_size`` > 0): the decoder's input tensor, the
-    prediction's outputs, the decoder's per-input extras and, with a conformal part, the decision outputs (produced
-    only when asked: ``parameters`` says so)."""
+    prediction's outputs, the decoder's per-input extras, a multi-label model's per-label outputs and, with a
+    conformal part, the decision outputs (produced only when asked: ``parameters`` says so)."""
     decoder = artifact.decoder
     outputs = [{"name": "probabilities", "data_type": TRITON_TYPES[OUTPUT_TYPES["probabilities"]],
                 "dims": [len(artifact.labels)], "label_filename": ""}]
     outputs += [_tensor(TensorSpec(name, kind, (1,))) for name, kind in OUTPUT_TYPES.items() if name != "probabilities"]
     outputs += [_tensor(spec) for spec in decoder.extra_outputs]
+    width = (len(artifact.labels),)
+    outputs += [_tensor(TensorSpec(name, kind, width)) for name, kind in artifact.task.label_outputs.items()]
     outputs += [_tensor(TensorSpec(name, oip_decisions.OUTPUT_TYPES[name], (1,)))
                 for name in oip_decisions.declared(artifact)]
     return [_tensor(decoder.tensor)], outputs
@@ -62,6 +64,8 @@ def parameters(entry: ReadyVersion) -> dict[str, dict[str, str]]:
         "ood_thresholds": json.dumps({str(k): v.threshold for k, v in sorted(manifest.ood.thresholds.items())}),
         "labels": json.dumps(artifact.labels),
         **({"kernel_verdict": manifest.kernel_verdict.sentence} if manifest.kernel_verdict else {}),
+        **({"task": manifest.task, "label_thresholds": json.dumps(manifest.multi_label.thresholds)}
+           if manifest.multi_label is not None else {}),  # a multi-label version: a sigmoid per label
     }
     cost = artifact.runner.batch_cost(serving.max_batch_samples, serving.max_batch_tokens)
     values[cost.setting] = cost.budget

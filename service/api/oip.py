@@ -26,6 +26,7 @@ from service.engine.decisions import DecisionRequest
 from service.engine.images import check_values, float_array
 from service.engine.modalities.base import InputDecoder, PixelValues, RawInput, TensorSpec, Text
 from service.engine.predictor import Outcome
+from service.engine.tasks import ServedTask
 from service.engine.texts import surrogate_message
 from service.errors import bad_input, invalid, shown, too_large
 
@@ -37,6 +38,7 @@ OUTPUT_TYPES = {"probabilities": "FP32", "confidence": "FP32", "predictive_entro
                 "mutual_information": "FP32", "ood_score": "FP32", "is_ood": "BOOL", "label": "BYTES",
                 "class_index": "INT64"}
 OUTPUTS = tuple(OUTPUT_TYPES)
+SINGLE = ServedTask()  # a single-label model: no per-label outputs
 
 
 def parse_body(raw: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
@@ -242,14 +244,16 @@ def request_id(body: dict[str, Any]) -> str | None:
     return value
 
 
-def available_outputs(decoder: InputDecoder, ask: DecisionRequest | None = None) -> list[str]:
-    """The outputs a response carries when the request names none: every model's, the decoder's, and those its
-    decision asks give."""
-    return [*OUTPUTS, *(spec.name for spec in decoder.extra_outputs), *oip_decisions.answered_outputs(ask)]
+def available_outputs(decoder: InputDecoder, ask: DecisionRequest | None = None, task: ServedTask = SINGLE
+                      ) -> list[str]:
+    """The outputs a response carries when the request names none: every model's, the decoder's, the task's per-label
+    ones (a multi-label model's) and those its decision asks give."""
+    return [*OUTPUTS, *(spec.name for spec in decoder.extra_outputs), *task.label_outputs,
+            *oip_decisions.answered_outputs(ask)]
 
 
-def requested_outputs(body: dict[str, Any], decoder: InputDecoder, ask: DecisionRequest | None = None
-                      ) -> list[str] | None:
+def requested_outputs(body: dict[str, Any], decoder: InputDecoder, ask: DecisionRequest | None = None,
+                      task: ServedTask = SINGLE) -> list[str] | None:
     """The output names the request asks for and will get, checked before inference (None or an empty list: every
     output): an unknown name is 422; a decision output without its ask is left out, or 400 when nothing is left
     (``oip_decisions.answerable``)."""
@@ -265,7 +269,8 @@ def requested_outputs(body: dict[str, Any], decoder: InputDecoder, ask: Decision
         if not isinstance(name, str):
             raise invalid(f"outputs.{i} must be an object with a string name", [*loc, i])
         names.append(name)
-    available = [*OUTPUTS, *(spec.name for spec in decoder.extra_outputs), *oip_decisions.OUTPUT_TYPES]
+    available = [*OUTPUTS, *(spec.name for spec in decoder.extra_outputs), *task.label_outputs,
+                 *oip_decisions.OUTPUT_TYPES]
     unknown = [name for name in names if name not in available]
     if unknown:
         raise invalid(f"unknown outputs {unknown}; available: {available}", loc)
@@ -293,9 +298,13 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
     for spec in decoder.extra_outputs:
         values[spec.name] = ([n], outcome.extras[spec.name])
         types[spec.name] = spec.datatype
+    task = outcome.entry.artifact.task
+    for name, rows in task.label_values(s).items():  # a multi-label model's per-label outputs [n, C]
+        values[name], types[name] = ([n, len(labels)], [v for row in rows for v in row]), task.label_outputs[name]
     for name, (datatype, shape, data) in oip_decisions.output_values(outcome.decisions, labels).items():
         values[name], types[name] = (shape, data), datatype
-    names = requested or [*available_outputs(decoder), *(name for name in oip_decisions.OUTPUT_TYPES if name in values)]
+    names = requested or [*available_outputs(decoder, task=task),
+                          *(name for name in oip_decisions.OUTPUT_TYPES if name in values)]
     return [{"name": name, "datatype": types[name], "shape": values[name][0], "data": values[name][1]}
             for name in names]
 
@@ -307,9 +316,10 @@ def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, An
     inputs = [{"name": decoder.tensor.name, "datatype": decoder.tensor.datatype, "shape": [-1, *decoder.tensor.dims]}]
     per_input = {name: kind for name, kind in OUTPUT_TYPES.items() if name != "probabilities"}
     per_input |= {spec.name: spec.datatype for spec in decoder.extra_outputs}
-    outputs = ([{"name": "probabilities", "datatype": OUTPUT_TYPES["probabilities"],
-                 "shape": [-1, len(artifact.labels)]}]
-               + [{"name": name, "datatype": kind, "shape": [-1]} for name, kind in per_input.items()]
+    per_label = {"probabilities": OUTPUT_TYPES["probabilities"], **artifact.task.label_outputs}
+    width = len(artifact.labels)
+    outputs = ([{"name": output, "datatype": kind, "shape": [-1, width]} for output, kind in per_label.items()]
+               + [{"name": output, "datatype": kind, "shape": [-1]} for output, kind in per_input.items()]
                + oip_decisions.metadata_outputs(artifact))  # only with a conformal part; each says its ask
     return {"name": name, "versions": versions, "platform": "pytorch_torchscript", "inputs": inputs,
             "outputs": outputs}

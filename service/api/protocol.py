@@ -12,6 +12,7 @@ from service.engine.texts import surrogate_message
 
 SEED_MAX = 2**63 - 1
 NAME_MAX = 256  # characters of a model or version name in a request
+LABELS_MAX = 10_000  # the most true labels one multi-label feedback may list
 INDEX_MAX = 2**63 - 1  # the largest integer SQLite stores (the feedback store's input index column)
 
 
@@ -103,14 +104,24 @@ class PredictRequest(BaseModel):
 
 class Prediction(BaseModel):
     index: int = Field(..., description="position of the input in the request")
-    label: str = Field(..., description="predicted label: argmax of the mean probability over samples")
+    label: str = Field(..., description="predicted label: argmax of the mean probability over samples (multi-label: "
+                                        "the most probable label; `labels` lists those predicted)")
     class_index: int = Field(..., description="index of the label in the manifest's labels")
-    confidence: float = Field(..., description="max of the mean probability over samples")
-    probabilities: dict[str, float] | None = Field(None, description="label -> mean probability over samples")
-    predictive_entropy: float = Field(..., description="entropy of the mean probability, nats")
+    confidence: float = Field(..., description="max of the mean probability over samples (multi-label: the mean "
+                                               "over labels of max(p, 1 - p))")
+    probabilities: dict[str, float] | None = Field(None, description="label -> mean probability over samples "
+                                                                     "(multi-label: a sigmoid each, not summing to 1)")
+    predictive_entropy: float = Field(..., description="entropy of the mean probability, nats (multi-label: the sum "
+                                                       "of the labels' Bernoulli entropies)")
     expected_entropy: float = Field(..., description="mean over samples of each sample's entropy, nats")
     mutual_information: float = Field(..., description="predictive - expected entropy (>= 0; 0 at n_samples=1), "
                                                        "nats")
+    labels: list[str] | None = Field(None, description="multi-label models: the labels predicted (probability at or "
+                                                       "above the label's threshold), in the manifest's order")
+    label_entropy: dict[str, float] | None = Field(None, description="multi-label models: label -> Bernoulli "
+                                                                     "entropy of its mean probability, nats")
+    label_mutual_information: dict[str, float] | None = Field(None, description="multi-label models: label -> its "
+                                                              "entropy less the mean of each sample's (>= 0), nats")
     ood_score: float = Field(..., description="the manifest's OOD score for this sample count; higher = more OOD")
     is_ood: bool = Field(..., description="ood_score > the threshold passing 95% of in-distribution validation "
                                           "inputs")
@@ -173,6 +184,9 @@ class PredictResponse(BaseModel):
     timings: Timings = Field(..., description="where the server's time went")
 
 
+TrueLabels = Annotated[list[UnicodeStr | StrictInt], Field(max_length=LABELS_MAX)]  # a multi-label model's
+
+
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: UnicodeStr | None = Field(None, min_length=1, max_length=64, description="the id of a /predict response "
@@ -181,12 +195,14 @@ class FeedbackRequest(BaseModel):
         "the X-Request-ID the prediction's request carried (or was given in its response): names the newest "
         "prediction made under it, instead of id"))
     index: int = Field(0, ge=0, le=INDEX_MAX, strict=True, description="input index in that request")
-    label: UnicodeStr | StrictInt = Field(..., description="true label: a label name or a class index (a JSON "
-                                                           "integer)")
+    label: UnicodeStr | StrictInt | TrueLabels = Field(..., description=(
+        "true label: a label name or a class index (a JSON integer); for a multi-label model the list of its true "
+        "labels (names or indices, [] for none)"))
 
     @model_validator(mode="after")
     def _no_bool(self) -> FeedbackRequest:
-        if isinstance(self.label, bool):
+        if isinstance(self.label, bool) or (isinstance(self.label, list)
+                                            and any(isinstance(v, bool) for v in self.label)):
             raise ValueError("label must be a label name or a class index")
         if (self.id is None) == (self.request_id is None):
             raise ValueError("give the prediction's id or its request_id (one of them)")

@@ -42,6 +42,7 @@ from service.engine.exported_artifact import CannotRun, CompiledDirector, load_c
 from service.engine.modalities import modality_for
 from service.engine.modalities.base import BatchRunner, InputDecoder
 from service.engine.shapes import WARM_CALLS, warm_counts
+from service.engine.tasks import ServedTask, served_task
 
 log = logging.getLogger("service.engine.artifact")
 
@@ -202,6 +203,11 @@ class Artifact:
     @cached_property
     def max_samples(self) -> int:
         return self.manifest.sampling.max_samples
+
+    @cached_property
+    def task(self) -> ServedTask:
+        """Single-label (a softmax) or multi-label (a sigmoid per label), with its calibration."""
+        return served_task(self.manifest)
 
     @cached_property
     def temperature(self) -> Temperature:

@@ -17,6 +17,8 @@ from service.engine.batch_cost import BatchCost
 from service.engine.device import Device
 from service.engine.shapes import Padding
 
+Summarize = Callable[[torch.Tensor, float | torch.Tensor], UncertaintySummary]  # sampled logits [S, B, C] -> [B]
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -73,29 +75,32 @@ def seeded_or_shared(device: Device, seed: int | None) -> Iterator[Callable[[], 
         yield contextlib.nullcontext
 
 
-def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float | torch.Tensor
-                       ) -> list[UncertaintySummary]:
+def summarize_requests(rows: torch.Tensor, sizes: list[int], samples: list[int], temperature: float | torch.Tensor,
+                       summarize: Summarize = summarize) -> list[UncertaintySummary]:
     """One ``summarize`` per sample count in the batch over all its inputs with that count (one call for a batch whose
-    requests share it), then each request's slice; ``temperature`` is one for all or one per input ([n]).
+    requests share it), then each request's slice; ``temperature`` is one for all or one per input ([n]);
+    ``summarize``: the version's task's (``service.engine.tasks``), a softmax's by default.
     Summarising request by request cost a dozen small tensor operations per request in the forward's thread: 1.68 ms
     for a batch of 32 one-sample requests, 0.49 ms this way (one thread; docs/benchmarks-overhead.md)."""
     counts = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]  # per input
     starts = torch.tensor([0, *counts]).cumsum(0)[:-1]  # [n]: each input's first row
     fields: dict[str, list[torch.Tensor]] = {}
     order: list[torch.Tensor] = []
+    kind: type[UncertaintySummary] = UncertaintySummary
     for s in sorted(set(counts)):
         inputs = torch.tensor([i for i, c in enumerate(counts) if c == s])  # [m]
         picked = rows[(starts[inputs, None] + torch.arange(s)).reshape(-1)]  # [m * S, C], input by input
         scale = temperature[inputs] if isinstance(temperature, torch.Tensor) else temperature  # [m] or one
         summary = summarize(picked.view(len(inputs), s, -1).transpose(0, 1), scale)  # [S, m, C] -> [m]
+        kind = type(summary)
         for name, value in vars(summary).items():
             fields.setdefault(name, []).append(value)
         order.append(inputs)
     back = torch.argsort(torch.cat(order))  # [n]: input i's position among the grouped ones
-    whole = {name: torch.cat(parts)[back] for name, parts in fields.items()}  # each [n] (probabilities [n, C])
+    whole = {name: torch.cat(parts)[back] for name, parts in fields.items()}  # each [n] (per label: [n, C])
     out, start = [], 0
     for size in sizes:
-        out.append(UncertaintySummary(**{name: value[start:start + size] for name, value in whole.items()}))
+        out.append(kind(**{name: value[start:start + size] for name, value in whole.items()}))
         start += size
     return out
 

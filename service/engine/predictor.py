@@ -134,6 +134,9 @@ class Predictor:
             raise invalid(incomplete, ["body"])
         if not ask.asked:
             return None
+        refusal = entry.artifact.task.decisions_refusal()
+        if refusal is not None:
+            raise ApiError(400, f"model {shown(entry.name)} version {entry.version}: {refusal}")
         decisions = entry.artifact.decisions
         if decisions is None:
             raise ApiError(400, f"model {shown(entry.name)} version {entry.version} has no conformal calibration, so "
@@ -268,9 +271,8 @@ class Predictor:
         """Metrics, drift at the default sample count, and the prediction log ``/feedback`` joins to."""
         entry, summary = outcome.entry, outcome.summary
         manifest = entry.artifact.manifest
-        labels = manifest.labels
         confidence = summary.confidence.tolist()
-        rows = [(c, labels[c], p) for c, p in zip(summary.prediction.tolist(), confidence, strict=True)]  # the log's
+        rows = entry.artifact.task.logged(summary, manifest.labels)  # the log's (a multi-label model: its label sets)
         self.metrics.observe_summary(entry.name, entry.version, summary, outcome.ood, outcome.is_ood,
                                      outcome.rule.relative(outcome.ood))
         if outcome.n_samples == manifest.sampling.default_samples:  # the reference's sample count

@@ -51,6 +51,7 @@ from prometheus_client import (
 )
 
 from artifact.contract import Manifest
+from models.tasks import MultiLabelSummary
 from models.uncertainty import UncertaintySummary
 from service.observability.gpu_metrics import GpuMemoryCollector, GpuUtilisationCollector
 from service.observability.multiprocess import expose_workers, multiprocess_dir
@@ -69,6 +70,10 @@ RELATIVE_OOD_BUCKETS = (-2.0, -1.0, -0.5, 0.0, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1
                         50.0)
 MV = ("model", "version")
 UNKNOWN = "unknown"
+# a multi-label model's per-label series: its first MAX_LABEL_SERIES labels by name, the rest as OTHER_LABELS
+MAX_LABEL_SERIES = 64
+OTHER_LABELS = "other"
+LABEL_COUNT_BUCKETS = (0, 1, 2, 3, 4, 5, 8, 16, 32, 64)
 # every reason the server refuses a request for (director_rejected_requests_total{reason})
 QUEUE_FULL, TIMEOUT, DRAINING = "queue_full", "timeout", "draining"
 REJECT_REASONS = (QUEUE_FULL, TIMEOUT, DRAINING)
@@ -79,6 +84,12 @@ log = logging.getLogger("service.observability.metrics")
 disable_created_metrics()
 
 SeriesKey = tuple[Gauge, tuple[str, ...]]
+
+
+def label_series(names: list[str], index: int) -> str:
+    """The series name of a label: its own among the first ``MAX_LABEL_SERIES``, else ``OTHER_LABELS`` (a tagger
+    with thousands of labels keeps a bounded number of series)."""
+    return names[index] if 0 <= index < min(len(names), MAX_LABEL_SERIES) else OTHER_LABELS
 
 
 class Metrics:
@@ -144,6 +155,8 @@ class Metrics:
                                             "1 + (score - threshold) / |threshold|: 1 at the threshold, flagged above "
                                             "it, one scale for every model", MV, buckets=RELATIVE_OOD_BUCKETS,
                                             registry=r)
+        self.predicted_labels = Histogram("director_predicted_labels", "labels predicted per input (multi-label "
+                                          "models)", MV, buckets=LABEL_COUNT_BUCKETS, registry=r)
         self.drift_ks = Gauge("director_confidence_drift_ks", "KS distance of live confidences (default sample "
                               "count) to the reference", MV, registry=r, multiprocess_mode="livemostrecent")
         self.drift_psi = Gauge("director_confidence_drift_psi", "PSI of live confidences over the reference "
@@ -151,6 +164,9 @@ class Metrics:
 
     def _feedback_and_device(self, r: CollectorRegistry) -> None:
         self.feedback = Counter("director_feedback_total", "ground-truth labels received", MV, registry=r)
+        self.label_feedback = Counter("director_feedback_label_decisions_total", "multi-label feedback per label: "
+                                      "whether the logged prediction decided the label right (live accuracy per "
+                                      "label: correct over all)", [*MV, "label", "outcome"], registry=r)
         self.prediction_log_dropped = Counter("director_prediction_log_dropped_total", "logged predictions dropped "
                                               "unwritten: the store was away while more than feedback_max_rows "
                                               "gathered, or at shutdown", registry=r)
@@ -247,9 +263,12 @@ class Metrics:
         flagged = sum(flags)
         self.ood_predictions.labels(*labels).inc(flagged)  # inc(0) still creates the series
         names = self._class_labels.get(labels, [])
-        for index, count in collections.Counter(summary.prediction.tolist()).items():
-            name = names[index] if 0 <= index < len(names) else UNKNOWN
-            self.class_predictions.labels(*labels, name).inc(count)
+        if isinstance(summary, MultiLabelSummary):  # each predicted label counts, an input under several or none
+            self._observe_label_sets(labels, summary, names)
+        else:
+            for index, count in collections.Counter(summary.prediction.tolist()).items():
+                name = names[index] if 0 <= index < len(names) else UNKNOWN
+                self.class_predictions.labels(*labels, name).inc(count)
         for values, hist in ((summary.confidence.tolist(), self.confidence),
                              (summary.predictive_entropy.tolist(), self.entropy),
                              (summary.mutual_information.tolist(), self.mutual_information),
@@ -257,6 +276,20 @@ class Metrics:
             child = hist.labels(*labels)
             for value in values:
                 child.observe(value)
+
+    def _observe_label_sets(self, labels: tuple[str, str], summary: MultiLabelSummary, names: list[str]) -> None:
+        for count in summary.predicted.sum(-1).tolist():
+            self.predicted_labels.labels(*labels).observe(count)
+        for index, count in enumerate(summary.predicted.sum(0).tolist()):
+            if count:
+                self.class_predictions.labels(*labels, label_series(names, index)).inc(count)
+
+    def observe_label_feedback(self, model: str, version: str, outcomes: Mapping[str, bool]) -> None:
+        """One multi-label feedback's per-label outcomes (label name -> decided right), bounded series."""
+        names = self._class_labels.get((model, version), [])
+        for name, right in outcomes.items():
+            series = label_series(names, names.index(name)) if name in names else OTHER_LABELS
+            self.label_feedback.labels(model, version, series, "correct" if right else "wrong").inc()
 
     def observe_device_memory(self, stats: tuple[int, int, int] | None) -> None:
         """(allocated, reserved, peak) bytes of the CUDA device (``Device.memory_stats``); nothing off CUDA."""

@@ -113,3 +113,24 @@ def test_the_depth_has_one_name_for_readers(image_document: dict[str, Any]) -> N
     both["sampling"].update(steps=2, depth=1)
     with pytest.raises(ValueError, match="steps"):
         parse_manifest(both)
+
+
+def test_a_multi_label_manifest_names_its_task_and_thresholds(image_document: dict[str, Any]) -> None:
+    assert parse_manifest(image_document).task == "single_label"  # manifests before 1.7: single-label
+    labels = image_document["labels"]
+    section = {"thresholds": [0.5] * len(labels), "threshold_rule": "fixed"}
+    base = {k: v for k, v in image_document.items() if k != "conformal"}
+    manifest = parse_manifest({**base, "format_version": "1.7", "task": "multi_label", "multi_label": section})
+    assert manifest.task == "multi_label" and manifest.multi_label is not None
+    assert manifest.document()["multi_label"] == section
+    with pytest.raises(ManifestError, match="task multi_label needs the multi_label section"):
+        parse_manifest({**base, "task": "multi_label"})
+    with pytest.raises(ManifestError, match="2 thresholds for"):
+        parse_manifest({**base, "task": "multi_label", "multi_label": {**section, "thresholds": [0.5, 0.5]}})
+    with pytest.raises(ManifestError, match=r"multi_label.*in \(0, 1\)"):
+        parse_manifest({**base, "task": "multi_label",
+                        "multi_label": {**section, "thresholds": [1.0] * len(labels)}})
+    with pytest.raises(ManifestError, match="multi_label is for task multi_label only"):
+        parse_manifest({**base, "multi_label": section})
+    with pytest.raises(ManifestError, match="task"):
+        parse_manifest({**base, "task": "regression"})

@@ -82,13 +82,14 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
     data = cfg.data
     labels = data.labels or None
     if data.dataset == USER_IMAGE_DATASET:
-        from training.data.sources import load_image_folder
+        from training.data.sources.multi_label_images import load_images
 
         channels, height, width = data.image_shape or (0, 0, 0)
-        limit = label_limit(cfg, checkpoint, "the class folders", "; each class folder is a class")
-        dataset, summary = load_image_folder(Path(data.root), channels, height, width, labels, data.val_fraction,
-                                             data.test_fraction, data.split_seed, store=image_store(cfg),
-                                             label_limit=limit)
+        limit = None if cfg.task.multi_label else label_limit(cfg, checkpoint, "the class folders",
+                                                              "; each class folder is a class")
+        dataset, summary = load_images(Path(data.root), (channels, height, width), labels,
+                                       (data.val_fraction, data.test_fraction), data.split_seed, image_store(cfg),
+                                       limit, cfg.task.image_columns(data.label_column))
         inputs = len(dataset.train) + len(dataset.val) + len(dataset.test)
         patch = int(checkpoint.config.get("patch_size") or 16)
         tokens = (height // patch) * (width // patch) + 1
@@ -107,11 +108,13 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         def count_tokens(texts: list[str]) -> list[int]:
             return [len(e.ids) for e in tokenizer.encode_batch(texts)]
 
-        limit = label_limit(cfg, checkpoint, f"the column {data.label_column!r}",
-                            f" Is {data.label_column!r} the labels' column? --label-column names it")
+        limit = None if cfg.task.multi_label else label_limit(
+            cfg, checkpoint, f"the column {data.label_column!r}",
+            f" Is {data.label_column!r} the labels' column? --label-column names it")
         texts, summary = load_text_table(data.root, data.text_column, data.label_column, labels, data.val_fraction,
                                          data.test_fraction, data.split_seed, cfg.text.max_characters, count_tokens,
-                                         cfg.text.max_length, limit)
+                                         cfg.text.max_length, limit, cfg.task.multi_label,
+                                         cfg.task.label_columns or None)
         for name, split in (("train", texts.train), ("val", texts.val), ("test", texts.test)):
             refuse_unread_texts(data.root, name, split.texts, tokenizer)
         inputs = len(texts.train) + len(texts.val) + len(texts.test)
@@ -123,18 +126,24 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
                               texts.labels, len(texts.train), cfg.text.max_length,
                               inputs * cfg.text.max_length * TEXT_INPUT_BYTES, 0, len(texts.val) + len(texts.test),
                               typical)
-    else:  # a built-in dataset (the hub-backed configs in configs/calibrate/): read when the run starts
-        train, test = BUILT_IN_SIZES.get(data.dataset, (50_000, 10_000))
-        train = min(data.train_limit or train, train - data.val_size)
-        inputs = train + data.val_size + min(data.test_limit or test, test)
-        if checkpoint.family.modality == "image":
-            channels, height, width = data.image_shape or checkpoint.image_shape or (3, 224, 224)
-            patch = int(checkpoint.config.get("patch_size") or 16)
-            tokens, per_input = (height // patch) * (width // patch) + 1, channels * height * width * 4
-        else:
-            tokens, per_input = cfg.text.max_length, cfg.text.max_length * TEXT_INPUT_BYTES
-        return DataPreview(f"data: the built-in dataset {data.dataset!r} (read when the run starts; about {inputs} "
-                           "inputs assumed for the estimates)", data.labels, train, tokens, inputs * per_input, 0,
-                           inputs - train)
+    else:
+        return built_in_preview(cfg, checkpoint)
     check_labels(checkpoint, preview.labels, bool(cfg.data.labels))
     return preview
+
+
+def built_in_preview(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
+    """A built-in dataset (the hub-backed configs in configs/calibrate/), read when the run starts: its usual sizes."""
+    data = cfg.data
+    train, test = BUILT_IN_SIZES.get(data.dataset, (50_000, 10_000))
+    train = min(data.train_limit or train, train - data.val_size)
+    inputs = train + data.val_size + min(data.test_limit or test, test)
+    if checkpoint.family.modality == "image":
+        channels, height, width = data.image_shape or checkpoint.image_shape or (3, 224, 224)
+        patch = int(checkpoint.config.get("patch_size") or 16)
+        tokens, per_input = (height // patch) * (width // patch) + 1, channels * height * width * 4
+    else:
+        tokens, per_input = cfg.text.max_length, cfg.text.max_length * TEXT_INPUT_BYTES
+    return DataPreview(f"data: the built-in dataset {data.dataset!r} (read when the run starts; about {inputs} "
+                       "inputs assumed for the estimates)", data.labels, train, tokens, inputs * per_input, 0,
+                       inputs - train)

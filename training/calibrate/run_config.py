@@ -159,6 +159,7 @@ def new_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict
         values["data.text_column"] = args.text_column
     if args.label_column:
         values["data.label_column"] = args.label_column
+    values.update(task_values(args, checkpoint))
     if checkpoint.labels is not None and not raw.get("data", {}).get("labels"):
         values["data.labels"] = checkpoint.labels  # the head's classes, in its index order
     for dotted, value in {**values, **overrides}.items():
@@ -167,6 +168,16 @@ def new_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict
     _set(raw, "distil.depth_candidates", candidates)
     header = f"# written by python -m training calibrate from {base}\n"
     return RunConfig(run_dir / CONFIG_FILE, raw, header, trained, False)
+
+
+def task_values(args: argparse.Namespace, checkpoint: Checkpoint) -> dict[str, Any]:
+    """A multi-label run's ``task`` section: asked for (``--multi-label``, ``--label-columns``) or the checkpoint's
+    ``problem_type``; nothing for a single-label one."""
+    columns = [c.strip() for c in (getattr(args, "label_columns", None) or "").split(",") if c.strip()]
+    if not (getattr(args, "multi_label", False) or columns or checkpoint.multi_label):
+        return {}
+    return {"task.kind": "multi_label", "export.calibration_share": 0.0,  # no prediction sets: no calibration split
+            **({"task.label_columns": columns} if columns else {})}
 
 
 def run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict[str, Any], trained: list[str]

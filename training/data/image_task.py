@@ -7,7 +7,7 @@ from pathlib import Path
 
 from training.config import USER_IMAGE_DATASET, PipelineConfig
 from training.data.images import Dataset, Split, load_dataset, resized
-from training.data.sources import load_image_folder
+from training.data.sources.multi_label_images import load_images
 
 
 def load_image_dataset(cfg: PipelineConfig) -> Dataset:
@@ -23,8 +23,9 @@ def load_image_dataset(cfg: PipelineConfig) -> Dataset:
         return Dataset(*(Split(resized(s.images, size), s.labels) for s in (loaded.train, loaded.val, loaded.test)),
                        labels=loaded.labels)
     channels, height, width = data.image_shape or (0, 0, 0)
-    loaded, _ = load_image_folder(Path(data.root), channels, height, width, data.labels or None, data.val_fraction,
-                                  data.test_fraction, data.split_seed, store=image_store(cfg))
+    loaded, _ = load_images(Path(data.root), (channels, height, width), data.labels or None,
+                            (data.val_fraction, data.test_fraction), data.split_seed, image_store(cfg),
+                            multi_label=cfg.task.image_columns(data.label_column))
     return Dataset(loaded.train.head(data.train_limit), loaded.val, loaded.test.head(data.test_limit), loaded.labels)
 
 

@@ -174,7 +174,8 @@ def raw_text_task(cfg: PipelineConfig) -> RawTextTask:
         from training.data.sources import load_text_table
 
         loaded, _ = load_text_table(data.root, data.text_column, data.label_column, data.labels or None,
-                                    data.val_fraction, data.test_fraction, data.split_seed)
+                                    data.val_fraction, data.test_fraction, data.split_seed,
+                                    multi_label=cfg.task.multi_label, label_columns=cfg.task.label_columns or None)
         return loaded.train.head(data.train_limit), loaded.val, loaded.test.head(data.test_limit), loaded.labels
     return load_text_splits(data.dataset, data.val_size, data.split_seed, data.train_limit, data.test_limit,
                             cfg.text.data_cache, data.files)

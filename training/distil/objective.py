@@ -2,7 +2,8 @@
 
 L1 (uncertainty-aware): KL(q_t || p_theta(. | X_{t-1})), closed-form diagonal Gaussians, teacher-forced
 along the frozen backbone's observed trajectory (and optionally along a detached kernel rollout).
-L2 (performance-aware): cross-entropy of the readout of X_T sampled by a full stochastic rollout.
+L2 (performance-aware): the task's loss of the readout of X_T sampled by a full stochastic rollout: cross-entropy,
+or for a multi-label model binary cross-entropy per label, averaged over samples and labels (``models.tasks``).
 Text batches pass a key padding mask ([B, N] True for real tokens): padding is masked in the kernel's attention,
 excluded from the KL and the diagnostics, and the readout pools over real tokens.
 """
@@ -13,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from models.director import StochasticRollout
 from models.kernel import TransitionKernel
+from models.tasks import SOFTMAX, Task
 
 
 def gaussian_kl(mu_q: torch.Tensor, var_q: torch.Tensor, mu_p: torch.Tensor, logvar_p: torch.Tensor) -> torch.Tensor:
@@ -103,8 +104,9 @@ class DistillationLoss(nn.Module):
     per-step diagnostics. The teacher is a plain attribute: frozen and never synchronised."""
 
     def __init__(self, kernel: TransitionKernel, readout: nn.Module, process: ObservedProcess,
-                 weights: LossWeights) -> None:
+                 weights: LossWeights, task: Task = SOFTMAX) -> None:
         super().__init__()
+        self.task = task
         self.kernel = kernel
         self.readout = readout
         self.rollout = StochasticRollout(kernel)
@@ -156,10 +158,10 @@ class DistillationLoss(nn.Module):
         logits = self._read(x_final, mask, self.weights.train_samples)  # [B*S, C]
         if self.weights.l2_target == "teacher":
             with torch.no_grad():  # the frozen backbone's own prediction: its trajectory ends in X_T
-                target = self._read(states[-1], mask, 1).float().softmax(-1)  # [B, C]
+                target = self.task.soft_targets(self._read(states[-1], mask, 1))  # [B, C]
         else:
-            target = labels  # [B]
-        l2 = F.cross_entropy(logits, target.repeat_interleave(self.weights.train_samples, dim=0))
+            target = labels  # [B] class indices, or [B, C] indicators
+        l2 = self.task.loss(logits, target.repeat_interleave(self.weights.train_samples, dim=0))
         loss = self.weights.lambda_1 * l1 + self.weights.lambda_2 * l2
 
         with torch.no_grad():

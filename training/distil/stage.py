@@ -28,6 +28,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from models.kernel import KernelConfig, TransitionKernel
+from models.tasks import SOFTMAX, Task
 from training.config import PipelineConfig, config_dict
 from training.data.images import Dataset
 from training.data.tokens import TokenDataset, bucketed_indices
@@ -55,7 +56,6 @@ from training.loading import (
     run_family,
     split_sampled_logits,
 )
-from training.metrics import classification_report
 from training.runtime import (
     DistInfo,
     autocast,
@@ -68,15 +68,17 @@ from training.runtime import (
     set_threads,
     warmup_cosine,
 )
+from training.tasks import logits_report
 
 CHECKPOINT_FILE = "director_ckpt.pt"
 
 
 @torch.no_grad()
-def validate(model: Director, split: AnySplit, n_samples: int, device: torch.device) -> dict[str, float]:
+def validate(model: Director, split: AnySplit, n_samples: int, device: torch.device, task: Task = SOFTMAX
+             ) -> dict[str, float]:
     model.eval()
     logits = split_sampled_logits(model, split, n_samples, device)  # [S, N, C]
-    return classification_report(logits.softmax(-1).mean(0), split.labels)
+    return logits_report(task, logits, split.labels)
 
 
 @dataclass
@@ -109,7 +111,7 @@ def prepare_teacher(cfg: PipelineConfig, family: Family, view: View, prefix: tor
         tau, tau_accuracies = dcfg.tau, {}
     else:
         tau, tau_accuracies = select_tau(view, prefix, floors, data.val.head(dcfg.tau_images), dcfg.tau_grid,
-                                         dcfg.tau_tolerance, device, cfg.seed)
+                                         dcfg.tau_tolerance, device, cfg.seed, cfg.task.task())
     if verbose:
         print(f"K={depth} (the last {depth} of {view.num_steps} transitions diffused); observed variance: "
               f"{dcfg.observed_variance}, tau={tau} "
@@ -251,7 +253,7 @@ def prepare(cfg: PipelineConfig, resume: bool) -> Distillation:
     process = ObservedProcess(view, teacher.floors, teacher.tau, dcfg.observed_variance, view.num_steps - depth)
     weights = LossWeights(dcfg.lambda_1, dcfg.lambda_2, dcfg.beta_nll, dcfg.mean_mse_weight, dcfg.l1_on_rollout,
                           dcfg.train_samples, dcfg.l2_target)
-    objective = DistillationLoss(kernel, readout, process, weights).to(device)
+    objective = DistillationLoss(kernel, readout, process, weights, cfg.task.task()).to(device)
     trainable = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=dcfg.lr, weight_decay=dcfg.weight_decay)
     unlabeled = unlabeled_inputs(cfg, family, data)  # the teacher's targets only
@@ -323,7 +325,7 @@ def validate_and_keep(run: Distillation, record: dict[str, Any]) -> None:
     validated = run.ema.module if run.ema is not None else run.parts
     director = run.family.director(run.view, validated.kernel, validated.readout)
     torch.manual_seed(cfg.seed)
-    report = validate(director, run.data.val.head(dcfg.val_images), dcfg.val_samples, run.device)
+    report = validate(director, run.data.val.head(dcfg.val_images), dcfg.val_samples, run.device, cfg.task.task())
     record.update({f"val_{k}": v for k, v in report.items()})
     best = progress.best
     if best is None or not dcfg.keep_best or record["val_nll"] < best["val_nll"]:

@@ -17,12 +17,13 @@ from typing import Any
 import torch
 
 from models.kernel import KernelConfig
+from models.tasks import SOFTMAX, Task
 from training.config import PipelineConfig
 from training.data.images import key_padding
 from training.distil.objective import ObservedProcess, masked_mean
 from training.loading import AnySplit, View
-from training.metrics import classification_report
 from training.runtime import load_checkpoint, save_checkpoint
+from training.tasks import logits_report
 
 STATISTICS_FILE = "teacher_statistics.pt"  # the run's step statistics, shared by every depth (``shared_statistics``)
 Rollout = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]  # (X_0 [B, N, D], mask) -> X_T
@@ -121,22 +122,22 @@ def statistics_key(backbone: Path, inputs: int) -> dict[str, Any]:
 
 @torch.no_grad()
 def select_tau(view: View, prefix: torch.nn.Module, floors: torch.Tensor, split: AnySplit, grid: list[float],
-               tolerance: float, device: torch.device, seed: int) -> tuple[float, dict[str, float]]:
+               tolerance: float, device: torch.device, seed: int, task: Task = SOFTMAX
+               ) -> tuple[float, dict[str, float]]:
     """Largest tau whose S=1 sampled observed process (over the diffused steps, after the deterministic prefix)
     keeps validation accuracy within ``tolerance`` of the backbone's (docs/method.md)."""
     labels = split.labels
     first_step = view.num_steps - floors.shape[0]
     deterministic = ObservedProcess(view, floors, 0.0, "attention", first_step)  # the backbone's own trajectory
-    base = classification_report(view_logits(
-        view, split, lambda x0, mask: deterministic.trajectory(prefix(x0, mask), mask)[0][-1], device).softmax(-1),
-        labels)
+    base = logits_report(task, view_logits(
+        view, split, lambda x0, mask: deterministic.trajectory(prefix(x0, mask), mask)[0][-1], device), labels)
     accuracies = {"backbone": base["accuracy"]}
     chosen = min(grid)
     for tau in sorted(grid, reverse=True):
         torch.manual_seed(seed)
         process = ObservedProcess(view, floors, tau, "attention", first_step)
         logits = view_logits(view, split, lambda x0, mask, p=process: p.sample(prefix(x0, mask), mask), device)
-        accuracies[str(tau)] = float((logits.argmax(-1) == labels).float().mean())
+        accuracies[str(tau)] = logits_report(task, logits, labels)["accuracy"]
         if accuracies[str(tau)] >= base["accuracy"] - tolerance:
             chosen = tau
             break

@@ -33,10 +33,14 @@ def backbone_features(model: nn.Module, split: AnySplit, chunk: int = 256) -> to
 
 def attach_feature_scores(model: nn.Module, train: AnySplit, num_classes: int, seed: int, knn_bank: int) -> None:
     """Fit the statistics on ``train`` and set them as ``model.feature_scorer``, so that its ``scored_rows`` returns
-    the feature scores beside the kernel error."""
+    the feature scores beside the kernel error. Multi-label labels ([N, C] indicators) name no one class per input:
+    the statistics then hold one mean, the training features' (``mds`` is the Mahalanobis distance to it, under the
+    features' own covariance, and ``rmds`` is 0); KNN and ViM read no classes."""
     features = backbone_features(model, train)  # [N, D']
     weight, bias = model.readout.final_layer()
-    model.feature_scorer = fit_feature_scorer(features, train.labels, num_classes, weight.float(), bias.float(), seed,
+    labels, classes = (train.labels, num_classes) if train.labels.dim() == 1 else \
+        (torch.zeros(len(train), dtype=torch.long), 1)  # [N]
+    model.feature_scorer = fit_feature_scorer(features, labels, classes, weight.float(), bias.float(), seed,
                                               bank_size=knn_bank)
 
 

@@ -44,6 +44,7 @@ from training.export.draws import shared_draws
 from training.export.figures import SplitFigures, test_split_figures
 from training.export.final_artifact import finish_artifact
 from training.export.model_page import write_results
+from training.export.multi_label import export_multi_label
 from training.export.parts import ExportParts, artifact_info, export_parts
 from training.export.plots import reliability_diagram
 from training.export.served_path import ServedPath, fit_served_path
@@ -308,6 +309,8 @@ def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
     set_threads(cfg.threads)
     ecfg = cfg.export
     run = load_run(cfg)
+    if cfg.task.multi_label:  # a sigmoid per label: its own calibration (training.export.multi_label)
+        return export_multi_label(cfg, run.director, run.payload, run.backbone_payload, run.parts)
     progress = StepProgress("export", EXPORT_STEPS)
     sampling = calibrate_sampling(run.director, run.parts, cfg)
     progress.done()

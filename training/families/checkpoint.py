@@ -54,6 +54,11 @@ class Checkpoint:
     model_args: dict[str, Any] = field(default_factory=dict)  # timm.create_model's keyword arguments
 
     @property
+    def multi_label(self) -> bool:
+        """A Hugging Face head trained with a sigmoid per label (``problem_type: multi_label_classification``)."""
+        return self.config.get("problem_type") == "multi_label_classification"
+
+    @property
     def local(self) -> bool:
         return Path(self.source).exists()
 

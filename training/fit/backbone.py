@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from tqdm import tqdm
 
 from models.backbones import build_vit
@@ -157,8 +156,7 @@ def train_epoch(fit: Fitting, epoch: int, gen: torch.Generator) -> float:
     for epoch_steps, (inputs, labels) in enumerate(bar, start=1):
         with autocast(device, cfg.bf16):
             logits = model(*(x.to(device, non_blocking=True) for x in inputs))  # [B, C]
-        loss = F.cross_entropy(logits.float(), labels.to(device, non_blocking=True),
-                               label_smoothing=cfg.fit.label_smoothing)
+        loss = cfg.task.task().loss(logits, labels.to(device, non_blocking=True), cfg.fit.label_smoothing)
         fit.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.fit.grad_clip is not None:

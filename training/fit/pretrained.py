@@ -50,7 +50,7 @@ def pretrained_fit_task(cfg: PipelineConfig, device: torch.device, resume: bool)
             yield (augment(images, gen) if cfg.fit.augment else images,), labels
 
     def evaluate(fitted: nn.Module, name: str) -> dict[str, float]:
-        return evaluate_backbone(fitted, splits[name], device, chunk=256)
+        return evaluate_backbone(fitted, splits[name], device, chunk=256, task=cfg.task.task())
 
     payload = {"family": family.name, "modality": family.modality, "spec": spec, "labels": data.labels,
                "pretrained": {"source": checkpoint.source, "weights": checkpoint.weights,

@@ -10,18 +10,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.tasks import SOFTMAX, Task
 from training.loading import AnySplit
-from training.metrics import classification_report
+from training.tasks import logits_report
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (model inputs, labels)
 
 
-def evaluate_backbone(model: torch.nn.Module, split: AnySplit, device: torch.device, chunk: int = 512
-                      ) -> dict[str, float]:
+def evaluate_backbone(model: torch.nn.Module, split: AnySplit, device: torch.device, chunk: int = 512,
+                      task: Task = SOFTMAX) -> dict[str, float]:
     """Accuracy, ECE and NLL of a classifier (``model(*inputs) -> [B, C]``) on an image or text split."""
     model.eval()
     logits = split.map(lambda *args: model(*args).float().cpu(), chunk, device)  # [N, C]
-    return classification_report(logits.softmax(-1), split.labels)
+    return logits_report(task, logits, split.labels)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends
 from service.api.deps import AppStateDep, require_api_key
 from service.api.json_body import JsonRoute
 from service.api.protocol import FeedbackRequest, FeedbackResponse
+from service.engine.tasks import label_outcomes
 from service.errors import ERROR_RESPONSES, invalid, not_found, overloaded, shown
 from service.feedback.decisions import in_set
 from service.feedback.store import FeedbackUnavailable, LoggedPrediction
@@ -37,25 +38,54 @@ async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> Feedback
     if logged is None:
         raise not_found(f"no logged prediction {shown(prediction)} input {body.index} (unknown, or pruned)")
     entry = state.repository.get(logged.model, logged.version)
-    labels = entry.artifact.labels if entry is not None and entry.artifact is not None else None
-    if isinstance(body.label, int):
-        if labels is not None and not 0 <= body.label < len(labels):
-            raise invalid(f"label index {body.label} outside 0..{len(labels) - 1}", ["body", "label"])
-        correct = body.label == logged.class_index
-    else:
-        if labels is not None and body.label not in labels:
-            raise invalid(f"unknown label {body.label!r}; labels: {labels}", ["body", "label"])
-        correct = body.label == logged.label
-    await calls.run(store.record, prediction, body.index, correct, covered(logged, body.label, labels))
-    stats = await calls.run(store.live_stats, logged.model, logged.version)
+    artifact = entry.artifact if entry is not None else None
+    labels = artifact.labels if artifact is not None else None
     model, version = state.metric_labels(logged.model, logged.version)
+    exact = isinstance(body.label, list)  # a multi-label model's: accuracy is the exact-match rate
+    if exact or (artifact is not None and artifact.task.multi_label):
+        correct = multi_label_feedback(body.label, logged, labels, artifact is None or artifact.task.multi_label)
+        was_covered = None
+    else:
+        correct = single_label_feedback(body.label, logged, labels)
+        was_covered = covered(logged, body.label, labels)
+    await calls.run(store.record, prediction, body.index, correct, was_covered)
+    stats = await calls.run(store.live_stats, logged.model, logged.version)
     state.metrics.feedback.labels(model, version).inc()
+    if isinstance(body.label, list):  # each label's outcome, once the feedback is recorded
+        state.metrics.observe_label_feedback(model, version, label_outcomes(logged.label, body.label, labels))
     if stats is not None:
         state.metrics.live_accuracy.labels(model, version).set(stats.accuracy)
-        state.metrics.live_ece.labels(model, version).set(stats.ece)
+        if not exact:  # a mean decision confidence against exact matches would be no calibration error
+            state.metrics.live_ece.labels(model, version).set(stats.ece)
     return FeedbackResponse(id=prediction, index=body.index, model=logged.model, model_version=logged.version,
                             correct=correct, live_accuracy=stats.accuracy if stats else None,
-                            live_ece=stats.ece if stats else None, labelled=stats.n if stats else 0)
+                            live_ece=stats.ece if stats and not exact else None, labelled=stats.n if stats else 0)
+
+
+def single_label_feedback(label: int | str, logged: LoggedPrediction, labels: list[str] | None) -> bool:
+    """Whether the logged prediction is the true ``label`` (a name or an index), checked against the version's."""
+    if isinstance(label, int):
+        if labels is not None and not 0 <= label < len(labels):
+            raise invalid(f"label index {label} outside 0..{len(labels) - 1}", ["body", "label"])
+        return label == logged.class_index
+    if labels is not None and label not in labels:
+        raise invalid(f"unknown label {label!r}; labels: {labels}", ["body", "label"])
+    return label == logged.label
+
+
+def multi_label_feedback(label: int | str | list[int | str], logged: LoggedPrediction, labels: list[str] | None,
+                         multi_label: bool) -> bool:
+    """Whether the logged label set of a multi-label prediction is exactly the true ``label`` list (each label's own
+    outcome goes to ``director_feedback_label_decisions_total``)."""
+    if not multi_label:
+        raise invalid("a single-label model takes one true label (a name or an index), not a list", ["body", "label"])
+    if not isinstance(label, list):
+        raise invalid("a multi-label model takes the list of true labels (names or indices; [] for none)",
+                      ["body", "label"])
+    try:
+        return all(label_outcomes(logged.label, label, labels).values())
+    except ValueError as exc:
+        raise invalid(str(exc), ["body", "label"]) from exc
 
 
 def covered(logged: LoggedPrediction, label: int | str, labels: list[str] | None) -> bool | None:

@@ -58,6 +58,7 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
     entry, s = outcome.entry, outcome.summary
     labels = entry.artifact.labels
     probabilities = s.probabilities.tolist() if return_probabilities else None
+    per_label = entry.artifact.task.prediction_fields(s, labels)  # a multi-label model's labels and entropies
     predictions = []
     for i, (c, conf, pe, ee, mi, score, flag) in enumerate(zip(
             s.prediction.tolist(), s.confidence.tolist(), s.predictive_entropy.tolist(), s.expected_entropy.tolist(),
@@ -66,7 +67,7 @@ def to_response(outcome: Outcome, return_probabilities: bool, started: float) ->
         if probabilities is not None:
             prediction["probabilities"] = dict(zip(labels, probabilities[i], strict=True))
         prediction.update(predictive_entropy=pe, expected_entropy=ee, mutual_information=mi, ood_score=score,
-                          is_ood=flag)
+                          is_ood=flag, **per_label[i])
         prediction.update({name: values[i] for name, values in outcome.extras.items()})
         predictions.append(prediction)
     decided = decisions_json(outcome.decisions, labels, predictions)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.uncertainty import UncertaintySummary
 from service.engine.batch_cost import BatchCost
 from service.engine.batching.items import BatchResult, WorkItem
 from service.engine.modalities.base import BatchRunner
@@ -63,8 +62,9 @@ def joined(parts: list[BatchResult]) -> BatchResult:
     """One result for a request run in parts: the per-input fields joined in order, the first part's queue wait, the
     sum of the parts' forward times, and the largest part batch's figures."""
     first = parts[0]
-    summary = UncertaintySummary(**{f.name: torch.cat([getattr(p.summary, f.name) for p in parts])
-                                    for f in dataclasses.fields(UncertaintySummary)})
+    kind = type(first.summary)  # the version's task's summary (``models.tasks``)
+    summary = kind(**{f.name: torch.cat([getattr(p.summary, f.name) for p in parts])
+                      for f in dataclasses.fields(kind)})
     scores = None if first.input_scores is None else {
         name: torch.cat([p.input_scores[name] for p in parts if p.input_scores is not None])
         for name in first.input_scores}

@@ -262,4 +262,5 @@ class BatchWorker:
         forward = runner.forward(self.artifact.rows, self.device, inputs, repeats, self.batch_cost, seed)
         named = self.artifact.named_scores(forward.scores)  # {name: [n]} or None
         temperature = temperature_for(self.temperature, named)  # float or [n]
-        return forward, summarize_requests(forward.rows, sizes, samples, temperature), split_scores(named, sizes)
+        summaries = summarize_requests(forward.rows, sizes, samples, temperature, self.artifact.task.summarize)
+        return forward, summaries, split_scores(named, sizes)

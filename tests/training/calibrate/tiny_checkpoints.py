@@ -134,3 +134,36 @@ def save_vit_checkpoint(folder: Path, kind: str = "vit", head: bool = True) -> P
         raise ValueError(kind)
     model.save_pretrained(folder)
     return folder
+
+
+TOPICS = ["negative", "neutral", "positive"]  # a multi-label tagger's labels: which kinds of words a text holds
+
+
+def multi_label_texts(n: int, seed: int) -> list[tuple[str, list[str]]]:
+    """``n`` (text, labels) rows: filler words around words of none, one, two or three of the topics."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        labels = [t for t in TOPICS if rng.random() < 0.4] if i % 7 else []
+        words = rng.sample(FILLER, rng.randint(2, 5)) + [w for t in labels for w in rng.sample(WORDS[t], 1)]
+        rng.shuffle(words)
+        rows.append((" ".join(words), labels))
+    return rows
+
+
+def save_multi_label_checkpoint(folder: Path, kind: str = "bert") -> Path:
+    """A tiny ``kind`` (bert | vit) classifier saved with ``problem_type: multi_label_classification``."""
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    labels = dict(num_labels=3, id2label=dict(enumerate(TOPICS)), label2id={t: i for i, t in enumerate(TOPICS)},
+                  problem_type="multi_label_classification")
+    if kind == "bert":
+        vocab = save_tokenizer(folder)
+        model = BertForSequenceClassification(BertConfig(**{**TEXT, "vocab_size": max(vocab, TEXT["vocab_size"])},
+                                                         max_position_embeddings=64, **labels))
+    else:
+        model = ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                                                    num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                                    **labels))
+    model.save_pretrained(folder)
+    return folder

@@ -146,13 +146,22 @@ def load_text_table(path: str, text_column: str = "text", label_column: str = "l
                     labels: list[str] | None = None, val_fraction: float = 0.1, test_fraction: float = 0.1,
                     seed: int = 0, max_characters: int | None = None,
                     count_tokens: Callable[[list[str]], list[int]] | None = None, max_length: int | None = None,
-                    label_limit: LabelLimit | None = None) -> tuple[TextDataset, DataSummary]:
+                    label_limit: LabelLimit | None = None, multi_label: bool = False,
+                    label_columns: list[str] | None = None) -> tuple[TextDataset, DataSummary]:
     """Labelled texts as a ``TextDataset``: a file (.csv, .tsv, .jsonl, .json as JSON lines, .parquet), a folder of
     ``train.*`` and optional ``val.*`` / ``validation.*`` / ``test.*`` files, a ``save_to_disk`` folder, or a hub id.
     A split not given is carved out of train. ``count_tokens`` counts the tokens of texts already cut to
     ``max_characters``, as the tokenizer would without truncation (special tokens included): the summary then says
     how many exceed ``max_length``. Texts are not cut here: the pipeline cuts and truncates them. ``label_limit``
-    refuses the data as soon as its labels pass the most distinct labels it may hold."""
+    refuses the data as soon as its labels pass the most distinct labels it may hold. ``multi_label``: several labels
+    per row, in ``label_column`` as lists or one 0/1 column per name of ``label_columns``
+    (``training.data.sources.multi_label``)."""
+    if multi_label or label_columns:
+        data, summary = _multi_label_table(path, text_column, label_column, labels, (val_fraction, test_fraction),
+                                           seed, label_columns)
+        summary.texts = _text_stats({"train": data.train, "val": data.val, "test": data.test}, max_characters,
+                                    count_tokens, max_length)
+        return data, summary
     columns = (text_column, label_column)
     tables, source, notes = _text_source(path, columns, label_limit)
     for split, table in tables.items():
@@ -197,3 +206,25 @@ def _text_stats(splits: dict[str, TextSplit], max_characters: int | None,
         if max_length is not None:
             truncated = {name: sum(c > max_length for c in values) for name, values in counts.items()}
     return TextStats(characters, max_characters, cut, tokens, max_length, truncated)
+
+
+def _multi_label_table(path: str, text_column: str, label_column: str, labels: list[str] | None,
+                       fractions: tuple[float, float], seed: int, label_columns: list[str] | None
+                       ) -> tuple[TextDataset, DataSummary]:
+    """``load_text_table`` of multi-label data: the label lists of ``label_column``, or the 0/1 columns
+    ``label_columns`` (the source read once per column, its rows zipped)."""
+    from training.data.sources.multi_label import multi_label_dataset, multi_label_summary
+
+    per_column = [_text_source(path, (text_column, column), None) for column in label_columns or [label_column]]
+    tables, source, _ = per_column[0]
+    if label_columns:
+        for split, table in tables.items():
+            table.labels = [tuple(t[0][split].labels[i] for t in per_column) for i in range(len(table.items))]
+    for split, table in tables.items():
+        if not table.items:
+            raise DataError(f"{table.source} holds no rows: the {split} split needs examples")
+    texts = {split: [_text_value(raw, t, i, text_column) for i, raw in enumerate(t.items)]
+             for split, t in tables.items()}
+    data, counts, kind, origins = multi_label_dataset(tables, texts, labels, label_columns, fractions, seed)
+    what = f"columns {', '.join(label_columns)}" if label_columns else f"column {label_column!r}"
+    return data, multi_label_summary(source, data.labels, kind, counts, origins, what)

@@ -1,0 +1,244 @@
+"""A multi-label classifier end to end, as a user runs it: a tiny BERT saved with ``problem_type:
+multi_label_classification`` and a tiny ViT likewise, labelled data with several labels per row (a JSON-lines column of
+label lists, a CSV with one 0/1 column per label, a CSV of image paths and label lists), one ``calibrate`` command
+each, the exported versions' manifests, and a real server
+answering them over ``/predict``, the Open Inference Protocol over HTTP (the real tritonclient) and gRPC."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import timm
+import torch
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from PIL import Image
+
+from artifact.contract import MANIFEST, parse_manifest
+from service.batch_scoring import main as score_file
+from tests.service.conftest import Running, serve, settings_for
+from tests.service.test_grpc import free_port
+from tests.training.calibrate.test_calibrate import calibrate
+from tests.training.calibrate.tiny_checkpoints import TOPICS, multi_label_texts, save_multi_label_checkpoint
+from training.cli import main
+
+
+def write_jsonl(path: Path, rows: list[tuple[str, list[str]]]) -> Path:
+    path.write_text("".join(json.dumps({"text": text, "tags": labels}) + "\n" for text, labels in rows))
+    return path
+
+
+def write_columns_csv(path: Path, rows: list[tuple[str, list[str]]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", *TOPICS])
+        writer.writerows([text, *(int(t in labels) for t in TOPICS)] for text, labels in rows)
+    return path
+
+
+def write_image_table(folder: Path, count: int) -> Path:
+    """``count`` images whose bright colour channels are their labels (a channel per topic), listed in a CSV with
+    their labels joined by ``|`` (none: an empty cell)."""
+    rng = np.random.default_rng(3)
+    (folder / "images").mkdir(parents=True)
+    rows = []
+    for i in range(count):
+        labels = [t for t in TOPICS if rng.random() < 0.4] if i % 6 else []
+        pixels = rng.integers(0, 90, (20, 24, 3), dtype=np.uint8)
+        for t in labels:
+            pixels[..., TOPICS.index(t)] = rng.integers(150, 256, (20, 24), dtype=np.uint8)
+        Image.fromarray(pixels, "RGB").save(folder / "images" / f"{i}.png")
+        rows.append([f"images/{i}.png", "|".join(labels)])
+    with (folder / "images.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([["image", "tags"], *rows])
+    return folder / "images.csv"
+
+
+@pytest.fixture(scope="module")
+def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three multi-label versions: a BERT from label lists (the checkpoint's problem_type says multi-label) and from
+    0/1 columns, and a ViT from a table of image paths and label lists."""
+    tmp = tmp_path_factory.mktemp("multi-label")
+    rows = multi_label_texts(150, 1)
+    bert = str(save_multi_label_checkpoint(tmp / "ckpt" / "bert"))
+    calibrate(tmp, "tags", bert, write_jsonl(tmp / "tags.jsonl", rows), "--label-column", "tags",
+              "--set", "distil.depth_candidates=[1]")
+    calibrate(tmp, "tag-columns", bert, write_columns_csv(tmp / "tags.csv", rows), "--label-columns",
+              ",".join(TOPICS), "--set", "distil.depth_candidates=[1]", "--set", "task.thresholds=fixed",
+              "--set", "task.temperature=per_label")
+    vit = str(save_multi_label_checkpoint(tmp / "ckpt" / "vit", "vit"))
+    calibrate(tmp, "tagged-images", vit, write_image_table(tmp / "pictures", 90), "--label-column", "tags",
+              "--set", "distil.depth_candidates=[1]")
+    return tmp
+
+
+def manifest_of(repo: Path, name: str) -> dict:
+    return json.loads((repo / "repo" / name / "1" / MANIFEST).read_text())
+
+
+def test_the_manifest_says_the_task_thresholds_and_temperatures(multi_label_repo: Path) -> None:
+    tags = parse_manifest(manifest_of(multi_label_repo, "tags"))
+    assert tags.task == "multi_label" and tags.labels == TOPICS and tags.format_version == "1.7"
+    assert tags.multi_label is not None and tags.multi_label.threshold_rule == "f1"
+    assert len(tags.multi_label.thresholds) == 3 and all(0 < t < 1 for t in tags.multi_label.thresholds)
+    assert tags.multi_label.temperature_rule in ("one", "per_label") and len(tags.multi_label.label_ece or []) == 3
+    assert tags.ood.score == "mds" and tags.conformal is None and tags.method == "director"
+    assert tags.reference is not None and tags.reference.ece is not None
+    columns = parse_manifest(manifest_of(multi_label_repo, "tag-columns"))
+    assert columns.multi_label is not None and columns.multi_label.thresholds == [0.5, 0.5, 0.5]
+    assert columns.multi_label.temperature_rule == "per_label" and len(columns.multi_label.temperatures or []) == 3
+    config = (multi_label_repo / "runs" / "tag-columns" / "calibrate.yaml").read_text()
+    assert "kind: multi_label" in config and "label_columns:" in config
+
+
+def test_the_results_page_lists_each_label(multi_label_repo: Path) -> None:
+    page = (multi_label_repo / "repo" / "tags" / "README.md").read_text()
+    assert "multi-label" in page and all(f"| {t} |" in page for t in TOPICS)
+
+
+@pytest.fixture(scope="module")
+def served(multi_label_repo: Path) -> Iterator[tuple[Running, str]]:
+    """A real server (uvicorn on loopback, gRPC beside it) over the multi-label versions."""
+    port = free_port()
+    settings = settings_for(multi_label_repo / "repo", multi_label_repo, default_model="tags", grpc_port=port,
+                            max_inputs_per_request=16)
+    with serve(settings) as running:
+        yield running, f"127.0.0.1:{port}"
+
+
+TEXTS = ["great superb film", "the plot was dull and fine", "a story"]
+
+
+@pytest.mark.parametrize("name", ["tags", "tag-columns"])
+def test_predict_answers_each_label(served: tuple[Running, str], multi_label_repo: Path, name: str) -> None:
+    manifest = parse_manifest(manifest_of(multi_label_repo, name))
+    assert manifest.multi_label is not None
+    response = httpx.post(f"{served[0].url}/predict", timeout=60,
+                          json={"model": name, "inputs": [{"text": t} for t in TEXTS], "n_samples": 3})
+    assert response.status_code == 200, response.text
+    for prediction in response.json()["predictions"]:
+        probabilities = prediction["probabilities"]
+        assert set(probabilities) == set(TOPICS) and all(0 <= p <= 1 for p in probabilities.values())
+        expected = [t for t, cut in zip(TOPICS, manifest.multi_label.thresholds, strict=True)
+                    if probabilities[t] >= cut]
+        assert prediction["labels"] == expected
+        assert set(prediction["label_entropy"]) == set(TOPICS)
+        assert all(0 <= h <= math.log(2) + 1e-6 for h in prediction["label_entropy"].values())
+        assert prediction["predictive_entropy"] == pytest.approx(sum(prediction["label_entropy"].values()), rel=1e-4)
+        assert all(v >= 0 for v in prediction["label_mutual_information"].values())
+        assert isinstance(prediction["is_ood"], bool) and prediction["label"] in TOPICS
+
+
+def test_sets_and_abstentions_are_refused_with_the_reason(served: tuple[Running, str]) -> None:
+    for ask in ({"coverage": 0.9}, {"max_risk": 0.1}):
+        response = httpx.post(f"{served[0].url}/predict", timeout=60,
+                              json={"inputs": [{"text": TEXTS[0]}], **ask})
+        assert response.status_code == 400, response.text
+        assert "multi-label model answers no coverage or max_risk" in response.text
+
+
+def test_oip_http_declares_and_answers_the_per_label_outputs(served: tuple[Running, str]) -> None:
+    client = triton_http.InferenceServerClient(served[0].url.removeprefix("http://"))
+    outputs = {o["name"]: o for o in client.get_model_metadata("tags")["outputs"]}
+    assert outputs["predicted"]["shape"] == [-1, 3] and outputs["predicted"]["datatype"] == "BOOL"
+    assert outputs["label_entropy"]["shape"] == [-1, 3]
+    texts = triton_http.InferInput("text", [len(TEXTS)], "BYTES")
+    texts.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+    result = client.infer("tags", [texts])
+    probabilities, predicted = result.as_numpy("probabilities"), result.as_numpy("predicted")
+    assert probabilities.shape == (3, 3) and predicted.shape == (3, 3) and predicted.dtype == bool
+    assert result.as_numpy("label_entropy").shape == (3, 3)
+    config = client.get_model_config("tags")
+    assert {o["name"] for o in config["output"]} >= {"predicted", "label_entropy", "label_mutual_information"}
+    assert config["parameters"]["task"]["string_value"] == "multi_label"
+    assert len(json.loads(config["parameters"]["label_thresholds"]["string_value"])) == 3
+
+
+def test_grpc_answers_the_per_label_outputs(served: tuple[Running, str]) -> None:
+    client = triton_grpc.InferenceServerClient(served[1])
+    metadata = client.get_model_metadata("tags", as_json=True)
+    assert "predicted" in {o["name"] for o in metadata["outputs"]}
+    texts = triton_grpc.InferInput("text", [len(TEXTS)], "BYTES")
+    texts.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+    result = client.infer("tags", [texts], outputs=[triton_grpc.InferRequestedOutput(name)
+                                                    for name in ("probabilities", "predicted", "label_entropy")])
+    assert result.as_numpy("predicted").shape == (3, 3) and result.as_numpy("probabilities").shape == (3, 3)
+    assert (result.as_numpy("label_entropy") >= 0).all()
+
+
+def test_feedback_takes_the_list_of_true_labels(served: tuple[Running, str]) -> None:
+    url = served[0].url
+    answer = httpx.post(f"{url}/predict", timeout=60, json={"inputs": [{"text": TEXTS[0]}], "n_samples": 2}).json()
+    predicted = answer["predictions"][0]["labels"]
+    response = httpx.post(f"{url}/feedback", json={"id": answer["id"], "label": predicted}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["correct"] is True and response.json()["live_ece"] is None
+    wrong = [t for t in TOPICS if t not in predicted][:1] or []
+    response = httpx.post(f"{url}/feedback", json={"id": answer["id"], "label": [*predicted, *wrong]}, timeout=30)
+    assert response.status_code == 200 and response.json()["correct"] is (not wrong)
+    for label, message in (("positive", "takes the list of true labels"), (["funny"], "unknown label 'funny'"),
+                           ([7], "label index 7")):
+        refused = httpx.post(f"{url}/feedback", json={"id": answer["id"], "label": label}, timeout=30)
+        assert refused.status_code == 422 and message in refused.text, refused.text
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    assert 'director_feedback_label_decisions_total{label="negative",model="tags",outcome="correct",version="1"}' \
+        in metrics.replace(", ", ",")
+    assert "director_predicted_labels_bucket" in metrics
+
+
+def test_the_batch_scorer_writes_each_label(multi_label_repo: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    out = tmp_path / "scores.jsonl"
+    assert score_file(["--model-repository", str(multi_label_repo / "repo"), "--model", "tags", "--input",
+                       str(source), "--output", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 3 and all(set(line["label_entropy"]) == set(TOPICS) for line in lines)
+    assert all(set(line["labels"]) <= set(TOPICS) and len(line["probabilities"]) == 3 for line in lines)
+    refused = tmp_path / "refused.jsonl"
+    assert score_file(["--model-repository", str(multi_label_repo / "repo"), "--model", "tags", "--input",
+                       str(source), "--output", str(refused), "--coverage", "0.9"]) == 2
+    assert "a multi-label model answers no coverage or max_risk" in capsys.readouterr().err
+
+
+def test_a_multi_label_vit_is_served(served: tuple[Running, str], multi_label_repo: Path) -> None:
+    manifest = parse_manifest(manifest_of(multi_label_repo, "tagged-images"))
+    assert manifest.task == "multi_label" and manifest.modality == "image" and manifest.labels == TOPICS
+    image = multi_label_repo / "pictures" / "images" / "1.png"
+    body = {"model": "tagged-images", "inputs": [{"image_base64": base64.b64encode(image.read_bytes()).decode()}],
+            "n_samples": 2}
+    response = httpx.post(f"{served[0].url}/predict", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    prediction = response.json()["predictions"][0]
+    assert set(prediction["labels"]) <= set(TOPICS) and set(prediction["label_entropy"]) == set(TOPICS)
+    pixels = np.random.default_rng(0).random((2, 3, 16, 16)).astype(np.float32)
+    oip = httpx.post(f"{served[0].url}/v2/models/tagged-images/infer", timeout=60, json={
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 3, 16, 16], "data": pixels.ravel().tolist()}]})
+    assert oip.status_code == 200, oip.text
+    outputs = {o["name"]: o for o in oip.json()["outputs"]}
+    assert outputs["predicted"]["shape"] == [2, 3] and outputs["label_entropy"]["datatype"] == "FP32"
+
+
+def test_a_timm_vit_is_multi_label_by_the_flag(multi_label_repo: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    """A timm head says nothing of its task: ``--multi-label`` says it (here a dry run: the plan and the config)."""
+    torch.manual_seed(0)
+    vit = timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=3)
+    torch.save(vit.state_dict(), tmp_path / "timm-vit.pth")
+    args = ["calibrate", "--backbone", "timm:vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "timm-vit.pth"),
+            "--data", str(multi_label_repo / "pictures" / "images.csv"), "--label-column", "tags", "--multi-label",
+            "--name", "timm-tags", "--run-dir", str(tmp_path / "run"), "--repository", str(tmp_path / "repo"),
+            "--dry-run", "--set", f"data.labels=[{','.join(TOPICS)}]",
+            "--set", "pretrained.model_args={img_size: 16, patch_size: 4, embed_dim: 32, depth: 2, num_heads: 4}"]
+    assert main(args) == 0
+    assert "multi-label: counts are rows with the label" in capsys.readouterr().out
+    assert "kind: multi_label" in (tmp_path / "run" / "calibrate.yaml").read_text()
