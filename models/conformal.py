@@ -100,3 +100,14 @@ class ConformalTable:
         # a set is a few labels: ordering them in Python is cheaper than a sort of every label per request
         return [sorted((c for c, kept in enumerate(mask) if kept), key=lambda c, row=row: -row[c])
                 for row, mask in zip(probs.tolist(), included.tolist(), strict=True)]
+
+
+def set_figures(included: torch.Tensor, labels: torch.Tensor | None) -> dict[str, float]:
+    """Of sets given as which labels each keeps ``[N, C]`` (bool): the mean set size, and with labels ``[N]`` the
+    empirical coverage and its binomial standard error."""
+    out = {"mean_size": float(included.sum(dim=1).double().mean())}
+    if labels is not None:
+        covered = included.gather(1, labels[:, None]).squeeze(1).double()  # [N]
+        rate = float(covered.mean())
+        out.update(coverage=rate, coverage_se=math.sqrt(rate * (1 - rate) / len(covered)))
+    return out

@@ -75,3 +75,12 @@ def learn_then_test(confidence: torch.Tensor, correct: torch.Tensor, max_risk: f
         return SelectiveThreshold(max_risk, delta, None, 0, 0, n)
     index = int(candidates[stop - 1])
     return SelectiveThreshold(max_risk, delta, float(conf[index]), index + 1, int(errors[index]), n)
+
+
+def answered_risk(threshold: float | None, confidence: torch.Tensor, wrong: torch.Tensor) -> dict[str, float | None]:
+    """What a threshold does to some inputs' confidences ``[N]`` and mistakes ``[N]`` (bool): the threshold, the share
+    answered and the error rate among the answered (None when none is; no threshold answers none)."""
+    answered = confidence >= threshold if threshold is not None else torch.zeros_like(wrong)  # [N]
+    count = int(answered.sum())
+    return {"threshold": threshold, "answered": count / len(wrong),
+            "risk": float(wrong[answered].double().mean()) if count else None}

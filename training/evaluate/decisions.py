@@ -17,24 +17,22 @@ exchangeability holds (the test split) and where it breaks (every shift level, t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from models.conformal import ScoreRule, conformal_threshold, label_scores
-from models.selective import learn_then_test
+from models.conformal import ScoreRule, conformal_threshold, label_scores, set_figures
+from models.selective import answered_risk, learn_then_test
 from training.data.held_out_shift import held_out_shift
 from training.evaluate.evaluation import POSTHOC, Evaluation, Method, summary_of
 from training.evaluate.sets import shift_sets
 from training.export.conformal import score_rules
+from training.export.decision_figures import COVERAGES, RISKS
 from training.export.ood_selection import ScoreInputs
 from training.loading import AnySplit
 
-COVERAGES = (0.8, 0.9, 0.95, 0.99)
-RISKS = (0.02, 0.05, 0.1)
 GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
 GAMMA_COVERAGE = 0.9  # the level the variant's gamma is chosen at
 CURVE_POINTS = 60  # points kept of each risk-coverage curve
@@ -93,27 +91,11 @@ class Calibrated:
         return label_scores(scored.probs, rule) / self.widening(scored, gamma)[:, None] <= threshold  # [N, C]
 
 
-def set_figures(included: torch.Tensor, labels: torch.Tensor | None) -> dict[str, float]:
-    """Mean set size, and with labels the empirical coverage and its binomial standard error."""
-    out = {"mean_size": float(included.sum(dim=1).double().mean())}
-    if labels is not None:
-        covered = included.gather(1, labels[:, None]).squeeze(1).double()  # [N]
-        rate = float(covered.mean())
-        out.update(coverage=rate, coverage_se=math.sqrt(rate * (1 - rate) / len(covered)))
-    return out
-
-
 def selective_figures(fit: Calibrated, scored: Scored, labels: torch.Tensor) -> dict[str, dict[str, Any]]:
     """Per risk level: the threshold, the share answered and the error rate among answered inputs."""
     confidence, prediction = scored.probs.max(dim=1)  # [N] each
     wrong = prediction != labels  # [N]
-    out = {}
-    for risk, rule in fit.selective.items():
-        answered = confidence >= rule.threshold if rule.threshold is not None else torch.zeros_like(wrong)  # [N]
-        count = int(answered.sum())
-        out[f"{risk:g}"] = {"threshold": rule.threshold, "answered": count / len(wrong),
-                            "risk": float(wrong[answered].double().mean()) if count else None}
-    return out
+    return {f"{risk:g}": answered_risk(rule.threshold, confidence, wrong) for risk, rule in fit.selective.items()}
 
 
 def risk_curve(scored: Scored, labels: torch.Tensor) -> dict[str, list[float]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from artifact.contract import Manifest, Ood, Provenance
 from training.export.backbone_accuracy import TEST_SPLIT, backbone_warning
+from training.export.decision_figures import decisions_section
 
 
 def _pct(value: float) -> str:
@@ -352,6 +353,7 @@ def render_results(manifest: Manifest, command: str, reliability_png: str | None
         *_test_split(manifest),
         *_sampling_choice(manifest),
         *_verdict(manifest),
+        *decisions_section(_test_metrics(manifest).get("decisions"), manifest.modality),
         *([f"![reliability diagram]({reliability_png})", ""] if reliability_png else []),
         *_uncertainty_and_ood(manifest),
         *(_observed_process(manifest) if manifest.variance is not None else []),

@@ -39,7 +39,8 @@ from training.data.calibration_split import calibration_description
 from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import split_rollout_trace
 from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning, with_test_split
-from training.export.conformal import write_conformal
+from training.export.conformal import score_rules, write_conformal
+from training.export.decision_figures import decisions_on_test
 from training.export.draws import shared_draws
 from training.export.figures import SplitFigures, test_split_figures
 from training.export.final_artifact import finish_artifact
@@ -230,6 +231,19 @@ def conformal_part(run: ExportRun, path: ServedPath, tmp_dir: Path) -> Conformal
                            ecfg.selective_delta, calibration_description(calibration, ecfg.calibration_share), tmp_dir)
 
 
+def served_decisions(run: ExportRun, path: ServedPath, conformal: Conformal) -> dict[str, Any]:
+    """The test split's sets and abstentions as a request gets them by default (``decisions_on_test``), from the
+    served path's probabilities on the calibration and test splits (the draws ``conformal_part`` and the test figures
+    made)."""
+    calibration, test, seed = run.parts.calibration, run.parts.data.test, run.cfg.seed
+    assert calibration is not None  # a conformal part was written from it
+    rule = score_rules([conformal.default_score], conformal.raps_penalty,
+                       conformal.raps_free_ranks)[conformal.default_score]
+    return decisions_on_test(path.inputs("calibration", calibration, seed + 5).summary.probabilities,
+                                calibration.labels, path.inputs("test", test, seed).summary.probabilities,
+                                test.labels, rule, conformal.selective_delta)
+
+
 def write_reports(run: ExportRun, manifest: Manifest, figures: SplitFigures) -> None:
     """The run's export report (the manifest as written), the reliability diagram and the results page, the page
     read from the manifest as the server parses it."""
@@ -328,9 +342,11 @@ def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
     progress.done()
     if strict:
         refuse_unless_as_accurate(verdict, tmp_dir, out_dir)
+    conformal = conformal_part(run, path, tmp_dir)
+    if conformal is not None:
+        figures.metrics["decisions"] = served_decisions(run, path, conformal)
     record = provenance(run, sampling, path.temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
     serve_path(run, path, tmp_dir)
-    conformal = conformal_part(run, path, tmp_dir)
     draft = version_manifest(run, path, sampling, verdict, record, tmp_dir, conformal)
     finish_artifact(run.parts, ecfg.format, path.module, path.served, draft.scores_read(), tmp_dir)
     manifest = version_manifest(run, path, sampling, verdict, record, tmp_dir, conformal)

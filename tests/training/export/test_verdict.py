@@ -129,8 +129,9 @@ def test_a_path_with_better_probabilities_wins_the_nll_comparison() -> None:
     assert verdict.kernel_wins and verdict.served == "director"
 
 
-def test_where_the_kernel_wins_auto_serves_director(tmp_path: Path) -> None:
-    _, folder = export_zero_step_kernel(tmp_path, fit_epochs=2)
+def test_where_the_kernel_wins_auto_serves_director(tiny_export: tuple[Path, Path], tmp_path: Path) -> None:
+    # the tiny config fits its backbone for 2 epochs: the session's run has that very fit, which this run resumes
+    _, folder = export_zero_step_kernel(tmp_path, fit_epochs=2, fitted=tiny_export[0].parent / "run")
     manifest = json.loads((folder / "manifest.json").read_text())
     verdict = manifest["kernel_verdict"]
     assert manifest["method"] == "director" and verdict["served"] == "director" and verdict["kernel_wins"]
@@ -175,3 +176,7 @@ def test_the_posthoc_artifact_is_the_backbone_forward(posthoc_export: tuple[Path
     page = (Path(cfg.export.docs_dir) / f"{cfg.export.name}.md").read_text()
     assert "## What the kernel adds: DIRECTOR against the post-hoc path" in page
     assert "post-hoc path: the backbone with the same post-hoc tools (served)" in page
+    manifest = json.loads((folder / "manifest.json").read_text())  # the export's calibration split's figures
+    decisions = manifest["provenance"]["test_metrics"]["decisions"]
+    assert decisions["calibration_inputs"] == manifest["conformal"]["n"]
+    assert f"| 90% | {decisions['sets']['0.9']['coverage']:.2%} " in page
