@@ -260,6 +260,12 @@ class FileDigest(Section):
     bytes: int | None = None
 
 
+def scores_read(ood: Ood, temperature_by_score: TemperatureByScore | None) -> set[str]:
+    """Every score the OOD rules (each S's, ``combined``'s terms) and the temperature read: ``scored_rows``'s own."""
+    by_score = temperature_by_score.terms if temperature_by_score is not None else []
+    return {e.score for e in ood.thresholds.values()} | {t.score for t in [*(ood.combination or []), *by_score]}
+
+
 class Manifest(Section):
     """``manifest.json``; ``input`` is read as the section of the manifest's ``modality``."""
 
@@ -294,9 +300,7 @@ class Manifest(Section):
 
     def scores_read(self) -> set[str]:
         """Every score the OOD rules (each sample count's, and the terms of ``combined``) and the temperature read."""
-        by_score = self.temperature_by_score.terms if self.temperature_by_score is not None else []
-        used = {entry.score for entry in self.ood.thresholds.values()}
-        return used | {term.score for term in [*(self.ood.combination or []), *by_score]}
+        return scores_read(self.ood, self.temperature_by_score)
 
     @model_validator(mode="after")
     def _files_listed(self) -> Manifest:
@@ -315,8 +319,7 @@ class Manifest(Section):
         if self.multi_label is None:
             raise ValueError("task multi_label needs the multi_label section (its thresholds)")
         if len(self.multi_label.thresholds) != len(self.labels):
-            raise ValueError(f"multi_label has {len(self.multi_label.thresholds)} thresholds for {len(self.labels)} "
-                             "labels")
+            raise ValueError(f"{len(self.multi_label.thresholds)} multi_label thresholds for {len(self.labels)} labels")
         if self.conformal is not None:
             raise ValueError("conformal prediction sets are for single-label models; a multi-label version has none")
         return self

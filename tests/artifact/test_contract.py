@@ -125,7 +125,7 @@ def test_a_multi_label_manifest_names_its_task_and_thresholds(image_document: di
     assert manifest.document()["multi_label"] == section
     with pytest.raises(ManifestError, match="task multi_label needs the multi_label section"):
         parse_manifest({**base, "task": "multi_label"})
-    with pytest.raises(ManifestError, match="2 thresholds for"):
+    with pytest.raises(ManifestError, match="2 multi_label thresholds for"):
         parse_manifest({**base, "task": "multi_label", "multi_label": {**section, "thresholds": [0.5, 0.5]}})
     with pytest.raises(ManifestError, match=r"multi_label.*in \(0, 1\)"):
         parse_manifest({**base, "task": "multi_label",

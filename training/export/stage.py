@@ -27,12 +27,14 @@ from artifact.contract import (
     Conformal,
     KernelVerdict,
     Manifest,
+    Ood,
     Provenance,
     Sampling,
     TemperatureByScore,
     Variance,
     file_digests,
     parse_manifest,
+    scores_read,
 )
 from training.config import PipelineConfig
 from training.data.calibration_split import calibration_description
@@ -195,7 +197,8 @@ def version_manifest(run: ExportRun, path: ServedPath, sampling: SamplingChoice,
     """The version's manifest for the served ``path``: DIRECTOR (its depth, noise and variance; the depth under
     ``sampling.depth`` alone, which older manifests also carry as ``sampling.steps``) or the post-hoc path (no kernel:
     every sample the same row, any S up to ``export.max_samples`` accepted)."""
-    cfg, payload, stats, by_score = run.cfg, run.payload, path.stats, path.by_score
+    cfg, payload, stats = run.cfg, run.payload, path.stats
+    served_by_score = temperature_by_score(path)
     depth = run.director.rollout.num_steps
     director = path.method == "director"
     sampling_section = Sampling(
@@ -213,10 +216,15 @@ def version_manifest(run: ExportRun, path: ServedPath, sampling: SamplingChoice,
         sampling=sampling_section, **({"variance": variance} if variance else {}), temperature=path.temperature,
         ood=stats.ood,
         reference=stats.reference, kernel_verdict=verdict,
-        **({"temperature_by_score": TemperatureByScore(**by_score.record)}
-           if by_score is not None and by_score.temperature is not None else {}),
+        **({"temperature_by_score": served_by_score} if served_by_score is not None else {}),
         artifact=artifact_info(run.parts, path.module), provenance=provenance,
         **({"conformal": conformal} if conformal is not None else {}), files=file_digests(tmp_dir))
+
+
+def temperature_by_score(path: ServedPath) -> TemperatureByScore | None:
+    """The manifest's per-input temperature of ``path``, when its fit kept a slope above 0."""
+    by_score = path.by_score
+    return TemperatureByScore(**by_score.record) if by_score is not None and by_score.temperature is not None else None
 
 
 def conformal_part(run: ExportRun, path: ServedPath, tmp_dir: Path) -> Conformal | None:
@@ -347,8 +355,8 @@ def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
         figures.metrics["decisions"] = served_decisions(run, path, conformal)
     record = provenance(run, sampling, path.temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
     serve_path(run, path, tmp_dir)
-    draft = version_manifest(run, path, sampling, verdict, record, tmp_dir, conformal)
-    finish_artifact(run.parts, ecfg.format, path.module, path.served, draft.scores_read(), tmp_dir)
+    read = scores_read(Ood.model_validate(path.stats.ood), temperature_by_score(path))  # what scored_rows keeps
+    finish_artifact(run.parts, ecfg.format, path.module, path.served, read, tmp_dir)
     manifest = version_manifest(run, path, sampling, verdict, record, tmp_dir, conformal)
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
