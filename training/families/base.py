@@ -60,3 +60,19 @@ class Family(Protocol):
 
     def unlabeled(self, cfg: PipelineConfig, data: Dataset | TokenDataset, copies: int, seed: int
                   ) -> Split | TokenSplit: ...
+
+    def text_positions(self, config: Any) -> int | None:
+        """How many token positions a text may take, from a Hugging Face config (None: no fixed table to outgrow)."""
+        ...
+
+    def encoder_with_fresh_head(self, source: str, load_args: dict[str, Any], num_classes: int, pooling: str
+                                ) -> tuple[nn.Module, dict[str, Any]] | None:
+        """A checkpoint without a head as this family's classifier with a fresh one, and its spec; None when the
+        ``*For...Classification`` class's own fresh head is the one to take."""
+        ...
+
+    def from_hf(self, model: nn.Module, processor: dict[str, Any] | None, pad_id: int | None
+                ) -> tuple[nn.Module, dict[str, Any]]:
+        """A transformers classifier as this family's classifier and the spec that rebuilds it (``processor``: an
+        image checkpoint's processor configuration; ``pad_id``: a text tokenizer's padding token)."""
+        ...

@@ -19,6 +19,8 @@ from training.data.tokens import TokenDataset, TokenSplit, load_run_tokenizer, r
 from training.data.unlabeled import UNLABELED_CORPORA, unlabeled_texts
 from training.families.base import View
 
+ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")  # positions counted after the padding index
+
 
 class TextFamily:
     """What every text family shares: tokenised data with the run's tokenizer, the packed-token baselines, the
@@ -92,3 +94,27 @@ class BertFamily(TextFamily):
         return {"kind": kinds[tcfg.backbone], "hidden_size": config.hidden_size, "layers": config.num_hidden_layers,
                 "heads": config.num_attention_heads, "intermediate_size": config.intermediate_size,
                 "vocab_size": config.vocab_size, "pooling": backbone.pooling, "tokenizer": tcfg.tokenizer}
+
+    def text_positions(self, config: Any) -> int | None:
+        positions = getattr(config, "max_position_embeddings", None)
+        if positions is not None and getattr(config, "model_type", "") in ROBERTA_TYPES:
+            positions -= int(config.pad_token_id) + 1  # their positions start after the padding index
+        return positions
+
+    def encoder_with_fresh_head(self, source: str, load_args: dict[str, Any], num_classes: int, pooling: str
+                                ) -> tuple[nn.Module, dict[str, Any]] | None:
+        """A bare encoder (MiniLM's sentence-embedding checkpoint, say) with a fresh linear head, pooled as asked."""
+        from transformers import AutoModel
+
+        from models.checkpoints import bert_family_from_hf, text_classifier_spec
+
+        encoder = AutoModel.from_pretrained(source, **load_args, attn_implementation="eager").eval()
+        classifier, _ = bert_family_from_hf(encoder, num_classes, pooling=pooling)
+        return classifier, text_classifier_spec(classifier)
+
+    def from_hf(self, model: nn.Module, processor: dict[str, Any] | None, pad_id: int | None
+                ) -> tuple[nn.Module, dict[str, Any]]:
+        from models.checkpoints import bert_family_from_hf, text_classifier_spec
+
+        classifier, _ = bert_family_from_hf(model)
+        return classifier, text_classifier_spec(classifier)

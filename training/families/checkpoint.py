@@ -122,9 +122,7 @@ def inspect_checkpoint(source: str, weights: str | None = None, model_args: dict
     if family.modality == "image":
         size = config.image_size
         image_shape = (int(config.num_channels), *(size if isinstance(size, list | tuple) else (size, size)))
-    max_positions = getattr(config, "max_position_embeddings", None) if family.name == "bert" else None
-    if max_positions is not None and model_type in ("roberta", "xlm-roberta", "camembert"):
-        max_positions -= int(config.pad_token_id) + 1  # their positions start after the padding index
+    max_positions = family.text_positions(config)
     return Checkpoint(
         source=source, weights=None, family=family, model_type=model_type, architecture=architecture,
         has_head=has_head, num_classes=num_classes,
@@ -192,15 +190,13 @@ def load_classifier(checkpoint: Checkpoint, num_classes: int, pad_id: int | None
                               f"{num_classes}; give data with the head's classes (or a checkpoint without a head)")
     if checkpoint.model_type == "timm":
         return _timm_classifier(checkpoint, num_classes)
-    from transformers import AutoModel, AutoModelForImageClassification, AutoModelForSequenceClassification
+    from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
-    if checkpoint.family.name == "bert" and not checkpoint.has_head:  # a bare encoder: a fresh linear head
-        from models.checkpoints import bert_family_from_hf, text_classifier_spec
-
-        encoder = AutoModel.from_pretrained(checkpoint.source, **weights_format(checkpoint),
-                                            attn_implementation="eager").eval()
-        classifier, _ = bert_family_from_hf(encoder, num_classes, pooling=pooling)
-        return classifier, text_classifier_spec(classifier)
+    family = checkpoint.family
+    fresh = None if checkpoint.has_head else family.encoder_with_fresh_head(
+        checkpoint.source, weights_format(checkpoint), num_classes, pooling)
+    if fresh is not None:
+        return fresh
     auto = AutoModelForImageClassification if checkpoint.family.modality == "image" else \
         AutoModelForSequenceClassification
     if checkpoint.architecture.endswith("WithTeacher"):  # DeiT's two heads, which the Auto class would drop
@@ -209,22 +205,7 @@ def load_classifier(checkpoint: Checkpoint, num_classes: int, pad_id: int | None
         auto = getattr(transformers, checkpoint.architecture)
     model = auto.from_pretrained(checkpoint.source, num_labels=num_classes, **weights_format(checkpoint),
                                  attn_implementation="eager").eval()
-    if checkpoint.family.name == "vit":
-        from models.checkpoints import vit_from_hf, vit_spec
-
-        classifier, _ = vit_from_hf(model, _processor_config(checkpoint))
-        return classifier, vit_spec(classifier)
-    if checkpoint.family.name == "bert":
-        from models.checkpoints import bert_family_from_hf, text_classifier_spec
-
-        classifier, _ = bert_family_from_hf(model)
-        return classifier, text_classifier_spec(classifier)
-    from training.families.decoder import DecoderClassifier, decoder_spec
-
-    if pad_id is not None:
-        model.config.pad_token_id = pad_id  # *ForSequenceClassification finds the last real token by it
-    model.float()
-    return DecoderClassifier(model), decoder_spec(model)
+    return family.from_hf(model, _processor_config(checkpoint) if family.modality == "image" else None, pad_id)
 
 
 def _processor_config(checkpoint: Checkpoint) -> dict[str, Any] | None:

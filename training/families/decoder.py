@@ -83,3 +83,17 @@ class DecoderFamily(TextFamily):
                 "heads": config.num_attention_heads, "key_value_heads": config.num_key_value_heads,
                 "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size,
                 "pooling": "last real token", "tokenizer": cfg.text.tokenizer}
+
+    def text_positions(self, config: Any) -> int | None:
+        return None  # rotary positions: no table to outgrow
+
+    def encoder_with_fresh_head(self, source: str, load_args: dict[str, Any], num_classes: int, pooling: str
+                                ) -> tuple[nn.Module, dict[str, Any]] | None:
+        return None  # *ForSequenceClassification's fresh score head, on the last real token
+
+    def from_hf(self, model: nn.Module, processor: dict[str, Any] | None, pad_id: int | None
+                ) -> tuple[nn.Module, dict[str, Any]]:
+        if pad_id is not None:
+            model.config.pad_token_id = pad_id  # *ForSequenceClassification finds the last real token by it
+        model.float()
+        return DecoderClassifier(model), decoder_spec(model)

@@ -82,3 +82,17 @@ class VitFamily:
         assert isinstance(data, Dataset)
         train = data.train.images
         return perturbed_images(train[torch.arange(len(train))], copies, seed)  # in memory: copies x the train split
+
+    def text_positions(self, config: Any) -> int | None:
+        return None
+
+    def encoder_with_fresh_head(self, source: str, load_args: dict[str, Any], num_classes: int, pooling: str
+                                ) -> tuple[nn.Module, dict[str, Any]] | None:
+        return None
+
+    def from_hf(self, model: nn.Module, processor: dict[str, Any] | None, pad_id: int | None
+                ) -> tuple[nn.Module, dict[str, Any]]:
+        from models.checkpoints import vit_from_hf, vit_spec
+
+        classifier, _ = vit_from_hf(model, processor)
+        return classifier, vit_spec(classifier)
