@@ -21,7 +21,7 @@ from training.export.parts import (
 )
 from training.export.served_statistics import sample_split, served_statistics, served_temperature
 from training.export.writing import git_commit, install_version, script_and_verify, staging_dir, write_manifest
-from training.loading import load_backbone, run_family
+from training.loading import RunBackbone
 from training.runtime import set_threads
 
 
@@ -45,8 +45,9 @@ def export_baseline(cfg: PipelineConfig, method: str, repository: str | None = N
                          "modules (the evaluation still measures MC dropout, ensembles and KEP-SVGP on texts)")
     set_threads(cfg.threads)
     ecfg = cfg.export
-    backbone = load_backbone(cfg.run_dir)
-    parts = export_parts(cfg, run_family(cfg.run_dir)[0], backbone)
+    opened = RunBackbone.open(cfg.run_dir)  # backbone.pt read once
+    backbone = opened.backbone
+    parts = export_parts(cfg, opened.family, backbone)
     data = parts.data
     baseline = build_baseline(cfg, method)
     name = f"{ecfg.name}-{method.replace('_', '-')}"

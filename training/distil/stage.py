@@ -50,10 +50,9 @@ from training.loading import (
     DIRECTOR_FILE,
     AnySplit,
     Director,
+    RunBackbone,
     View,
     load_data,
-    load_view,
-    run_family,
     split_sampled_logits,
 )
 from training.runtime import (
@@ -235,8 +234,8 @@ def prepare(cfg: PipelineConfig, resume: bool) -> Distillation:
     if not (run_dir / BACKBONE_FILE).exists():
         raise FileNotFoundError(f"no fitted backbone in {run_dir}: run `python -m training fit-backbone` first")
     data = load_data(cfg)
-    family, _ = run_family(run_dir)
-    view = load_view(run_dir, device)  # frozen, eval()
+    opened = RunBackbone.open(run_dir, device)  # backbone.pt read once
+    family, view = opened.family, opened.family.view(opened.backbone)  # frozen, eval()
     depth = diffused_depth(cfg, view)
     prefix = view.prefix(view.num_steps - depth).to(device).eval()
     state = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None

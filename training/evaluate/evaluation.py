@@ -32,10 +32,7 @@ from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
     AnySplit,
-    load_backbone,
-    load_director,
-    load_view,
-    run_family,
+    RunBackbone,
     split_sampled_logits,
 )
 from training.runtime import save_checkpoint
@@ -97,6 +94,14 @@ class Evaluation:
         self.flag_rules: dict[str, tuple[Candidate, float]] = {}  # method key -> its OOD score and 95%-TPR threshold
         self.served: dict[str, Any] = {}  # the exported version's sampling (``add_served_source``), when evaluated
         self.posthoc_fit: dict[str, Any] = {}  # the post-hoc path's fitted tools (``posthoc_method``)
+        self._opened: RunBackbone | None = None
+
+    @property
+    def opened(self) -> RunBackbone:
+        """The run's backbone, its family and views: ``backbone.pt`` read once for the whole evaluation."""
+        if self._opened is None:
+            self._opened = RunBackbone.open(self.run_dir)
+        return self._opened
 
     # --- models -----------------------------------------------------------------------------------------
     def add_source(self, name: str, model: torch.nn.Module, model_id: str, draws: int) -> None:
@@ -158,9 +163,9 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     """The models every method reads from; returns fitted settings (noise scale) for the record."""
     cfg, ev, run = evaluation.cfg, evaluation.ev, evaluation.run_dir
     draws_test = max([*ev.sweep_samples, ev.samples])
-    family, _ = run_family(run)  # the same three baseline modules serve every family
+    opened = evaluation.opened
+    family, raw_backbone = opened.family, opened.backbone  # the same three baseline modules serve every family
     classifier, contract = family.classifier, family.contract
-    raw_backbone = load_backbone(run)
     backbone = classifier(raw_backbone)
     backbone_id = fingerprint(run / BACKBONE_FILE)
     evaluation.add_source("deterministic", contract(DeterministicModel(backbone)), f"det-{backbone_id}", 1)
@@ -173,8 +178,8 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
     if cfg.kep_svgp.in_evaluation:
         add_kep_svgp_source(evaluation)
     train = evaluation.inputs.train
-    director, _ = load_director(run)
-    director = with_teacher(director, load_view(run))  # as exported: its cost includes the kernel error's layer
+    director, _ = opened.director()
+    director = with_teacher(director, opened.view())  # as exported: its cost includes the kernel error's layer
     if cfg.export.feature_scores:  # as exported: the feature-space statistics of the training split beside it
         attach_feature_scores(director, train, int(train.labels.max()) + 1, cfg.seed, cfg.export.knn_bank)
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)

@@ -25,7 +25,7 @@ from training.evaluate.detectors import paired_auroc_difference
 from training.evaluate.evaluation import Evaluation, family_set
 from training.export.ood_selection import Candidate, OodChoice, ScoreInputs, choose_ood_score, split_input_scores
 from training.export.parts import with_teacher
-from training.loading import AnySplit, load_director, load_view
+from training.loading import AnySplit, RunBackbone
 from training.ood_metrics import ood_report
 
 
@@ -116,7 +116,7 @@ def evaluate_kernel_depth(evaluation: Evaluation, draws_test: int, served: str) 
     set, the winner on OOD validation beside the served score (``served``, DIRECTOR's S = 1 choice) and each K's
     cost."""
     inputs, cfg = evaluation.inputs, evaluation.cfg
-    transitions = load_view(evaluation.run_dir).num_steps
+    transitions = evaluation.opened.view().num_steps
     main_depth = int(evaluation.sources["director"].model.rollout.num_steps)
     families = {family_set(name): family.weight for name, family in inputs.ood_families.items()}
     sets = {"val": inputs.val, **{family_set(name): family.split for name, family in inputs.ood_families.items()},
@@ -127,9 +127,10 @@ def evaluate_kernel_depth(evaluation: Evaluation, draws_test: int, served: str) 
     runs, skipped = depth_kernels(evaluation, main_depth, transitions)
     depths: dict[str, Any] = {}
     for depth, run in runs.items():
-        director, payload = load_director(run)
+        opened = RunBackbone.open(run)  # this depth's run: backbone.pt read once
+        director, payload = opened.director()
         errors = ({name: main[name][KERNEL_ERROR] for name in sets} if depth == main_depth
-                  else kernel_errors(with_teacher(director, load_view(run)), sets))  # set -> [N]
+                  else kernel_errors(with_teacher(director, opened.view()), sets))  # set -> [N]
         scores = {name: ScoreInputs(summaries[name], {**main[name], KERNEL_ERROR: errors[name]}) for name in sets}
         report = depth_report(scores, families, list(inputs.ood), cfg.evaluate.bootstrap, cfg.seed)
         depths[str(depth)] = {"epochs": len(payload["history"]), "tau": payload["tau"], "run": str(run),

@@ -51,8 +51,6 @@ from training.loading import (
     DIRECTOR_FILE,
     AnySplit,
     load_director,
-    load_view,
-    run_family,
 )
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.ood_metrics import ood_report, threshold_at_tpr
@@ -129,7 +127,7 @@ def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) 
     Text models are measured as pickled eager modules (the baselines hold transformers modules, which do not
     script; DIRECTOR is measured the same way so the ratios compare like with like)."""
     ev, inputs, cfg = evaluation.ev, evaluation.inputs, evaluation.cfg
-    scriptable = run_family(evaluation.run_dir)[0].scriptable
+    scriptable = evaluation.opened.family.scriptable
     singles = inputs.singles(inputs.test, ev.latency_images)
     batch = inputs.test.first_args(ev.latency_images)
     keys = list(dict.fromkeys((m.source, m.n_samples) for m in methods))  # [(source, S)] each timed once
@@ -255,7 +253,7 @@ def evaluate(cfg: PipelineConfig, command: str | None = None) -> Path:
     set_threads(cfg.threads)
     evaluation = Evaluation(cfg)
     fitted = build_sources(evaluation)
-    errors = KernelErrors(evaluation.sources["director"].model, load_view(evaluation.run_dir))
+    errors = KernelErrors(evaluation.sources["director"].model, evaluation.opened.view())
     methods = build_methods(evaluation)
     draws_test = fitted["draws_test"]
     results: dict[str, Any] = {

@@ -61,7 +61,7 @@ from training.export.writing import (
     staging_dir,
     write_manifest,
 )
-from training.loading import AnySplit, Director, load_backbone, load_director, run_family
+from training.loading import AnySplit, Director, RunBackbone
 from training.runtime import StepProgress, set_threads
 
 EXPORT_STEPS = ("noise temperature and default S", "DIRECTOR's artifact and feature statistics",
@@ -145,11 +145,10 @@ class ExportRun:
 
 def load_run(cfg: PipelineConfig) -> ExportRun:
     """The run's DIRECTOR, backbone and modality parts, loaded once for every later step."""
-    run_dir = Path(cfg.run_dir)
-    director, payload = load_director(run_dir)
-    backbone = load_backbone(run_dir)
-    family, backbone_payload = run_family(run_dir)
-    return ExportRun(cfg, director, payload, backbone, backbone_payload, export_parts(cfg, family, backbone))
+    opened = RunBackbone.open(cfg.run_dir)  # backbone.pt read once
+    director, payload = opened.director()
+    return ExportRun(cfg, director, payload, opened.backbone, opened.payload,
+                     export_parts(cfg, opened.family, opened.backbone))
 
 
 def stage_artifact(run: ExportRun, tmp_dir: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule]:

@@ -28,7 +28,7 @@ from training.export.feature_statistics import keep_scores
 from training.export.parts import export_parts
 from training.export.torch_export import write_compiled
 from training.export.writing import json_safe, load_scripted
-from training.loading import load_backbone, load_director, run_family
+from training.loading import RunBackbone
 from training.runtime import set_threads
 
 
@@ -38,9 +38,9 @@ def compile_beside(config: Path, version: Path, out: Path, device: str = "cpu",
     run on one yet) and its manifest naming the package; returns the manifest's ``artifact`` entries that name it."""
     cfg = load_config(config, overrides)
     manifest = parse_manifest(read_document(version))
-    director, _ = load_director(cfg.run_dir)
-    family, _ = run_family(cfg.run_dir)
-    parts = export_parts(cfg, family, load_backbone(cfg.run_dir))
+    opened = RunBackbone.open(cfg.run_dir)  # backbone.pt read once
+    director, _ = opened.director()
+    parts = export_parts(cfg, opened.family, opened.backbone)
     director.rollout.noise_scale.fill_(manifest.sampling.noise_scale or 1.0)
     director.rollout.set_token_correlation(manifest.sampling.token_correlation or 0.0)
     with tempfile.TemporaryDirectory() as scratch:
