@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -29,10 +30,11 @@ def tiny_config_dict(tmp_path: Path) -> dict:
         "distil": {"epochs": 2, "batch_size": 64, "warmup_steps": 2, "tau_images": 100, "stats_batches": 2,
                    "val_images": 100, "val_samples": 4},
         # the DIRECTOR path whatever the verdict: these tests read its artifact (tests/training/export/test_verdict.py
-        # covers method auto)
+        # covers method auto, at the default verdict_bootstrap; here the verdict is only recorded, its intervals from
+        # 50 resamples, which keeps the export's bootstrap from dominating its time)
         "export": {"name": "tiny", "method": "director", "repository": str(tmp_path / "repo"), "threshold_images": 100,
                    "ood_validation_images": 60, "sample_counts": [1, 2, 4], "default_samples": 4,
-                   "max_samples": 8, "docs_dir": str(tmp_path / "docs")},
+                   "max_samples": 8, "docs_dir": str(tmp_path / "docs"), "verdict_bootstrap": 50},
     }
 
 
@@ -57,7 +59,7 @@ def tiny_text_config_dict(tmp_path: Path) -> dict:
                    "threshold_images": 60,
                    "ood_validation_images": 40, "sample_counts": [1, 2, 4], "default_samples": 4,
                    "max_samples": 8, "noise_scale_grid": [0.5, 1.0],
-                   "docs_dir": str(tmp_path / "docs")},
+                   "docs_dir": str(tmp_path / "docs"), "verdict_bootstrap": 50},  # as tiny_config_dict's
         "evaluate": {"ood_images": 60},
     }
 
@@ -76,14 +78,52 @@ def export_tiny(tmp: Path, raw: dict) -> tuple[Path, Path]:
     return config, folder
 
 
-def export_zero_step_kernel(tmp: Path, fit_epochs: int) -> tuple[Path, Path]:
+def copy_export(exported: tuple[Path, Path], tmp: Path) -> tuple[Path, Path]:
+    """A private copy under ``tmp`` of a tiny run exported by ``export_tiny`` (its run folder, repository and docs),
+    its config pointed at the copy: for a test that writes into the run or its version folder, so the shared run
+    (``tiny_export``, ``tiny_text_export``) stays as exported. Returns (config path, version folder)."""
+    config, folder = exported
+    source = config.parent
+    raw = yaml.safe_load(config.read_text())
+    for name in ("run", "repo", "docs"):
+        if (source / name).exists():
+            shutil.copytree(source / name, tmp / name, symlinks=True)
+    raw["run_dir"] = str(tmp / "run")
+    raw["export"]["repository"], raw["export"]["docs_dir"] = str(tmp / "repo"), str(tmp / "docs")
+    copied = tmp / config.name
+    copied.write_text(yaml.safe_dump(raw))
+    return copied, tmp / folder.relative_to(source)
+
+
+def export_zero_step_kernel(tmp: Path, fit_epochs: int, fitted: Path | None = None) -> tuple[Path, Path]:
     """The tiny image pipeline under ``export.method: auto``, its backbone fitted for ``fit_epochs`` and its kernel
-    trained for zero steps (the identity mean map at the observed variance); returns (config path, version folder)."""
+    trained for zero steps (the identity mean map at the observed variance); returns (config path, version folder).
+    ``fitted``: the run folder of a tiny run whose backbone was fitted on the same settings for ``fit_epochs``, whose
+    fit checkpoint this run resumes from (so the fit is not repeated)."""
     raw = tiny_config_dict(tmp)
     raw["export"]["method"] = "auto"
+    del raw["export"]["verdict_bootstrap"]  # the verdict decides here: its intervals at the default resamples
     raw["distil"]["epochs"] = 0
     raw["fit"]["epochs"] = fit_epochs
+    if fitted is not None:
+        (tmp / "run").mkdir(parents=True)
+        shutil.copy(fitted / "backbone_ckpt.pt", tmp / "run" / "backbone_ckpt.pt")
     return export_tiny(tmp, raw)
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny image pipeline run once for the session (fit-backbone, distil, export; about 15 s): (config path,
+    version folder ``<tmp>/repo/tiny/1``). Shared: tests only read it; one that writes works on ``copy_export``."""
+    tmp = tmp_path_factory.mktemp("tiny-pipeline")
+    return export_tiny(tmp, tiny_config_dict(tmp))
+
+
+@pytest.fixture(scope="session")
+def tiny_text_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny text pipeline run once for the session (about 30 s), shared as ``tiny_export`` is."""
+    tmp = tmp_path_factory.mktemp("tiny-text-pipeline")
+    return export_tiny(tmp, tiny_text_config_dict(tmp))
 
 
 @pytest.fixture(scope="session")

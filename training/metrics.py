@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 from torchmetrics.functional.classification import multiclass_calibration_error
 
 from models.uncertainty import ECE_BINS, expected_calibration_error
+from training.ood_metrics import auroc
 
 # Recorded next to the numbers, so a reader knows which binning produced them.
 BINNING: dict[str, str] = {
@@ -101,12 +101,13 @@ def aurc(confidence: torch.Tensor, correct: torch.Tensor) -> float:
 
 def misclassification_auroc(confidence: torch.Tensor, correct: torch.Tensor) -> float:
     """AUROC of detecting misclassified inputs: errors are the positive class, lower confidence ranks as more
-    likely an error (scikit-learn ``roc_auc_score``; ties count one half). NaN when every input is correct or
+    likely an error (``training.ood_metrics.auroc``; ties count one half). NaN when every input is correct or
     every input is wrong (the AUROC is undefined)."""
-    errors = (~correct.detach().bool().cpu()).numpy().reshape(-1)
-    if errors.all() or not errors.any():
+    right = correct.detach().bool().cpu().reshape(-1)  # [N]
+    if right.all() or not right.any():
         return math.nan
-    return float(roc_auc_score(errors, -confidence.detach().double().cpu().numpy().reshape(-1)))
+    doubt = -confidence.detach().double().cpu().reshape(-1)  # [N] higher = more likely an error
+    return auroc(doubt[right], doubt[~right])
 
 
 def ece_bootstrap(probs: torch.Tensor, labels: torch.Tensor, n_boot: int = 200, seed: int = 0,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import average_precision_score, roc_auc_score
+from scipy.stats import rankdata
+from sklearn.metrics import average_precision_score
 
 OOD_CONVENTION = "OOD is the positive class; a higher score means more OOD; an input passes when score <= threshold"
 
@@ -23,9 +24,15 @@ def _scores_and_truth(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> tupl
 
 
 def auroc(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> float:
-    """Area under the ROC curve of separating OOD (positive) from ID by the score (ties count one half)."""
-    scores, truth = _scores_and_truth(id_scores, ood_scores)
-    return float(roc_auc_score(truth, scores))
+    """Area under the ROC curve of separating OOD (positive) from ID by the score (ties count one half): the
+    Mann-Whitney statistic over average ranks, which is what ``sklearn.metrics.roc_auc_score`` computes (a test
+    checks they agree) without its input checks, most of its time at the thousands of calls an export makes."""
+    n_id, n_ood = id_scores.numel(), ood_scores.numel()
+    if n_id == 0 or n_ood == 0:
+        raise ValueError(f"AUROC needs inputs of both kinds, got {n_id} in-distribution and {n_ood} OOD")
+    scores, _ = _scores_and_truth(id_scores, ood_scores)
+    ood_ranks = float(rankdata(scores)[n_id:].sum())  # average ranks: a tie counts one half
+    return (ood_ranks - n_ood * (n_ood + 1) / 2) / (n_id * n_ood)
 
 
 def aupr_out(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> float:

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from tests.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKER = REPO_ROOT / "docker"
@@ -266,11 +267,15 @@ def process_group(cmd: list[str], env: dict[str, str], log: Path, cwd: Path = RE
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path, deadline_s: float = 180.0) -> None:
     """Poll ``url`` until 200 (generous deadline: CI machines are loaded); fail early if ``proc`` died."""
-    deadline = time.monotonic() + deadline_s
-    while True:
+    def ready() -> bool:
         assert proc.poll() is None, f"{proc.args} exited {proc.returncode}:\n{log.read_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"{url} not ready in {deadline_s}s:\n{log.read_text()[-4000:]}"
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
+            return httpx.get(url, timeout=2).status_code == 200
+        return False
+
+    try:
+        wait_for(ready, f"{url} to answer 200", timeout_s=deadline_s, poll_s=0.1)
+    except AssertionError as error:
+        if "timed out" in str(error):
+            raise AssertionError(f"{url} not ready in {deadline_s}s:\n{log.read_text()[-4000:]}") from error
+        raise

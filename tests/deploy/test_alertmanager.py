@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.deploy.conftest import (
     wait_http,
 )
 from tests.deploy.test_prometheus_rules import alert_rules
+from tests.waiting import wait_for
 
 RECEIVER = "operators"
 
@@ -146,10 +146,7 @@ def test_the_real_alertmanager_delivers_a_critical_alert(tmp_path: Path,
                             "version": "2", "state": "unavailable"},
                  "annotations": {"summary": "fashion-vit v2 is unavailable", "description": "see GET /models"}}
         assert httpx.post(f"{base}/api/v2/alerts", json=[alert], timeout=10).status_code == 200
-        deadline = time.monotonic() + 60
-        while not received:
-            assert time.monotonic() < deadline, (tmp_path / "alertmanager.log").read_text()
-            time.sleep(0.25)
+        wait_for(lambda: received, f"the alert's delivery (log: {tmp_path / 'alertmanager.log'})", poll_s=0.05)
     (message,) = received
     attachment = message["attachments"][0]
     assert attachment["title"] == "[FIRING:1] DirectorModelNotReady"

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from tests.deploy.conftest import DOCKER, free_port
 from tests.service.pg_cluster import postgres_bindir
+from tests.waiting import wait_for
 
 ENTRYPOINT = DOCKER / "local" / "postgres-entrypoint.sh"
 PASSWORD = "a-long-random-password"
@@ -45,15 +45,20 @@ def start(root: Path, port: int) -> subprocess.Popen[str]:
 
 
 def connect(port: int, password: str) -> psycopg.Connection:
-    deadline = time.monotonic() + 60
-    while True:
+    connections: list[psycopg.Connection] = []
+
+    def connected() -> bool:
         try:
-            return psycopg.connect(host="127.0.0.1", port=port, user="director", password=password,
-                                   dbname="director", connect_timeout=5, autocommit=True)
+            connections.append(psycopg.connect(host="127.0.0.1", port=port, user="director", password=password,
+                                               dbname="director", connect_timeout=5, autocommit=True))
         except psycopg.OperationalError as error:
-            if "password authentication failed" in str(error) or time.monotonic() > deadline:
+            if "password authentication failed" in str(error):
                 raise
-            time.sleep(0.2)
+            return False
+        return True
+
+    wait_for(connected, "the server to take connections", poll_s=0.1)
+    return connections[-1]
 
 
 def stop(proc: subprocess.Popen[str]) -> str:

@@ -57,6 +57,7 @@ from tests.deploy.promql import (
 )
 from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
 from tests.service.conftest import separates_by_relative_score
+from tests.waiting import wait_for as wait_on
 from training.data.images import load_fashion_mnist_split
 
 FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -116,13 +117,14 @@ def values(data: dict[str, Any]) -> list[float]:
 
 
 def wait_for(prometheus_url: str, expr: str, predicate: Any, timeout_s: float = 60.0) -> list[float]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = values(query(prometheus_url, expr))
-        if found and predicate(found):
-            return found
-        assert time.monotonic() < deadline, f"{expr} never satisfied the condition (last: {found})"
-        time.sleep(0.25)
+    found: list[list[float]] = []
+
+    def holds() -> bool:
+        found.append(values(query(prometheus_url, expr)))
+        return bool(found[-1]) and predicate(found[-1])
+
+    wait_on(holds, f"{expr} to satisfy the condition", timeout_s=timeout_s, poll_s=0.1)
+    return found[-1]
 
 
 def wait_equal(prometheus_url: str, expr: str, expected: float) -> None:
@@ -201,7 +203,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             ids = predict_phase(client, in_distribution, DECISIONS)
             wait_equal(prometheus_url, "sum(director_predictions_total)", PHASE_IMAGES)
             t_in_distribution = time.time()
-            time.sleep(1.5)
+            # a scrape after that instant, before the noise: a query at it reads the in-distribution phase alone
+            wait_for(prometheus_url, "max(timestamp(director_predictions_total))", lambda v: v[0] > t_in_distribution)
             predict_phase(client, noise)
             wait_equal(prometheus_url, "sum(director_predictions_total)", 2 * PHASE_IMAGES)
             t_ood = time.time()

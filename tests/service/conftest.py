@@ -15,7 +15,6 @@ import math
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,28 +34,24 @@ from service.config import Settings
 from service.server import DirectorServer, uvicorn_config
 from service.state import AppState, Lifecycle
 from tests.service.pg_cluster import PostgresCluster
+from tests.waiting import until as until  # the suite's waits: the service tests import them from here
+from tests.waiting import wait_for as wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
 
 
 @pytest.fixture(scope="session")
-def tiny_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``<tmp>/repo/tiny/1``: fit-backbone, distil and export on the tiny config (about 15 s)."""
-    from tests.conftest import export_tiny, tiny_config_dict
-
-    tmp = tmp_path_factory.mktemp("tiny-pipeline")
-    return export_tiny(tmp, tiny_config_dict(tmp))[1]
+def tiny_artifact(tiny_export: tuple[Path, Path]) -> Path:
+    """``<tmp>/repo/tiny/1``: fit-backbone, distil and export on the tiny config (the session's ``tiny_export``)."""
+    return tiny_export[1]
 
 
 @pytest.fixture(scope="session")
-def tiny_text_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_text_artifact(tiny_text_export: tuple[Path, Path]) -> Path:
     """``<tmp>/repo/tiny-text/1``: the text pipeline on the tiny text config (tiny BERT, WordPiece vocabulary of 400,
-    max_length 32 tokens, max_characters 200; about 30 s)."""
-    from tests.conftest import export_tiny, tiny_text_config_dict
-
-    tmp = tmp_path_factory.mktemp("tiny-text-pipeline")
-    folder = export_tiny(tmp, tiny_text_config_dict(tmp))[1]
+    max_length 32 tokens, max_characters 200; the session's ``tiny_text_export``)."""
+    folder = tiny_text_export[1]
     assert (folder / TOKENIZER).is_file()
     return folder
 
@@ -109,16 +104,13 @@ def serve(settings: Settings, wait_ready: bool = True) -> Iterator[Running]:
                             settings.shutdown_grace_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 180  # generous: a loaded CI machine may take long to warm a model up
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
+    # generous: a loaded CI machine may take long to warm a model up
+    wait_for(lambda: server.started or not thread.is_alive(), "the server to start", timeout_s=180)
+    assert server.started, "server did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     state: AppState = app.state.director
-    while not state.repository.scanned_once:
-        assert time.monotonic() < deadline, "repository scan did not finish"
-        time.sleep(0.02)
+    wait_for(lambda: state.repository.scanned_once, "the repository scan", timeout_s=180)
     if wait_ready:
         assert httpx.get(f"{url}/health/ready", timeout=30).status_code == 200
     try:
@@ -208,22 +200,6 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
         cluster.remove()
 
 
-def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
-    """Poll ``condition()`` until true; the timeout only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
-async def until(condition: Any, what: str, timeout_s: float = 60.0) -> None:
-    """``wait_for`` inside an event loop: yield to it until ``condition()`` holds (what it waits on runs there)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
-
-
 def one_batch(server: Running, model: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
     """POST ``bodies`` to /predict for ``model`` so that the worker packs them into batches by its budget alone, not
     by arrival times: a seeded request (which runs alone) is held inside its forward by taking the device lock,
@@ -244,13 +220,12 @@ def one_batch(server: Running, model: str, bodies: list[dict[str, Any]]) -> list
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             blocker = asyncio.ensure_future(client.post("/predict", json={
                 "model": model, "inputs": bodies[0]["inputs"][:1], "n_samples": 1, "seed": 0}))
-            while not (worker.depth == 0 and not worker.idle):  # the seeded request is in its forward
-                assert not blocker.done(), blocker.result().text
-                await asyncio.sleep(0.005)
+            await until(lambda: (worker.depth == 0 and not worker.idle) or blocker.done(),
+                        "the seeded request in its forward")
+            assert not blocker.done(), blocker.result().text
             tasks = [asyncio.ensure_future(client.post("/predict", json={**body, "model": model})) for body in bodies]
-            while worker.depth < len(bodies):
-                assert not any(t.done() for t in tasks), [t.result().text for t in tasks if t.done()]
-                await asyncio.sleep(0.005)
+            await until(lambda: worker.depth >= len(bodies) or any(t.done() for t in tasks), "every body queued")
+            assert not any(t.done() for t in tasks), [t.result().text for t in tasks if t.done()]
             release()
             responses = await asyncio.gather(*tasks)
             assert (await blocker).status_code == 200

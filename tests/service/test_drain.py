@@ -9,13 +9,12 @@ import contextlib
 import json
 import signal
 import socket
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from tests.service.conftest import random_pixels, read_response
+from tests.service.conftest import random_pixels, read_response, wait_for
 from tests.service.test_process import service_process
 
 PIXELS = random_pixels(np.random.default_rng(0))[0]
@@ -61,14 +60,15 @@ def test_sigterm_serves_through_the_grace_then_closes_without_losing_a_request(t
         used, begun, idle, ready_probe = connections
 
         proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while True:  # readiness turns first
+        probes: list[tuple[int, dict[str, str], dict]] = []
+
+        def turned() -> bool:  # readiness turns first
             ready_probe.sendall(request_bytes("GET", "/health/ready"))
-            status, fields, body = read_response(ready_probe)
-            if status == 503:
-                break
-            assert time.monotonic() < deadline, "readiness never turned 503"
-            time.sleep(0.05)
+            probes.append(read_response(ready_probe))
+            return probes[-1][0] == 503
+
+        wait_for(turned, "readiness to turn 503", timeout_s=30, poll_s=0.05)
+        status, fields, body = probes[-1]
         assert body["draining"] is True and fields["connection"] == "close"
         assert eof(ready_probe)  # the server closed it after the response it announced as the last
 
@@ -83,10 +83,7 @@ def test_sigterm_serves_through_the_grace_then_closes_without_losing_a_request(t
             assert status == 200 and fields["connection"] == "close"
 
         begun.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n")  # a request that reached the server, half sent
-        deadline = time.monotonic() + 30
-        while not refused(host, port):  # after the grace, the listener closes
-            assert time.monotonic() < deadline, "the listener never closed"
-            time.sleep(0.05)
+        wait_for(lambda: refused(host, port), "the listener to close after the grace", timeout_s=30, poll_s=0.05)
         assert eof(idle)  # nothing was sent on it: closed cleanly, not reset
         begun.sendall(b"\r\n")
         status, fields, body = read_response(begun)

@@ -5,13 +5,12 @@ no prediction."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from tests.service.conftest import metric_value, random_pixels, serve, settings_for
+from tests.service.conftest import metric_value, random_pixels, serve, settings_for, wait_for
 from tests.service.pg_cluster import PostgresCluster
 from tests.service.test_process import service_process
 
@@ -36,10 +35,10 @@ def label_on_the_other_replica(url: str, out: dict, index: int, right: bool) -> 
     """``label`` sent to a replica that did not serve ``out``: the serving replica writes its prediction log to the
     shared store every 0.1 s (docs/operations.md), so until then the prediction is unknown here (404, nothing
     recorded) and the label is sent again, for at most 10 s."""
-    deadline = time.monotonic() + 10.0
-    while (response := label(url, out, index, right)).status_code == 404 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return response
+    responses: list[httpx.Response] = []
+    wait_for(lambda: responses.append(label(url, out, index, right)) or responses[-1].status_code != 404,
+             "the serving replica's prediction log in the shared store", timeout_s=10.0, poll_s=0.05)
+    return responses[-1]
 
 
 def live(url: str) -> tuple[float | None, float | None]:
@@ -99,10 +98,10 @@ def test_a_database_that_goes_away_fails_feedback_not_predictions(tiny_repositor
         finally:
             postgres_cluster.start()
         # back (once the pool has reconnected): what was predicted during the outage was written, and takes labels
-        deadline = time.monotonic() + 60
-        while (response := label(server.url, during[0], 1, right=False)).status_code == 503:
-            assert time.monotonic() < deadline, response.text
-            time.sleep(0.5)
+        answers: list[httpx.Response] = []
+        wait_for(lambda: answers.append(label(server.url, during[0], 1, right=False)) or
+                 answers[-1].status_code != 503, "the pool to reconnect", timeout_s=60, poll_s=0.5)
+        response = answers[-1]
         for out in during[1:]:
             response = label(server.url, out, 1, right=False)
             assert response.status_code == 200, response.text

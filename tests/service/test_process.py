@@ -3,7 +3,6 @@ on SIGTERM, several workers with multiprocess metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
@@ -11,8 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 from pydantic import SecretStr
 
 from service.config import Settings
-from tests.service.conftest import REPO_ROOT, copy_version, metric_value, random_pixels
+from tests.service.conftest import REPO_ROOT, copy_version, metric_value, random_pixels, wait_for
 
 
 def free_port() -> int:
@@ -38,17 +37,15 @@ def service_process(args: list[str], env: dict[str, str]) -> Iterator[tuple[subp
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        with contextlib.suppress(httpx.TransportError):
+            return httpx.get(f"{url}/health/ready", timeout=2).status_code == 200
+        return False
+
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "service did not become ready"
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_for(ready, "the service to become ready", timeout_s=180, poll_s=0.1)
         yield proc, url
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -59,12 +56,14 @@ def service_process(args: list[str], env: dict[str, str]) -> Iterator[tuple[subp
 def post_when_every_worker_is_ready(url: str, body: dict, attempts: int = 150) -> httpx.Response:
     """/health/ready answered by one worker says nothing of the other, which may still be loading and answers
     503 + Retry-After (by design): retry those, bounded, on fresh connections."""
-    for _ in range(attempts):
-        response = httpx.post(url, json=body, timeout=30)
-        if response.status_code != 503:
-            return response
-        time.sleep(0.2)
-    return response
+    answers: list[httpx.Response] = []
+
+    def answered() -> bool:
+        answers.append(httpx.post(url, json=body, timeout=30))
+        return answers[-1].status_code != 503 or len(answers) == attempts
+
+    wait_for(answered, "an answer from a worker that has loaded", timeout_s=180, poll_s=0.2)
+    return answers[-1]
 
 
 def test_help_lists_every_setting() -> None:
@@ -96,17 +95,26 @@ def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> Non
     body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
     with service_process(args, env) as (proc, url):
 
-        async def scenario() -> tuple[list[httpx.Response], int]:
-            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                in_flight = [asyncio.create_task(client.post("/predict", json=body)) for _ in range(6)]
-                await asyncio.sleep(0.3)
-                proc.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.3)
-                ready = await client.get("/health/ready")  # still listening during the grace period
-                return await asyncio.gather(*in_flight), ready.status_code
+        def admitted() -> float:
+            """Requests the server has taken: queued or running (the queue's depth, set on each change) plus
+            answered; it reaches 6 only once all six are in."""
+            text = httpx.get(f"{url}/metrics", timeout=30).text
+            waiting = metric_value(text, "director_queue_depth", model="tiny", version="1") or 0.0
+            return waiting + (metric_value(text, "director_requests_total", endpoint="/predict", code="200") or 0.0)
 
-        responses, ready_status = asyncio.run(scenario())
-        assert ready_status == 503
+        ready_statuses: list[int] = []  # still listening during the grace period, readiness turned first
+
+        def turned() -> bool:
+            ready_statuses.append(httpx.get(f"{url}/health/ready", timeout=30).status_code)
+            return ready_statuses[-1] == 503
+
+        with ThreadPoolExecutor(6) as pool:
+            in_flight = [pool.submit(httpx.post, f"{url}/predict", json=body, timeout=60) for _ in range(6)]
+            wait_for(lambda: admitted() >= 6, "all six requests in the server", poll_s=0.02)
+            proc.send_signal(signal.SIGTERM)
+            wait_for(turned, "readiness to turn 503", poll_s=0.02)
+            responses = [future.result() for future in in_flight]
+        assert set(ready_statuses) <= {200, 503} and ready_statuses[-1] == 503
         assert [r.status_code for r in responses] == [200] * 6
         # uvicorn re-raises the captured SIGTERM after its graceful shutdown (exit status 143 in a shell)
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
@@ -115,13 +123,14 @@ def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> Non
 
 
 def wait_for_metrics(url: str, condition: Callable[[str], bool], what: str, deadline_s: float = 120.0) -> str:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        text = httpx.get(f"{url}/metrics", timeout=30).text
-        if condition(text):
-            return text
-        assert time.monotonic() < deadline, f"gave up waiting for {what}:\n{text}"
-        time.sleep(0.1)
+    scraped: list[str] = []
+
+    def holds() -> bool:
+        scraped.append(httpx.get(f"{url}/metrics", timeout=30).text)
+        return condition(scraped[-1])
+
+    wait_for(holds, what, timeout_s=deadline_s, poll_s=0.1)
+    return scraped[-1]
 
 
 def test_two_workers_give_whole_totals_in_multiprocess_mode(tiny_artifact: Path, tmp_path: Path) -> None:

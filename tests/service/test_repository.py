@@ -14,7 +14,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.service.conftest import copy_version, metric_value, random_pixels, serve, settings_for, wait_for
+from tests.service.conftest import (
+    copy_version,
+    metric_value,
+    random_pixels,
+    serve,
+    settings_for,
+    until,
+    wait_for,
+)
 
 
 def break_artifacts(tiny_artifact: Path, repository: Path) -> None:
@@ -100,8 +108,8 @@ def test_new_version_is_picked_up_while_requests_run(tiny_artifact: Path, tmp_pa
                         ) >= 10:
                             return
 
-                async def publish() -> None:
-                    await asyncio.sleep(0.5)
+                async def publish() -> None:  # once version 1 has answered the clients' first requests
+                    await until(lambda: len(responses) >= 8, "version 1's first answers", timeout_s=30)
                     await asyncio.to_thread(copy_version, tiny_artifact, repository, "tiny", "2")
 
                 await asyncio.gather(publish(), *(client_loop() for _ in range(4)))
@@ -118,10 +126,8 @@ def test_new_version_is_picked_up_while_requests_run(tiny_artifact: Path, tmp_pa
                                                                                        random_pixels(rng)[0]}]})
         assert pinned.json()["model_version"] == "1"
         shutil.rmtree(repository / "tiny" / "1")
-        deadline = time.monotonic() + 10
-        while len(httpx.get(f"{server.url}/models/tiny").json()["versions"]) != 1:
-            assert time.monotonic() < deadline, "removed version still listed"
-            time.sleep(0.1)
+        wait_for(lambda: len(httpx.get(f"{server.url}/models/tiny").json()["versions"]) == 1,
+                 "the removed version to leave the list", timeout_s=10, poll_s=0.1)
         gone = httpx.post(f"{server.url}/predict", json={"version": "1", "inputs": [{"pixels":
                                                                                      random_pixels(rng)[0]}]})
         assert gone.status_code == 404

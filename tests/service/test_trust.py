@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 
 from artifact.contract import ARTIFACT, MANIFEST, sha256_file
-from tests.service.conftest import copy_version, random_pixels, serve, settings_for
+from tests.service.conftest import copy_version, random_pixels, serve, settings_for, wait_for
 
 BODY = {"inputs": [{"pixels": random_pixels(np.random.default_rng(0))[0]}], "n_samples": 1}
 
@@ -76,16 +75,17 @@ def test_an_unreadable_allowlist_refuses_everything(tiny_artifact: Path, tmp_pat
             assert httpx.get(f"{server.url}/health/ready", timeout=30).status_code == 503
 
 
-def wait_for(url: str, model: str, version: str, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+def entry_once(url: str, model: str, version: str, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     """The version's ``/models`` entry once ``predicate`` holds (the repository is polled)."""
-    deadline = time.monotonic() + 30
-    while True:
-        entry = {v["version"]: v for v in httpx.get(f"{url}/models/{model}", timeout=30).json()["versions"]}.get(
-            version, {})
-        if predicate(entry):
-            return entry
-        assert time.monotonic() < deadline, entry
-        time.sleep(0.1)
+    entries: list[dict[str, Any]] = []
+
+    def holds() -> bool:
+        versions = httpx.get(f"{url}/models/{model}", timeout=30).json()["versions"]
+        entries.append({v["version"]: v for v in versions}.get(version, {}))
+        return predicate(entries[-1])
+
+    wait_for(holds, f"{model} version {version}'s entry in /models", timeout_s=30, poll_s=0.1)
+    return entries[-1]
 
 
 def test_files_named_outside_the_version_folder_are_refused(tiny_artifact: Path, tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_an_allowlist_edit_takes_effect_at_the_next_scan(tiny_artifact: Path, tm
         assert states(server.url, "tiny")["2"][0] == "unavailable"
         with allowlist.open("a") as handle:
             handle.write(f"{sha256_file(other / ARTIFACT)}\n")
-        wait_for(server.url, "tiny", "2", lambda v: v.get("state") == "ready")  # the folder itself never changed
+        entry_once(server.url, "tiny", "2", lambda v: v.get("state") == "ready")  # the folder itself never changed
         assert httpx.post(f"{server.url}/predict", json=BODY, timeout=60).json()["model_version"] == "2"
 
 
@@ -165,10 +165,10 @@ def test_a_failed_reload_keeps_the_version_serving(tiny_artifact: Path, tmp_path
     serving = copy_version(tiny_artifact, repository, "tiny", "2")
     with serve(settings_for(repository, tmp_path, poll_interval_s=0.1)) as server:
         (serving / ARTIFACT).write_bytes(b"not a model any more")
-        entry = wait_for(server.url, "tiny", "2", lambda v: v.get("reload_error") is not None)
+        entry = entry_once(server.url, "tiny", "2", lambda v: v.get("reload_error") is not None)
         assert entry["state"] == "ready" and "sha256 mismatch" in entry["reload_error"]
         for _ in range(3):
             response = httpx.post(f"{server.url}/predict", json=BODY, timeout=60)
             assert response.status_code == 200 and response.json()["model_version"] == "2"
         shutil.copy(tiny_artifact / ARTIFACT, serving / ARTIFACT)  # repaired: reloaded, the error gone
-        wait_for(server.url, "tiny", "2", lambda v: v.get("state") == "ready" and v.get("reload_error") is None)
+        entry_once(server.url, "tiny", "2", lambda v: v.get("state") == "ready" and v.get("reload_error") is None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,7 +38,7 @@ class Load:
                 outcome = str(httpx.post(f"{self.url}/predict", json=BODY, timeout=10).status_code)
             except httpx.ConnectError:
                 outcome = "refused"
-                time.sleep(0.05)
+                self.stop.wait(0.05)  # a pause before the next try, cut short when the test is over
             except httpx.TransportError:
                 outcome = "unanswered"
             self.outcomes[outcome] += 1
@@ -71,20 +70,15 @@ def test_a_killed_worker_is_replaced_and_no_request_gets_an_error(tiny_repositor
            "PROMETHEUS_MULTIPROC_DIR": str(prom_dir)}
     with service_process(["--model-repository", str(tiny_repository), *worker_args(0)], env) as (proc, url):
         with Load(url) as load:
-            deadline = time.monotonic() + 60
-            while len(served := answered_by_worker(prom_dir, "/predict")) < 2:  # both workers take connections
-                assert time.monotonic() < deadline, served
-                time.sleep(0.1)
-            victim = int(next(iter(served)))
+            wait_for(lambda: len(answered_by_worker(prom_dir, "/predict")) >= 2, "both workers to take connections",
+                     poll_s=0.1)
+            victim = int(next(iter(answered_by_worker(prom_dir, "/predict"))))
             before = children(proc.pid)
             os.kill(victim, signal.SIGKILL)
-            while not (replacements := children(proc.pid) - before):
-                assert time.monotonic() < deadline, "no replacement worker"
-                time.sleep(0.1)
-            replacement = str(next(iter(replacements)))
-            while answered_by_worker(prom_dir, "/predict")[replacement] < 5:  # it serves, once loaded
-                assert time.monotonic() < deadline, "the replacement never served"
-                time.sleep(0.1)
+            wait_for(lambda: children(proc.pid) - before, "a replacement worker", poll_s=0.1)
+            replacement = str(next(iter(children(proc.pid) - before)))
+            wait_for(lambda: answered_by_worker(prom_dir, "/predict")[replacement] >= 5,  # it serves, once loaded
+                     "the replacement to serve", poll_s=0.1)
         outcomes = load.outcomes
     assert set(outcomes) <= {"200", "unanswered"}, outcomes  # no 503 from a worker still loading, no 5xx
     assert outcomes["unanswered"] <= CLIENTS  # only requests the killed worker had taken
@@ -100,10 +94,8 @@ def test_a_drain_under_load_with_two_workers_answers_every_request(tiny_reposito
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
             after_exit = load.outcomes["refused"]
-            deadline = time.monotonic() + 10
-            while load.outcomes["refused"] < after_exit + CLIENTS:  # each client tries once more, and is refused
-                assert time.monotonic() < deadline, load.outcomes
-                time.sleep(0.05)
+            wait_for(lambda: load.outcomes["refused"] >= after_exit + CLIENTS,  # each client tries once more
+                     "each client to be refused once more", timeout_s=10, poll_s=0.05)
         outcomes = load.outcomes
     assert outcomes["unanswered"] == 0, outcomes  # none left hanging in the socket's backlog, none reset
     assert set(outcomes) <= {"200", "503", "refused"}, outcomes

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from tests.service.conftest import metric_value, random_pixels
+from tests.service.conftest import metric_value, random_pixels, wait_for
 from tests.service.test_process import post_when_every_worker_is_ready, service_process
 
 
@@ -34,12 +33,10 @@ def answered_by_worker(prom_dir: Path, endpoint: str) -> Counter[str]:
 
 def post_feedback(url: str, body: dict) -> httpx.Response:
     """The prediction's log reaches the shared file on its worker's next flush (every 0.1 s): retry 404, bounded."""
-    for _ in range(100):
-        response = httpx.post(f"{url}/feedback", json=body, timeout=30)
-        if response.status_code != 404:
-            return response
-        time.sleep(0.1)
-    return response
+    responses: list[httpx.Response] = []
+    wait_for(lambda: responses.append(httpx.post(f"{url}/feedback", json=body, timeout=30)) or
+             responses[-1].status_code != 404, "the prediction's log in the shared file", poll_s=0.1)
+    return responses[-1]
 
 
 def test_two_workers_share_totals_and_feedback_and_drain_through_the_grace(tiny_repository: Path,
@@ -82,10 +79,8 @@ def test_two_workers_share_totals_and_feedback_and_drain_through_the_grace(tiny_
         assert len(pids) == 2, pids
 
         proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/health/ready", timeout=30).status_code != 503:  # readiness turns first
-            assert time.monotonic() < deadline, "readiness never turned 503"
-            time.sleep(0.05)
+        wait_for(lambda: httpx.get(f"{url}/health/ready", timeout=30).status_code == 503,  # readiness turns first
+                 "readiness to turn 503", timeout_s=30, poll_s=0.05)
         during_grace = [httpx.post(f"{url}/predict", json=body, timeout=30) for _ in range(2)]
         assert [r.status_code for r in during_grace] == [200] * 2
         assert all(r.headers["connection"] == "close" for r in during_grace)
@@ -117,10 +112,8 @@ def test_workers_exit_when_their_supervisor_is_killed(tiny_repository: Path, tmp
             except (FileNotFoundError, ProcessLookupError):
                 return False
 
-        deadline = time.monotonic() + 60
-        while any(running(pid) for pid in workers):
-            assert time.monotonic() < deadline, "workers outlived their supervisor"
-            time.sleep(0.2)
+        wait_for(lambda: not any(running(pid) for pid in workers), "the workers to end with their supervisor",
+                 poll_s=0.2)
         parts = urlsplit(url)
         with socket.socket() as probe:  # nobody listens any more
             assert probe.connect_ex((parts.hostname, parts.port)) != 0

@@ -26,6 +26,18 @@ def test_auroc_and_aupr_match_sklearn_with_explicit_labels(seed: int) -> None:
     assert aupr_in(id_scores, ood_scores) == pytest.approx(average_precision_score(1 - y_ood, -s), abs=1e-12)
 
 
+def test_auroc_counts_ties_one_half_as_sklearn_does() -> None:
+    """Scores rounded to a few values: many ties within and across the two kinds."""
+    gen = torch.Generator().manual_seed(4)
+    id_scores = torch.randint(0, 6, (400,), generator=gen).double()
+    ood_scores = torch.randint(2, 8, (150,), generator=gen).double()
+    truth = np.array([0] * 400 + [1] * 150)
+    expected = roc_auc_score(truth, np.concatenate([id_scores.numpy(), ood_scores.numpy()]))
+    assert auroc(id_scores, ood_scores) == pytest.approx(expected, abs=1e-12)
+    with pytest.raises(ValueError, match="both kinds"):
+        auroc(id_scores, torch.zeros(0))
+
+
 def test_perfect_and_inverted_separators() -> None:
     id_scores = torch.linspace(0.0, 1.0, 100)
     ood_scores = torch.linspace(2.0, 3.0, 50)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_files
+from tests.conftest import copy_export
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.cli import main
 from training.config import load_config
@@ -20,12 +21,10 @@ from training.runtime import load_checkpoint
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Run the three stages once for the module; returns (config path, artifact folder)."""
-    from tests.conftest import export_tiny, tiny_config_dict
-
-    tmp = tmp_path_factory.mktemp("pipeline")
-    return export_tiny(tmp, tiny_config_dict(tmp))
+def exported(tiny_export: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The three stages run once for the session (``tiny_export``, read only here); returns (config path, artifact
+    folder)."""
+    return tiny_export
 
 
 def test_stages_write_checkpoints_with_their_config(exported: tuple[Path, Path]) -> None:
@@ -196,11 +195,11 @@ def test_a_token_correlation_grid_is_fitted_recorded_and_scripted(exported: tupl
     """Two token correlations: the export fits them with the noise temperature on validation and its rotated copy,
     the manifest records the one chosen, the provenance every grid point, the default S is chosen on validation and
     on that shift, and the TorchScript artifact samples with it (the buffer travels in the file)."""
-    config, _ = exported
-    repo = tmp_path / "repo"
+    config, _ = copy_export(exported, tmp_path)  # the export writes into its run folder too
+    repo, docs = tmp_path / "grid-repo", tmp_path / "grid-docs"
     assert main(["export", "--config", str(config), "--set", "export.noise_correlation_grid=[0.0, 1.0]",
                  "--set", "export.default_samples=null", "--set", "export.default_samples_reference=8",
-                 "--set", f"export.repository={repo}", "--set", f"export.docs_dir={tmp_path / 'docs'}"]) == 0
+                 "--set", f"export.repository={repo}", "--set", f"export.docs_dir={docs}"]) == 0
     cfg = load_config(config)
     folder = repo / cfg.export.name / str(cfg.export.version)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -225,6 +224,6 @@ def test_a_token_correlation_grid_is_fitted_recorded_and_scripted(exported: tupl
         assert manifest["temperature"] == 1.0
     artifact = load_scripted(folder / "director.ts")
     assert float(artifact.rollout.token_correlation) == rho
-    page = (tmp_path / "docs" / f"{cfg.export.name}.md").read_text()
+    page = (docs / f"{cfg.export.name}.md").read_text()
     assert "Token correlation of the sampled noise" in page
     assert "on the held-out shift the noise was shaped on is, on each," in page

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from artifact.contract import ARTIFACT
-from tests.conftest import export_tiny, tiny_config_dict
+from tests.conftest import copy_export
 from training.cli import main
 from training.config import load_config
 from training.export.writing import save_scripted, script_module
@@ -18,8 +18,9 @@ from training.loading import load_backbone, load_director
 from training.restore_run import restore_run
 
 
-def test_a_restored_run_equals_the_one_that_exported_the_artifacts(tmp_path: Path) -> None:
-    config, folder = export_tiny(tmp_path, tiny_config_dict(tmp_path))
+def test_a_restored_run_equals_the_one_that_exported_the_artifacts(tiny_export: tuple[Path, Path],
+                                                                    tmp_path: Path) -> None:
+    config, folder = copy_export(tiny_export, tmp_path)  # the session's run, copied: this test rewrites its artifact
     assert main(["export-baseline", "--config", str(config), "--method", "deterministic"]) == 0
     baseline = tmp_path / "repo" / "tiny-deterministic" / "1"
     original = load_config(config)

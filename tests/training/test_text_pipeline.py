@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_files
 from models.text_director import fold_for_artifact
-from tests.conftest import export_tiny, tiny_text_config_dict
+from tests.conftest import tiny_text_config_dict
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.cli import main
 from training.config import load_config
@@ -27,10 +27,10 @@ from training.runtime import load_checkpoint
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Run the three stages once for the module; returns (config path, artifact folder)."""
-    tmp = tmp_path_factory.mktemp("text-pipeline")
-    return export_tiny(tmp, tiny_text_config_dict(tmp))
+def exported(tiny_text_export: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The three stages run once for the session (``tiny_text_export``, read only here); returns (config path,
+    artifact folder)."""
+    return tiny_text_export
 
 
 def _rows(split: TokenSplit, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
