@@ -252,7 +252,8 @@ class Predictor:
         try:
             future = worker.enqueue(inputs, n_samples, seed, ticket)
             metrics.queue_depth.labels(*labels).set(worker.depth)
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for, which can swallow a cancel (Python 3.11)
+                return await future
         except QueueFull as exc:
             metrics.rejected.labels(*labels, QUEUE_FULL).inc()
             raise overloaded(f"model {entry.name!r} is overloaded: {exc}") from exc

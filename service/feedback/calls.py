@@ -53,7 +53,8 @@ class StoreCalls:
         future.add_done_callback(self._done)
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            result = await asyncio.wait_for(asyncio.shield(future), limit)
+            async with asyncio.timeout(limit):  # not wait_for: on 3.11 it can swallow a cancel that meets a result
+                result = await asyncio.shield(future)
         except TimeoutError as exc:
             message = f"the feedback store did not answer within {limit:g} s"
             self._failed(message)

@@ -21,13 +21,14 @@ class LogFlusher:
         self.calls = calls
         self.interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
+        self._closing = False  # the loop's own stop: a cancel alone can be swallowed by what a flush awaits
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="feedback-flush")
 
     async def _run(self) -> None:
         failing = False
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.interval_s)
             if not self.store.pending:
                 continue
@@ -44,6 +45,7 @@ class LogFlusher:
 
     async def close(self) -> None:
         """Stop flushing, write what is still pending, release the store and its threads."""
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -178,8 +178,11 @@ class BatchWorker:
         while not self.batch_cost.full(rows, longest):
             remaining = deadline - time.perf_counter()
             try:
-                item = self.queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self.queue.get(),
-                                                                                             remaining)
+                if remaining <= 0:
+                    item = self.queue.get_nowait()
+                else:  # not wait_for, which can swallow the close's cancel when an item arrives with it (3.11)
+                    async with asyncio.timeout(remaining):
+                        item = await self.queue.get()
             except (TimeoutError, asyncio.QueueEmpty):
                 break
             if (isinstance(item, Divided) or item.seed is not None
