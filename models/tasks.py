@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from models.uncertainty import UncertaintySummary, summarize
+from models.uncertainty import UncertaintySummary, summarize, tempered
 
 SINGLE_LABEL = "single_label"
 MULTI_LABEL = "multi_label"
@@ -57,13 +57,7 @@ def logit_entropy(z: torch.Tensor) -> torch.Tensor:
 def _scaled(logits: torch.Tensor, temperature: float | torch.Tensor, label_temperatures: torch.Tensor | None
             ) -> torch.Tensor:
     """``logits [S, B, C]`` divided by one temperature or one per input ([B]), then by one per label ([C])."""
-    if logits.dim() != 3:
-        raise ValueError(f"expected logits [S, B, C], got {tuple(logits.shape)}")
-    if isinstance(temperature, torch.Tensor):
-        if temperature.shape != logits.shape[1:2]:
-            raise ValueError(f"expected one temperature per input [{logits.shape[1]}], got {tuple(temperature.shape)}")
-        temperature = temperature.to(logits.device, torch.float32)[None, :, None]  # [1, B, 1]
-    z = logits.float() / temperature  # [S, B, C]
+    z = tempered(logits, temperature)  # [S, B, C]
     if label_temperatures is not None:
         z = z / label_temperatures.to(z.device, torch.float32)[None, None, :]  # [S, B, C]
     return z

@@ -25,16 +25,21 @@ class UncertaintySummary:
     energy: torch.Tensor
 
 
-def summarize(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> UncertaintySummary:
-    """Summarise sampled logits ``[S, B, C]``; the temperature divides every sample's logits first: one for all
-    inputs, or one per input (``[B]``, a ``ScoreTemperature``'s)."""
+def tempered(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """Sampled logits ``[S, B, C]`` in float32 divided by one temperature, or one per input (``[B]``)."""
     if logits.dim() != 3:
         raise ValueError(f"expected logits [S, B, C], got {tuple(logits.shape)}")
     if isinstance(temperature, torch.Tensor):
         if temperature.shape != logits.shape[1:2]:
             raise ValueError(f"expected one temperature per input [{logits.shape[1]}], got {tuple(temperature.shape)}")
         temperature = temperature.to(logits.device, torch.float32)[None, :, None]  # [1, B, 1]
-    z = logits.float() / temperature  # [S, B, C]
+    return logits.float() / temperature  # [S, B, C]
+
+
+def summarize(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> UncertaintySummary:
+    """Summarise sampled logits ``[S, B, C]``; the temperature divides every sample's logits first: one for all
+    inputs, or one per input (``[B]``, a ``ScoreTemperature``'s)."""
+    z = tempered(logits, temperature)  # [S, B, C]
     n_samples = z.shape[0]
     log_p_s = torch.log_softmax(z, dim=-1)  # [S, B, C]
     p_s = log_p_s.exp()  # [S, B, C]

@@ -109,7 +109,8 @@ def shared_statistics(path: Path, key: dict[str, Any], gather: Callable[[], Step
         if saved.get("key") == key:
             return StepStatistics(**saved["stats"])
     stats = gather()
-    save_checkpoint(path.resolve(), {"key": key, "stats": vars(stats)})
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:  # one writer under DDP
+        save_checkpoint(path.resolve(), {"key": key, "stats": vars(stats)})
     return stats
 
 
