@@ -139,9 +139,20 @@ def prepare_repository(director_model: Path, deterministic: Path | None, config:
     return director_model.name, names["deterministic"]
 
 
-def body_for(shape: tuple[int, int, int], model: str, n_samples: int) -> dict[str, Any]:
-    pixels = np.random.default_rng(0).random(shape).round(4).tolist()
-    return {"model": model, "inputs": [{"pixels": pixels}], "n_samples": n_samples, "return_probabilities": False}
+# a text model's request: one review-like sentence, 20 tokens with [CLS] and [SEP] (the default text task's test
+# sentences: median 26)
+SENTENCE = "a gripping , funny and ultimately moving film that never forgets the people at its heart ."
+
+
+def body_for(manifest: dict[str, Any], model: str, n_samples: int) -> dict[str, Any]:
+    """One input of the model's modality (the manifest's ``modality`` and ``input``): seeded random pixels of its
+    shape, or ``SENTENCE``."""
+    if manifest.get("modality") == "text":
+        item: dict[str, Any] = {"text": SENTENCE}
+    else:
+        shape = (manifest["input"]["channels"], manifest["input"]["height"], manifest["input"]["width"])
+        item = {"pixels": np.random.default_rng(0).random(shape).round(4).tolist()}
+    return {"model": model, "inputs": [item], "n_samples": n_samples, "return_probabilities": False}
 
 
 @dataclass
@@ -167,10 +178,10 @@ class SubjectSearch:
                 "p50_ms": best["all_p50_ms"], "p95_ms": best["all_p95_ms"], "p99_ms": best["all_p99_ms"]}
 
 
-def prepare_subject(url: str, subject: Subject, shape: tuple[int, int, int], budget_ms: float, seconds: float,
+def prepare_subject(url: str, subject: Subject, manifest: dict[str, Any], budget_ms: float, seconds: float,
                     steps: int) -> SubjectSearch:
     """Warm the subject up (shapes, caches, allocator) and start its search at half one client's rate."""
-    raw = encode_post(url, "/predict", body_for(shape, subject.model, subject.n_samples))
+    raw = encode_post(url, "/predict", body_for(manifest, subject.model, subject.n_samples))
     asyncio.run(closed_loop(url, raw, 16, 10_000, min(2.0, seconds)))
     one = asyncio.run(closed_loop(url, raw, 1, 10_000, min(2.0, seconds)))
     start = max(1.0, round(500.0 / one["p50_ms"], 1)) if one["p50_ms"] else 1.0
@@ -179,10 +190,10 @@ def prepare_subject(url: str, subject: Subject, shape: tuple[int, int, int], bud
     return prepared
 
 
-def search_subjects(url: str, subjects: list[Subject], shape: tuple[int, int, int], budget_ms: float,
+def search_subjects(url: str, subjects: list[Subject], manifest: dict[str, Any], budget_ms: float,
                     seconds: float, steps: int) -> list[dict[str, Any]]:
     """Every subject's search on the server at ``url``, point by point in turn (``interleaved``); a row each."""
-    prepared = [prepare_subject(url, subject, shape, budget_ms, seconds, steps) for subject in subjects]
+    prepared = [prepare_subject(url, subject, manifest, budget_ms, seconds, steps) for subject in subjects]
 
     def measure_for(raw: bytes) -> Callable[[float], dict[str, Any]]:
         def measure(rate: float) -> dict[str, Any]:
@@ -209,7 +220,6 @@ def run_budget(repository: Path, model: str, deterministic: Path | None, config:
         repo = Path(tmp) / "repository"
         director, plain = prepare_repository(repository / model, deterministic, config, repo)
         manifest = json.loads(next((repo / director).glob("*/manifest.json")).read_text())
-        shape = (manifest["input"]["channels"], manifest["input"]["height"], manifest["input"]["width"])
         servers = {
             "batching": (["--max-batch-samples", str(max_batch_samples), "--max-batch-delay-ms", "0"],
                          [Subject("DIRECTOR", director, "director", s, "batching") for s in samples]
@@ -227,8 +237,8 @@ def run_budget(repository: Path, model: str, deterministic: Path | None, config:
                                     [*extra, "--max-queue", "4096", *(server_args or [])]) as url:
                     order = subjects if repeat % 2 == 0 else subjects[::-1]
                     rows += [{**row, "repeat": repeat}
-                             for row in search_subjects(url, order, shape, budget_ms, seconds, steps)]
-                    raw = encode_post(url, "/predict", body_for(shape, director, 1))
+                             for row in search_subjects(url, order, manifest, budget_ms, seconds, steps)]
+                    raw = encode_post(url, "/predict", body_for(manifest, director, 1))
                     result = asyncio.run(closed_loop(url, raw, peak_clients, peak_requests, max(seconds, 5.0)))
                     result.update({"label": "DIRECTOR", "n_samples": 1, "batching": mode, "repeat": repeat})
                     print("peak", mode, json.dumps(result), flush=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))  # budget.py imports its siblings by name
 
-from budget import RateSearch, interleaved  # noqa: E402
+from budget import SENTENCE, RateSearch, body_for, interleaved  # noqa: E402
 
 
 def fake_server(capacity: float, log: list[tuple[str, float]], label: str):  # noqa: ANN201
@@ -65,3 +65,14 @@ def test_subjects_are_searched_point_by_point_in_turn() -> None:
     assert fast.best is not None and fast.best["offered_rps"] == 700.0
     assert sum(label == "slow" for label in labels) == len(slow.points)
     assert sum(label == "fast" for label in labels) == len(fast.points)
+
+
+def test_the_request_follows_the_models_modality() -> None:
+    image = {"modality": "image", "input": {"channels": 1, "height": 4, "width": 3}}
+    pixels = body_for(image, "fashion-vit", 16)
+    assert pixels["model"] == "fashion-vit" and pixels["n_samples"] == 16
+    item = pixels["inputs"][0]["pixels"]
+    assert (len(item), len(item[0]), len(item[0][0])) == (1, 4, 3)
+    assert body_for(image, "fashion-vit", 16) == pixels  # seeded: every subject sends the same input
+    text = body_for({"modality": "text", "input": {"max_length": 128}}, "movie-reviews-minilm", 1)
+    assert text["inputs"] == [{"text": SENTENCE}] and text["n_samples"] == 1

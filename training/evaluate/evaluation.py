@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from artifact.contract import MANIFEST, parse_manifest, read_document
+from artifact.contract import MANIFEST, Ood, parse_manifest, read_document
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
-from models.uncertainty import ScoreTemperature, ScoreTerm, UncertaintySummary, summarize
+from models.uncertainty import COMBINED, ScoreTemperature, ScoreTerm, UncertaintySummary, summarize
 from training.baselines.builders import build_baseline, ensemble_members, member_config
 from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir
 from training.config import PipelineConfig
@@ -24,7 +24,7 @@ from training.evaluate.logit_cache import LogitCache, fingerprint
 from training.evaluate.sets import EvalInputs, load_eval_inputs
 from training.export.calibration import fit_temperature
 from training.export.feature_statistics import attach_feature_scores
-from training.export.ood_selection import Candidate, InputScores, split_input_scores
+from training.export.ood_selection import Candidate, InputScores, combination_label, split_input_scores
 from training.export.parts import posthoc_builder, with_teacher
 from training.export.served_path import fit_served_path
 from training.export.served_statistics import fit_noise_scale, fit_noise_shape
@@ -223,6 +223,7 @@ def add_served_source(evaluation: Evaluation, director: torch.nn.Module, directo
               "default_samples": sampling.default_samples, "temperature": manifest.temperature}
     if manifest.temperature_by_score is not None:
         record["temperature_by_score"] = manifest.temperature_by_score.document()
+    record["ood"] = served_ood_rule(manifest.ood, sampling.default_samples)
     evaluation.served = record
     if manifest.method == POSTHOC:  # the post-hoc source already is what it serves: only its temperature rule differs
         return record
@@ -232,6 +233,18 @@ def add_served_source(evaluation: Evaluation, director: torch.nn.Module, directo
     evaluation.add_source("director_served", served, f"dir-{director_id}-rho{record['token_correlation']:g}"
                           f"-noise{record['noise_scale']:g}", record["default_samples"])
     return record
+
+
+def served_ood_rule(ood: Ood, n_samples: int) -> dict[str, Any]:
+    """The OOD rule a version serves at its default S, as its manifest holds it: the score (with the combination's
+    terms), the threshold and the name the export gave its choice. The evaluation scores the version's row with it
+    rather than choosing again: the candidates' family AUROCs move by thousandths between two samplings, and where
+    several sit within noise of each other a new choice would measure a score the server does not serve."""
+    rule = ood.thresholds.get(n_samples) or ood.thresholds[min(ood.thresholds)]
+    terms = [term.document() for term in ood.combination or []] if rule.score == COMBINED else []
+    label = ood.selection_choice or (rule.score if not terms else
+                                     combination_label(terms[0]["score"], terms[0]["weight"], terms[1]["score"]))
+    return {"score": rule.score, "terms": terms, "threshold": rule.threshold, "label": label}
 
 
 def cached_fit(path: Path, compute: Callable[[], dict[str, Any]], key: str) -> dict[str, Any]:

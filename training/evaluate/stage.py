@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from models.uncertainty import ood_score, summarize
+from models.uncertainty import ScoreTerm, ood_score, summarize
 from training.config import PipelineConfig
 from training.data.ood_families import selection_description
 from training.evaluate.ablations import ablation_config, ensure_distilled, seed_config
@@ -42,6 +42,7 @@ from training.evaluate.shift import evaluate_shift
 from training.evaluate.target_checks import SERVED_ROWS
 from training.evaluate.targets import RESULTS, write_targets
 from training.export.ood_selection import (
+    Candidate,
     ScoreInputs,
     choose_ood_score,
 )
@@ -65,7 +66,8 @@ def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) ->
 
 def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int) -> dict[str, Any]:
     """Test-split calibration table and, per OOD set, every reported score of every method; each method's own score is
-    chosen over the OOD-validation families as the exporter chooses the manifest's (``training.export.ood_selection``).
+    chosen over the OOD-validation families as the exporter chooses the manifest's (``training.export.ood_selection``),
+    except an exported version's row, which uses that manifest's own rule (``served_rule``).
     DIRECTOR's and the post-hoc path's candidates include what their artifacts' ``scored_rows`` return (the kernel
     error, the feature-space scores); DIRECTOR's S = 1 choice is recorded as the served score the detectors stage
     compares against, and every method's chosen score on the test and OOD sets is kept for the paired comparisons."""
@@ -93,16 +95,18 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
         if method.family == "director":
             selection["mean_logvar"] = sum(ood_report(logvar["val"], logvar[name])["auroc"] * weights[name]
                                            for name in families) / sum(weights.values())
-        rule = choice.rule_at(method.n_samples)
-        threshold = threshold_at_tpr(val_inputs.score(rule.name, rule.terms))
+        label, rule, threshold = served_rule(evaluation.served) if method.key in SERVED_ROWS else \
+            (choice.label, choice.rule_at(method.n_samples), None)
+        if threshold is None:
+            threshold = threshold_at_tpr(val_inputs.score(rule.name, rule.terms))
         evaluation.flag_rules[method.key] = (rule, threshold)
         chosen = {"test": test_inputs.score(rule.name, rule.terms)}  # set -> the method's own score [N]
         per_set = {}
         for set_name, split in ood_sets.items():
             set_inputs = score_inputs(set_name, split)
             chosen[set_name] = set_inputs.score(rule.name, rule.terms)
-            row = {label: ood_report(test_inputs.score(c.name, c.terms), set_inputs.score(c.name, c.terms))
-                   for label, c in choice.reported().items()}
+            row = {name: ood_report(test_inputs.score(c.name, c.terms), set_inputs.score(c.name, c.terms))
+                   for name, c in {**choice.reported(), label: rule}.items()}
             if method.family == "director":
                 row["mean_logvar"] = ood_report(logvar["test"], logvar[set_name])
             row["mean_mutual_information"] = float(set_inputs.summary.mutual_information.mean())
@@ -115,11 +119,19 @@ def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_t
             **({"temperature_slope": method.by_score.slope} if method.by_score else {}),
             "test": {**calibration_block(test_inputs.summary.probabilities, test.labels, ev.bootstrap),
                      "mean_mutual_information": float(test_inputs.summary.mutual_information.mean())},
-            "ood_selection_auroc": selection, "ood_selection_regret": choice.regret[choice.label],
-            "ood_score": choice.label, "ood": per_set, "flag_threshold": threshold,
+            "ood_selection_auroc": selection, "ood_selection_regret": choice.regret.get(label),
+            "ood_score": label, "ood": per_set, "flag_threshold": threshold,
             "test_flag_rate": float((chosen["test"] > threshold).float().mean()),
         }
     return results
+
+
+def served_rule(served: dict[str, Any]) -> tuple[str, Candidate, float]:
+    """An exported version's own OOD rule (``evaluation.served_ood_rule``: its manifest's score, terms and threshold
+    at its default S), so that its row measures the score the server serves."""
+    ood = served["ood"]
+    terms = tuple(ScoreTerm(**term) for term in ood["terms"])
+    return ood["label"], Candidate(ood["score"], terms), float(ood["threshold"])
 
 
 def evaluate_costs(evaluation: Evaluation, methods: list[Method], folder: Path) -> dict[str, Any]:

@@ -56,11 +56,17 @@ def test_the_exported_version_is_evaluated_as_it_serves(evaluated: tuple[Path, d
     config, results = evaluated
     manifest = json.loads((config.parent / "repo" / "tiny" / "1" / "manifest.json").read_text())
     served, sampling = results["served"], manifest["sampling"]
-    assert served == {"version": 1, "method": "director", "token_correlation": sampling.get("token_correlation", 0.0),
-                      "noise_scale": sampling["noise_scale"], "default_samples": sampling["default_samples"],
-                      "temperature": manifest["temperature"]}
+    rule = manifest["ood"]["thresholds"][str(sampling["default_samples"])]
+    assert {k: v for k, v in served.items() if k != "ood"} == {
+        "version": 1, "method": "director", "token_correlation": sampling.get("token_correlation", 0.0),
+        "noise_scale": sampling["noise_scale"], "default_samples": sampling["default_samples"],
+        "temperature": manifest["temperature"]}
+    assert served["ood"]["score"] == rule["score"] and served["ood"]["threshold"] == rule["threshold"]
     row = results["test_and_ood"]["director_served"]
     assert row["n_samples"] == sampling["default_samples"] and row["temperature"] == manifest["temperature"]
+    # scored by the manifest's own OOD rule and threshold, not a choice made again
+    assert row["ood_score"] == manifest["ood"]["selection_choice"] and row["flag_threshold"] == rule["threshold"]
+    assert all(row["ood_score"] in per_set for per_set in row["ood"].values())
     assert "1" in results["shift"]["director_served"]["paired_vs_temperature_scaling"]
     assert "samples the run's kernel as version 1 does" in (config.parent / "docs" / "tiny-task.md").read_text()
 
