@@ -90,9 +90,13 @@ def test_flags_override_the_environment(monkeypatch) -> None:  # noqa: ANN001 - 
 
 def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> None:
     env = {"DIRECTOR_FEEDBACK_DB": str(tmp_path / "f.sqlite3"), "DIRECTOR_TORCH_THREADS": "1"}
-    args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--shutdown-grace-s", "1.5",
-            "--max-batch-samples", "8", "--max-request-batches", "32", "--poll-interval-s", "0", "--log-level", "info"]
-    body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 32)], "n_samples": 8}
+    # a request timeout far above what the six requests need on a busy machine: neither admission by measured work
+    # (which refuses what the timeout cannot finish) nor the drain may cut them; a grace long enough for a readiness
+    # probe to be answered while both cores are busy
+    args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--shutdown-grace-s", "5",
+            "--request-timeout-s", "300", "--max-batch-samples", "8", "--max-request-batches", "32",
+            "--poll-interval-s", "0", "--log-level", "info"]
+    body = {"inputs": [{"pixels": p} for p in random_pixels(np.random.default_rng(0), 16)], "n_samples": 8}
     with service_process(args, env) as (proc, url):
 
         def admitted() -> float:
@@ -109,7 +113,7 @@ def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> Non
             return ready_statuses[-1] == 503
 
         with ThreadPoolExecutor(6) as pool:
-            in_flight = [pool.submit(httpx.post, f"{url}/predict", json=body, timeout=60) for _ in range(6)]
+            in_flight = [pool.submit(httpx.post, f"{url}/predict", json=body, timeout=300) for _ in range(6)]
             wait_for(lambda: admitted() >= 6, "all six requests in the server", poll_s=0.02)
             proc.send_signal(signal.SIGTERM)
             wait_for(turned, "readiness to turn 503", poll_s=0.02)
@@ -117,7 +121,7 @@ def test_sigterm_drains_then_exits(tiny_repository: Path, tmp_path: Path) -> Non
         assert set(ready_statuses) <= {200, 503} and ready_statuses[-1] == 503
         assert [r.status_code for r in responses] == [200] * 6
         # uvicorn re-raises the captured SIGTERM after its graceful shutdown (exit status 143 in a shell)
-        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert proc.wait(timeout=300) in (0, -signal.SIGTERM)
         log = proc.stdout.read() if proc.stdout else ""
         assert "draining" in log and "Application shutdown complete" in log
 

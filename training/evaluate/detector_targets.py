@@ -30,10 +30,11 @@ class DetectorTargets:
     samples: int  # S of the MI row (the evaluation's S)
 
 
+# the served defaults' pages (each evaluated with ``evaluate.served_version``, which names the version checked)
 DETECTOR_TARGETS = (
-    DetectorTargets("fashion-mnist-detectors", "fashion-mnist-sampling", "fashion-vit", 6, 16),
-    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 5, 16),
-    DetectorTargets("writing-source-detectors", None, "writing-source-minilm", 1, 16),
+    DetectorTargets("fashion-mnist-served", "fashion-mnist-served", "fashion-vit", 9, 16),
+    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 8, 16),
+    DetectorTargets("writing-source", None, "writing-source-minilm", 3, 16),
 )
 
 
@@ -145,6 +146,8 @@ def detector_sections(results_dir: Path, cost_file: Path | None = None, reposito
         if not path.exists():
             continue
         results = json.loads(path.read_text())
+        if "detectors" not in results:  # the page ran without its detectors stage
+            continue
         # the version the page evaluated as served, when it names one (else the spec's)
         spec = dataclasses.replace(spec, version=int((results.get("served") or {}).get("version", spec.version)))
         checks = detector_checks(results)

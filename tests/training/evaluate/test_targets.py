@@ -93,10 +93,13 @@ def test_the_mi_alternative_reads_the_version_s_own_note() -> None:
     """Where MI misses a set, the accepted alternative's row quotes what GET /models says of MI for the version."""
     from training.evaluate.detector_targets import DETECTOR_TARGETS, models_note_check
 
-    spec = next(s for s in DETECTOR_TARGETS if s.model == "fashion-vit")
-    check = models_note_check(Path("model_repository"), spec)
+    director = next(s for s in DETECTOR_TARGETS if s.model == "writing-source-minilm")  # a version serving DIRECTOR
+    check = models_note_check(Path("model_repository"), director)
     assert check.met is True and "is not its OOD score" in check.director
-    assert models_note_check(Path("no-such-repository"), spec).met is None
+    posthoc = next(s for s in DETECTOR_TARGETS if s.model == "fashion-vit")  # the post-hoc path: identical rows
+    check = models_note_check(Path("model_repository"), posthoc)
+    assert check.met is True and "mutual_information is 0" in check.director
+    assert models_note_check(Path("no-such-repository"), director).met is None
 
 
 def interval(difference: float, low: float, high: float) -> dict[str, Any]:
@@ -135,3 +138,12 @@ def test_the_text_default_holds_its_shifted_ece_to_temperature_scaling() -> None
     got = verdicts(task_checks(spec, res, 1, None))
     assert got["mean shifted-domain ECE <= temperature scaling's"] is False  # 6% against 5%
     assert not any("the post-hoc path within" in k for k in got)  # a DIRECTOR version is not held to equivalence
+
+
+def test_a_served_score_below_a_detector_says_why() -> None:
+    from training.evaluate.targets import BELOW_A_DETECTOR, render_detectors
+
+    target = "OOD AUROC on quotes >= the best feature detector's on the backbone"
+    below = render_detectors([("t", "s", [Check(target, "0.811 (vim)", "0.857 (mds)", False)])])
+    assert BELOW_A_DETECTOR in below
+    assert BELOW_A_DETECTOR not in render_detectors([("t", "s", [Check(target, "0.9", "0.8", True)])])
