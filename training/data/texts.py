@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -88,27 +89,33 @@ def _sha256(path: Path) -> str:
 
 
 def vader_sdist(cache_dir: str | Path | None = None) -> Path:
-    """The ``vadersentiment==3.3.2`` sdist in the cache folder, fetched with pip the first time."""
+    """The ``vadersentiment==3.3.2`` sdist in the cache folder, fetched with pip the first time into a private
+    folder and renamed into place, so that processes fetching it at once (parallel test workers) never read a file
+    another is still writing."""
     folder = data_cache_dir(cache_dir) / "vadersentiment"
     path = folder / VADER_SDIST
     if path.exists() and _sha256(path) == VADER_SDIST_SHA256:
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "vadersentiment",
-               f"vadersentiment=={VADER_VERSION}", "--disable-pip-version-check", "-d", str(folder)]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise RuntimeError(f"could not fetch the VADER corpus: running `{' '.join(command)}` failed: {err}") from err
-    if result.returncode != 0 or not path.exists():
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-        raise RuntimeError(
-            f"could not fetch the VADER corpus: `{' '.join(command)}` exited with {result.returncode} "
-            f"and left no {path.name} in {folder} (PyPI must be reachable, or place {VADER_SDIST} there "
-            f"yourself):\n{tail}"
-        )
-    if _sha256(path) != VADER_SDIST_SHA256:
-        raise RuntimeError(f"{path} does not have the expected sha256 {VADER_SDIST_SHA256}: delete it and retry")
+    with tempfile.TemporaryDirectory(prefix="fetch-", dir=folder) as private:
+        fetched = Path(private) / VADER_SDIST
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "vadersentiment",
+                   f"vadersentiment=={VADER_VERSION}", "--disable-pip-version-check", "-d", private]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise RuntimeError(f"could not fetch the VADER corpus: running `{' '.join(command)}` failed: {err}") \
+                from err
+        if result.returncode != 0 or not fetched.exists():
+            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+            raise RuntimeError(
+                f"could not fetch the VADER corpus: `{' '.join(command)}` exited with {result.returncode} "
+                f"and left no {path.name} (PyPI must be reachable, or place {VADER_SDIST} in {folder} "
+                f"yourself):\n{tail}"
+            )
+        if _sha256(fetched) != VADER_SDIST_SHA256:
+            raise RuntimeError(f"the fetched {VADER_SDIST} does not have the expected sha256 {VADER_SDIST_SHA256}")
+        os.replace(fetched, path)
     return path
 
 

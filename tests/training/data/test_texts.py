@@ -1,5 +1,6 @@
 """The text data on the real corpus (fetched once into the cache folder) and the real fortunes package."""
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -92,6 +93,25 @@ def test_fetch_failure_says_what_failed(tmp_path: Path, monkeypatch: pytest.Monk
     expected = r"(?s)could not fetch the VADER corpus.*pip download.*No matching distribution"
     with pytest.raises(RuntimeError, match=expected):
         text_data.vader_sdist(tmp_path)
+
+
+def test_a_fetch_lands_whole_by_a_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip writes into a private folder and the sdist is renamed into the cache: a process that fetches at the same
+    time (a parallel test worker) never reads a half-written file."""
+    cached = text_data.vader_sdist()  # the real sdist (fetched once per machine)
+    seen: list[Path] = []
+
+    def download(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        into = Path(command[command.index("-d") + 1])
+        seen.append(into)
+        shutil.copy(cached, into / cached.name)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(text_data.subprocess, "run", download)
+    path = text_data.vader_sdist(tmp_path)
+    assert path == tmp_path / "vadersentiment" / cached.name and path.read_bytes() == cached.read_bytes()
+    assert seen[0].parent == path.parent and seen[0] != path.parent  # pip wrote elsewhere first
+    assert sorted(p.name for p in path.parent.iterdir()) == [cached.name]  # and nothing is left behind
 
 
 def test_text_split_checks_lengths() -> None:
