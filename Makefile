@@ -48,8 +48,11 @@ deb:
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# The suite runs on every core (pytest-xdist), one test file per worker so that a file's module fixtures are built once;
+# `.venv/bin/python -m pytest tests/...` runs a part of it in one process as usual.
+PARALLEL := -n auto --dist loadfile
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
 
 # The fast layer, for the edit-test loop: unit tests on small fakes (the engine's predictor, batch worker, queue slots,
 # divided requests and forward gate), the network code, the artifact contract and the import rules. No server
@@ -61,7 +64,7 @@ test-fast: $(STAMP) text-deps
 # A suite that fails when the machine is busy fails for someone: run it with one busy loop per core beside it.
 test-under-load: setup
 	@hogs=""; for core in $$(seq $$(nproc)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \
-	trap 'kill $$hogs' EXIT; start=$$(date +%s); $(PY) -m pytest -q; status=$$?; \
+	trap 'kill $$hogs' EXIT; start=$$(date +%s); $(PY) -m pytest -q $(PARALLEL); status=$$?; \
 	echo "suite under $$(nproc) CPU hogs: exit $$status in $$(( $$(date +%s) - start )) s"; exit $$status
 
 lint: $(STAMP)
