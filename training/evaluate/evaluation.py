@@ -5,9 +5,10 @@ hands the next (DIRECTOR's per-input scores, its served score, each method's OOD
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from training.export.ood_selection import Candidate, InputScores, combination_la
 from training.export.parts import posthoc_builder, with_teacher
 from training.export.served_path import fit_served_path
 from training.export.served_statistics import fit_noise_scale, fit_noise_shape
+from training.export.writing import json_safe
 from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
@@ -343,11 +345,25 @@ def posthoc_method(evaluation: Evaluation) -> Method:
     validation, then a temperature per input that follows its OOD score when ``export.temperature_slope_grid`` offers
     slopes. The fit's record is kept in ``evaluation.posthoc_fit``."""
     cfg, val = evaluation.cfg, evaluation.inputs.val
-    model = evaluation.sources[POSTHOC].model
-    path = fit_served_path(POSTHOC, model, model, val, evaluation.inputs.ood_families, cfg, 1, [1],
-                           held_out_shift(cfg, val), None)
-    by_score = path.by_score.temperature if path.by_score else None
-    evaluation.posthoc_fit = {"temperature": path.temperature, "temperature_fit": path.temperature_fit,
-                              "ood_score": path.stats.choice.label}
-    return Method(POSTHOC, f"Post-hoc path ({temperature_shown(path.temperature, by_score)})", POSTHOC, 1,
-                  path.temperature, family=POSTHOC, by_score=by_score)
+    source = evaluation.sources[POSTHOC]
+
+    def fit() -> dict[str, Any]:
+        path = fit_served_path(POSTHOC, source.model, source.model, val, evaluation.inputs.ood_families, cfg, 1, [1],
+                               held_out_shift(cfg, val), None)
+        rule = path.by_score.temperature if path.by_score else None
+        return {"temperature": path.temperature, "temperature_fit": json_safe(path.temperature_fit),
+                "ood_score": path.stats.choice.label,
+                "by_score": None if rule is None else {"base": rule.base, "slope": rule.slope,
+                                                       "terms": [asdict(t) for t in rule.terms]}}
+
+    # the fit passes the backbone over validation, its shift and every family several times: kept beside the other
+    # fits, under everything it reads (the source, the export's settings, the seed, the validation carve)
+    settings = hashlib.sha256(json.dumps(asdict(cfg.export), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    record = cached_fit(evaluation.run_dir / "eval" / "posthoc_fits.json", fit,
+                        f"{source.model_id}|export={settings}|seed={cfg.seed}|{evaluation.cache_name('val')}")
+    evaluation.posthoc_fit = {k: record[k] for k in ("temperature", "temperature_fit", "ood_score")}
+    section = record["by_score"]
+    by_score = None if section is None else ScoreTemperature(
+        section["base"], section["slope"], tuple(ScoreTerm(**term) for term in section["terms"]))
+    return Method(POSTHOC, f"Post-hoc path ({temperature_shown(record['temperature'], by_score)})", POSTHOC, 1,
+                  record["temperature"], family=POSTHOC, by_score=by_score)

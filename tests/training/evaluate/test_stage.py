@@ -292,6 +292,10 @@ def test_rerun_reads_the_cache(evaluated: tuple[Path, dict[str, Any]]) -> None:
     fits = json.loads((config.parent / "run" / "eval" / "noise_scale_fits.json").read_text())
     assert len(fits) == 1  # the noise-temperature fit was read back, not redone under another key
     assert second["noise_scale"] == first["noise_scale"] == next(iter(fits.values()))["scale"]
+    posthoc = json.loads((config.parent / "run" / "eval" / "posthoc_fits.json").read_text())
+    assert len(posthoc) == 1  # the post-hoc path's fit too: read back, the same rule
+    assert second["posthoc_fit"] == first["posthoc_fit"]
+    assert second["test_and_ood"]["posthoc"]["label"] == first["test_and_ood"]["posthoc"]["label"]
 
 
 @pytest.mark.parametrize("method", ["deterministic", "mc_dropout", "ensemble", "kep_svgp"])
