@@ -5,8 +5,9 @@ manifest's ``task``. What the single-label export fits around the softmax (the k
 path, prediction sets and abstentions, a temperature that follows the OOD score, the noise shaped on a held-out
 shift) is not fitted: the version serves DIRECTOR at ``export.default_samples`` with the first noise scale of the
 grid, and the manifest says so. Fitted on validation: the temperature (one or per label), each label's threshold,
-the OOD score's thresholds per sample count and the reference distributions; measured on test: the backbone's and
-the served figures."""
+the OOD score (the joint energy or a per-input score, chosen over the OOD-validation families by the single-label
+export's rule) with its thresholds per sample count, and the reference distributions; measured on test: the
+backbone's and the served figures."""
 
 from __future__ import annotations
 
@@ -33,43 +34,64 @@ from artifact.contract import MultiLabel as MultiLabelSection
 from models.tasks import MULTI_LABEL
 from models.uncertainty import ood_score
 from training.config import PipelineConfig
+from training.data.ood_families import OodFamily, selection_description
 from training.export.final_artifact import finish_artifact
 from training.export.label_calibration import LabelCalibration, calibrate_labels, multi_label_reference
-from training.export.ood_selection import InputScoreCache
+from training.export.ood_selection import SELECTION_RULE, InputScoreCache, generalising, mean_auroc
 from training.export.parts import ExportParts, artifact_info
 from training.export.served_statistics import sample_split
 from training.export.writing import git_commit, install_version, source_record, staging_dir, write_manifest
 from training.loading import AnySplit, Director
 from training.multi_label_metrics import multi_label_report
-from training.ood_metrics import threshold_at_tpr
+from training.ood_metrics import auroc, threshold_at_tpr
 
-OOD_PREFERENCE = ("mds", "energy")  # the first the artifact serves: Mahalanobis to the training features' mean
+# the candidates, simplest first: the joint energy of the logits, then the per-input scores the artifact returns (rmds
+# is 0 with one mean and is no candidate)
+OOD_CANDIDATES = ("energy", "mds", "knn", "vim", "kernel_error")
 OOD_NOTE = ("the feature-space statistics hold one mean, the training features' (multi-label inputs name no single "
             "class): mds is the Mahalanobis distance to it; energy is the joint energy -sum softplus(z)")
 
 
 class OodRuleFit:
-    """The served OOD score and its 95%-TPR threshold on validation at each sample count."""
+    """The served OOD score, chosen over the OOD-validation families by the single-label export's rule
+    (``training.export.ood_selection.SELECTION_RULE``: the lowest worst-case regret), and its 95%-TPR threshold on
+    validation at each sample count."""
 
-    def __init__(self, served: torch.nn.Module, val: AnySplit, calibration: LabelCalibration, seed: int) -> None:
+    def __init__(self, served: torch.nn.Module, val: AnySplit, calibration: LabelCalibration, seed: int,
+                 families: dict[str, OodFamily], default_s: int) -> None:
         self.served, self.val, self.calibration, self.seed = served, val, calibration, seed
-        self.inputs = InputScoreCache(served)("val", val)
-        self.score = next(s for s in OOD_PREFERENCE if s == "energy" or (self.inputs and s in self.inputs))
+        scores = InputScoreCache(served)
+        self.inputs = scores("val", val)
+        candidates = [name for name in OOD_CANDIDATES if name == "energy" or (self.inputs and name in self.inputs)]
+        val_values = {name: self.values(sample_split(served, val, default_s, seed), name) for name in candidates}
+        self.family_auroc: dict[str, dict[str, float]] = {}  # family -> candidate -> AUROC against validation
+        for family_name, family in families.items():
+            inputs = scores(family_name, family.split)
+            logits = sample_split(served, family.split, default_s, seed + 1)  # [S, N, C]
+            summary = calibration.task().summarize(logits, calibration.temperature.temperature)
+            self.family_auroc[family_name] = {name: auroc(val_values[name], ood_score(summary, name, inputs))
+                                              for name in candidates}
+        self.families = families
+        weights = {name: family.weight for name, family in families.items()}
+        self.score = generalising(candidates, self.family_auroc, weights) if families else candidates[0]
+        self.selection_auroc = {name: mean_auroc(self.family_auroc, weights, name) for name in candidates} \
+            if families else None
 
-    def values(self, logits: torch.Tensor) -> torch.Tensor:
-        """The score per validation input [N] from its draws [S, N, C]."""
+    def values(self, logits: torch.Tensor, name: str | None = None) -> torch.Tensor:
+        """The score (the served one unless ``name``) per validation input [N] from its draws [S, N, C]."""
         summary = self.calibration.task().summarize(logits, self.calibration.temperature.temperature)
-        return ood_score(summary, self.score, self.inputs)
+        return ood_score(summary, name or self.score, self.inputs)
 
-    def section(self, counts: list[int], default_s: int, val_logits: torch.Tensor, families: list[str]) -> Ood:
+    def section(self, counts: list[int], default_s: int, val_logits: torch.Tensor) -> Ood:
         thresholds = {}
         for n in counts:
             logits = val_logits if n == default_s else sample_split(self.served, self.val, n, self.seed)
             thresholds[n] = {"score": self.score, "threshold": threshold_at_tpr(self.values(logits))}
+        families = {name: {"description": family.description, "weight": family.weight, "n": len(family.split),
+                           "auroc": self.family_auroc[name]} for name, family in self.families.items()}
         return Ood(score=self.score, fallback_score=self.score, tpr=0.95, thresholds=thresholds,
-                   selection_set=None, selection_choice=self.score,
-                   selection_rule=f"multi-label: the first of {list(OOD_PREFERENCE)} the artifact serves",
-                   ood_validation_families=families)
+                   selection_set=selection_description(self.families) or None, selection_auroc=self.selection_auroc,
+                   selection_choice=self.score, selection_rule=SELECTION_RULE, selection_families=families)
 
 
 def test_figures(parts: ExportParts, served: torch.nn.Module, calibration: LabelCalibration, default_s: int,
@@ -140,8 +162,8 @@ def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[st
     val = parts.data.val
     val_logits = sample_split(served, val, default_s, seed)  # [S, N, C]
     calibration = calibrate_labels(val_logits, val.labels, cfg.task.temperature, cfg.task.thresholds, seed)
-    rule = OodRuleFit(served, val.head(ecfg.threshold_images), calibration, seed)
-    ood = rule.section(ecfg.sample_counts, default_s, val_logits[:, : len(rule.val)], sorted(parts.ood_families))
+    rule = OodRuleFit(served, val.head(ecfg.threshold_images), calibration, seed, parts.ood_families, default_s)
+    ood = rule.section(ecfg.sample_counts, default_s, val_logits[:, : len(rule.val)])
     threshold = ood.thresholds[default_s].threshold
     n = len(rule.val)  # the reference is measured where the OOD scores were
     reference, eces = multi_label_reference(calibration, val_logits[:, :n], val.labels[:n],

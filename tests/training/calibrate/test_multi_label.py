@@ -29,6 +29,7 @@ from tests.service.test_grpc import free_port
 from tests.training.calibrate.test_calibrate import calibrate
 from tests.training.calibrate.tiny_checkpoints import TOPICS, multi_label_texts, save_multi_label_checkpoint
 from training.cli import main
+from training.export.ood_selection import generalising
 
 
 def write_jsonl(path: Path, rows: list[tuple[str, list[str]]]) -> Path:
@@ -90,7 +91,14 @@ def test_the_manifest_says_the_task_thresholds_and_temperatures(multi_label_repo
     assert tags.multi_label is not None and tags.multi_label.threshold_rule == "f1"
     assert len(tags.multi_label.thresholds) == 3 and all(0 < t < 1 for t in tags.multi_label.thresholds)
     assert tags.multi_label.temperature_rule in ("one", "per_label") and len(tags.multi_label.label_ece or []) == 3
-    assert tags.ood.score == "mds" and tags.conformal is None and tags.method == "director"
+    assert tags.conformal is None and tags.method == "director"
+    # the OOD score chosen over the OOD-validation families by the single-label rule, each candidate's AUROC recorded
+    families = (tags.ood.model_extra or {})["selection_families"]
+    table = {name: family["auroc"] for name, family in families.items()}
+    weights = {name: family["weight"] for name, family in families.items()}
+    candidates = list(next(iter(table.values())))
+    assert len(table) >= 2 and "energy" in candidates and "mds" in candidates and "rmds" not in candidates
+    assert tags.ood.score == tags.ood.selection_choice == generalising(candidates, table, weights)
     assert tags.reference is not None and tags.reference.ece is not None
     columns = parse_manifest(manifest_of(multi_label_repo, "tag-columns"))
     assert columns.multi_label is not None and columns.multi_label.thresholds == [0.5, 0.5, 0.5]
