@@ -179,7 +179,7 @@ def render(sections: list[tuple[TaskTargets, int, dict[str, Any], list[Check]]])
              "(nothing is measured by it). "
              "DIRECTOR is the served version's row where the evaluation measured it as it serves (a post-hoc "
              "version's row is the path it serves), else DIRECTOR at the artifact's default sample count S; OOD uses "
-             "each method's own chosen score.", ""]
+             "each method's own chosen score (a served version's row, its manifest's).", ""]
     for spec, samples, results, checks in sections:
         missed = sum(c.met is False for c in checks)
         command = spec.make if spec.make == ON_THE_PAGE else f"`{spec.make}`"
