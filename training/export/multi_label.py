@@ -57,18 +57,20 @@ class OodRuleFit:
     (``training.export.ood_selection.SELECTION_RULE``: the lowest worst-case regret), and its 95%-TPR threshold on
     validation at each sample count."""
 
-    def __init__(self, served: torch.nn.Module, val: AnySplit, calibration: LabelCalibration, seed: int,
-                 families: dict[str, OodFamily], default_s: int) -> None:
+    def __init__(self, served: torch.nn.Module, val: AnySplit, val_logits: torch.Tensor, calibration: LabelCalibration,
+                 seed: int, families: dict[str, OodFamily]) -> None:
+        """``val_logits`` [S, N, C]: the export's draws of ``val`` at the default S."""
         self.served, self.val, self.calibration, self.seed = served, val, calibration, seed
         scores = InputScoreCache(served)
         self.inputs = scores("val", val)
         candidates = [name for name in OOD_CANDIDATES if name == "energy" or (self.inputs and name in self.inputs)]
-        val_values = {name: self.values(sample_split(served, val, default_s, seed), name) for name in candidates}
+        task, temperature = calibration.task(), calibration.temperature.temperature
+        val_summary = task.summarize(val_logits, temperature)
+        val_values = {name: ood_score(val_summary, name, self.inputs) for name in candidates}  # name -> [N]
         self.family_auroc: dict[str, dict[str, float]] = {}  # family -> candidate -> AUROC against validation
         for family_name, family in families.items():
+            summary = task.summarize(sample_split(served, family.split, val_logits.shape[0], seed + 1), temperature)
             inputs = scores(family_name, family.split)
-            logits = sample_split(served, family.split, default_s, seed + 1)  # [S, N, C]
-            summary = calibration.task().summarize(logits, calibration.temperature.temperature)
             self.family_auroc[family_name] = {name: auroc(val_values[name], ood_score(summary, name, inputs))
                                               for name in candidates}
         self.families = families
@@ -77,10 +79,10 @@ class OodRuleFit:
         self.selection_auroc = {name: mean_auroc(self.family_auroc, weights, name) for name in candidates} \
             if families else None
 
-    def values(self, logits: torch.Tensor, name: str | None = None) -> torch.Tensor:
-        """The score (the served one unless ``name``) per validation input [N] from its draws [S, N, C]."""
+    def values(self, logits: torch.Tensor) -> torch.Tensor:
+        """The served score per validation input [N] from its draws [S, N, C]."""
         summary = self.calibration.task().summarize(logits, self.calibration.temperature.temperature)
-        return ood_score(summary, name or self.score, self.inputs)
+        return ood_score(summary, self.score, self.inputs)
 
     def section(self, counts: list[int], default_s: int, val_logits: torch.Tensor) -> Ood:
         thresholds = {}
@@ -162,8 +164,9 @@ def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[st
     val = parts.data.val
     val_logits = sample_split(served, val, default_s, seed)  # [S, N, C]
     calibration = calibrate_labels(val_logits, val.labels, cfg.task.temperature, cfg.task.thresholds, seed)
-    rule = OodRuleFit(served, val.head(ecfg.threshold_images), calibration, seed, parts.ood_families, default_s)
-    ood = rule.section(ecfg.sample_counts, default_s, val_logits[:, : len(rule.val)])
+    head = val.head(ecfg.threshold_images)
+    rule = OodRuleFit(served, head, val_logits[:, : len(head)], calibration, seed, parts.ood_families)
+    ood = rule.section(ecfg.sample_counts, default_s, val_logits[:, : len(head)])
     threshold = ood.thresholds[default_s].threshold
     n = len(rule.val)  # the reference is measured where the OOD scores were
     reference, eces = multi_label_reference(calibration, val_logits[:, :n], val.labels[:n],
