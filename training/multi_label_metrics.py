@@ -29,6 +29,12 @@ def label_ece(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = ECE_BINS)
             for c in range(probs.shape[1])]
 
 
+def mean_label_ece(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """The mean of the labels' ECEs (``label_ece``)."""
+    eces = label_ece(probs, labels)
+    return sum(eces) / len(eces)
+
+
 def label_f1(probs: torch.Tensor, labels: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
     """Each label's F1 [C] at ``thresholds`` [C] (1 for a label never present and never predicted)."""
     predicted = probs >= thresholds[None, :]  # [N, C]
@@ -70,8 +76,7 @@ def multi_label_report(probs: torch.Tensor, labels: torch.Tensor, thresholds: li
     cut = torch.tensor(thresholds if thresholds is not None else [0.5] * probs.shape[1], dtype=torch.float64)
     predicted = probs >= cut[None, :]  # [N, C]
     correct = predicted == labels.bool()  # [N, C]
-    eces = label_ece(probs, labels)
     return {"accuracy": float(correct.double().mean()), "exact_match": float(correct.all(-1).double().mean()),
-            "nll": float(MultiLabel().per_input_nll(probs, labels).mean()), "ece": sum(eces) / len(eces),
+            "nll": float(MultiLabel().per_input_nll(probs, labels).mean()), "ece": mean_label_ece(probs, labels),
             "macro_f1": float(label_f1(probs, labels, cut).mean()),
             "brier": float((probs - labels).square().sum(-1).mean())}

@@ -7,6 +7,8 @@ the warning on its results page and in the command's last lines, and ``--strict`
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 from artifact.contract import KernelVerdict, VerdictComparison
@@ -54,3 +56,15 @@ def backbone_warning(verdict: KernelVerdict | None) -> str | None:
     return (f"this version serves DIRECTOR, which is less accurate than its backbone beyond noise: {said}. "
             "--method auto serves the backbone's own forward with the same post-hoc tools instead; --strict refuses "
             "to publish such a version")
+
+
+def refuse_unless_as_accurate(verdict: KernelVerdict, tmp_dir: Path, out_dir: Path) -> None:
+    """``strict``: a version serving a DIRECTOR less accurate than its backbone is not published; its staged files go,
+    and so does its model's folder when nothing else is in it."""
+    warning = backbone_warning(verdict)
+    if warning is None:
+        return
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    if out_dir.parent.is_dir() and not any(out_dir.parent.iterdir()):
+        out_dir.parent.rmdir()
+    raise LessAccurateThanBackbone(f"--strict: {warning}; nothing was published ({out_dir} was not written)")

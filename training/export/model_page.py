@@ -188,7 +188,7 @@ def _served_block(manifest: Manifest) -> dict[str, Any]:
     return tm[f"director_s{tm.get('director_default_samples', manifest.sampling.default_samples)}"]
 
 
-def _verdict(manifest: Manifest) -> list[str]:
+def verdict_section(manifest: Manifest) -> list[str]:
     """What the kernel adds on this model: the verdict's sentence and paired comparisons, and the test split's paired
     difference of DIRECTOR and the post-hoc path (none for a manifest exported before the verdict existed)."""
     verdict = manifest.kernel_verdict
@@ -338,7 +338,7 @@ def _distillation(manifest: Manifest) -> list[str]:
     return lines
 
 
-def _backbone_warning(manifest: Manifest) -> list[str]:
+def backbone_warning_section(manifest: Manifest) -> list[str]:
     """The warning of a version less accurate than its backbone, first on the page (nothing otherwise)."""
     warning = backbone_warning(manifest.kernel_verdict)
     return [f"**Warning: less accurate than its backbone.** {warning[0].upper()}{warning[1:]}.", ""] if warning else []
@@ -349,10 +349,10 @@ def render_results(manifest: Manifest, command: str, reliability_png: str | None
     what the artifact carries."""
     return "\n".join([
         *_header(manifest, command),
-        *_backbone_warning(manifest),
+        *backbone_warning_section(manifest),
         *_test_split(manifest),
         *_sampling_choice(manifest),
-        *_verdict(manifest),
+        *verdict_section(manifest),
         *decisions_section(_test_metrics(manifest).get("decisions"), manifest.modality),
         *([f"![reliability diagram]({reliability_png})", ""] if reliability_png else []),
         *_uncertainty_and_ood(manifest),

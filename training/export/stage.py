@@ -40,7 +40,7 @@ from training.config import PipelineConfig
 from training.data.calibration_split import calibration_description
 from training.data.held_out_shift import HeldOutShift, held_out_shift
 from training.evaluate.rollout_diagnostics import split_rollout_trace
-from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning, with_test_split
+from training.export.backbone_accuracy import backbone_warning, refuse_unless_as_accurate, with_test_split
 from training.export.conformal import score_rules, write_conformal
 from training.export.decision_figures import decisions_on_test
 from training.export.draws import shared_draws
@@ -54,9 +54,11 @@ from training.export.served_path import ServedPath, fit_served_path
 from training.export.served_statistics import choose_default_samples, fit_noise_scale, fit_noise_shape
 from training.export.verdict import kernel_verdict
 from training.export.writing import (
+    POSTHOC_FILE,
     git_commit,
     install_version,
     script_and_verify,
+    serve_path,
     source_record,
     staging_dir,
     write_manifest,
@@ -67,7 +69,6 @@ from training.runtime import StepProgress, set_threads
 EXPORT_STEPS = ("noise temperature and default S", "DIRECTOR's artifact and feature statistics",
                 "both paths' temperatures, OOD scores and thresholds", "the kernel's verdict", "test split",
                 "manifest and version", "results page")
-POSTHOC_FILE = "posthoc.ts"  # the post-hoc path's scripted module, in the run folder
 
 
 @dataclass
@@ -280,15 +281,6 @@ def both_paths(run: ExportRun, sampling: SamplingChoice, artifact_module: torch.
     return kernel, plain
 
 
-def serve_path(run: ExportRun, path: ServedPath, tmp_dir: Path) -> None:
-    """Put the served path's scripted file in the staged version; when that is the post-hoc path, DIRECTOR's file is
-    kept in the run folder under the artifact's name."""
-    if path.method == "posthoc":
-        run_dir = Path(run.cfg.run_dir)
-        shutil.copyfile(tmp_dir / ARTIFACT, run_dir / ARTIFACT)
-        shutil.copyfile(run_dir / POSTHOC_FILE, tmp_dir / ARTIFACT)
-
-
 def measure_test_split(run: ExportRun, verdict: KernelVerdict, kernel: ServedPath, plain: ServedPath
                        ) -> tuple[KernelVerdict, ServedPath, ServedPath, SplitFigures]:
     """The served path's test figures, and the verdict with the test split's accuracy among its comparisons
@@ -302,18 +294,6 @@ def measure_test_split(run: ExportRun, verdict: KernelVerdict, kernel: ServedPat
         path, other = paths[checked.served]
         figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, run.cfg.seed)
     return checked, path, other, figures
-
-
-def refuse_unless_as_accurate(verdict: KernelVerdict, tmp_dir: Path, out_dir: Path) -> None:
-    """``strict``: a version serving a DIRECTOR less accurate than its backbone is not published; its staged files go,
-    and so does its model's folder when nothing else is in it."""
-    warning = backbone_warning(verdict)
-    if warning is None:
-        return
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    if out_dir.parent.is_dir() and not any(out_dir.parent.iterdir()):
-        out_dir.parent.rmdir()
-    raise LessAccurateThanBackbone(f"--strict: {warning}; nothing was published ({out_dir} was not written)")
 
 
 def export(cfg: PipelineConfig, strict: bool = False) -> Path:
@@ -331,7 +311,8 @@ def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
     ecfg = cfg.export
     run = load_run(cfg)
     if cfg.task.multi_label:  # a sigmoid per label: its own calibration (training.export.multi_label)
-        return export_multi_label(cfg, run.director, run.payload, run.backbone_payload, run.parts)
+        return export_multi_label(cfg, run.director, run.payload, run.backbone_payload, run.parts,
+                                  run.backbone_parameters, strict)
     progress = StepProgress("export", EXPORT_STEPS)
     sampling = calibrate_sampling(run.director, run.parts, cfg)
     progress.done()
@@ -353,7 +334,7 @@ def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
     if conformal is not None:
         figures.metrics["decisions"] = served_decisions(run, path, conformal)
     record = provenance(run, sampling, path.temperature_fit, figures, diagnostics, time.perf_counter() - t_start)
-    serve_path(run, path, tmp_dir)
+    serve_path(Path(cfg.run_dir), path.method, tmp_dir)
     read = scores_read(Ood.model_validate(path.stats.ood), temperature_by_score(path))  # what scored_rows keeps
     finish_artifact(run.parts, ecfg.format, path.module, path.served, read, tmp_dir)
     manifest = version_manifest(run, path, sampling, verdict, record, tmp_dir, conformal)

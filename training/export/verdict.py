@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -46,6 +47,17 @@ class PathFigures:
     val_score: torch.Tensor  # [N] the served OOD score
     shift: ScoreInputs
     family_scores: dict[str, torch.Tensor]  # family -> [M] the served OOD score
+
+
+class ServedScores(Protocol):
+    """A path's served OOD score on validation [N] and on each OOD-validation family [M]: what the OOD comparisons
+    read (``PathFigures`` here, a multi-label path's figures in ``training.export.label_verdict``)."""
+
+    @property
+    def val_score(self) -> torch.Tensor: ...
+
+    @property
+    def family_scores(self) -> dict[str, torch.Tensor]: ...
 
 
 def favours(difference_ci: tuple[float, float], lower_is_better: bool) -> str:
@@ -126,7 +138,7 @@ def accuracy_comparison(set_name: str, director: ScoreInputs, posthoc: ScoreInpu
                       (mean - 1.96 * stderr, mean + 1.96 * stderr), margin=0.0)
 
 
-def ood_comparisons(director: PathFigures, posthoc: PathFigures, descriptions: dict[str, str], ecfg: ExportConfig,
+def ood_comparisons(director: ServedScores, posthoc: ServedScores, descriptions: dict[str, str], ecfg: ExportConfig,
                     seed: int) -> list[VerdictComparison]:
     """AUROC and FPR95 of each path's served score, validation against each OOD-validation family, and the AUROC of
     the worst family (the resample of validation shared by every family)."""

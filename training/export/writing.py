@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from artifact.contract import MANIFEST, Manifest, retired_folder, sha256_file, staging_folder
+from artifact.contract import ARTIFACT, MANIFEST, Manifest, retired_folder, sha256_file, staging_folder
 from models.half_storage import drop_weight_caches
 from training.data.images import ForwardArgs
 from training.export.ood_selection import returns_input_scores
@@ -129,3 +129,14 @@ def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, 
         if not torch.allclose(eager_error, served_error, rtol=1e-3, atol=1e-7):
             raise RuntimeError("the scripted artifact's per-input scores differ from the eager module's")
     return served
+
+
+POSTHOC_FILE = "posthoc.ts"  # the post-hoc path's scripted module, in the run folder
+
+
+def serve_path(run_dir: Path, method: str, tmp_dir: Path) -> None:
+    """Put the served path's scripted file in the staged version: when ``method`` is the post-hoc path, its file from
+    the run folder (``POSTHOC_FILE``) replaces DIRECTOR's, which is kept in the run folder under the artifact's name."""
+    if method == "posthoc":
+        shutil.copyfile(tmp_dir / ARTIFACT, run_dir / ARTIFACT)
+        shutil.copyfile(run_dir / POSTHOC_FILE, tmp_dir / ARTIFACT)

@@ -65,19 +65,20 @@ def write_image_table(folder: Path, count: int) -> Path:
 
 @pytest.fixture(scope="module")
 def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three multi-label versions: a BERT from label lists (the checkpoint's problem_type says multi-label) and from
-    0/1 columns, and a ViT from a table of image paths and label lists."""
+    """Three multi-label versions: a BERT from label lists (the checkpoint's problem_type says multi-label; the
+    kernel's verdict decides its path) and from 0/1 columns (DIRECTOR asked for), and a ViT from a table of image paths
+    and label lists (the post-hoc path asked for)."""
     tmp = tmp_path_factory.mktemp("multi-label")
     rows = multi_label_texts(150, 1)
     bert = str(save_multi_label_checkpoint(tmp / "ckpt" / "bert"))
     calibrate(tmp, "tags", bert, write_jsonl(tmp / "tags.jsonl", rows), "--label-column", "tags",
-              "--set", "distil.depth_candidates=[1]")
+              "--set", "distil.depth_candidates=[1]", method="auto")
     calibrate(tmp, "tag-columns", bert, write_columns_csv(tmp / "tags.csv", rows), "--label-columns",
               ",".join(TOPICS), "--set", "distil.depth_candidates=[1]", "--set", "task.thresholds=fixed",
               "--set", "task.temperature=per_label")
     vit = str(save_multi_label_checkpoint(tmp / "ckpt" / "vit", "vit"))
     calibrate(tmp, "tagged-images", vit, write_image_table(tmp / "pictures", 90), "--label-column", "tags",
-              "--set", "distil.depth_candidates=[1]")
+              "--set", "distil.depth_candidates=[1]", method="posthoc")
     return tmp
 
 
@@ -91,7 +92,7 @@ def test_the_manifest_says_the_task_thresholds_and_temperatures(multi_label_repo
     assert tags.multi_label is not None and tags.multi_label.threshold_rule == "f1"
     assert len(tags.multi_label.thresholds) == 3 and all(0 < t < 1 for t in tags.multi_label.thresholds)
     assert tags.multi_label.temperature_rule in ("one", "per_label") and len(tags.multi_label.label_ece or []) == 3
-    assert tags.conformal is None and tags.method == "director"
+    assert tags.conformal is None
     # the OOD score chosen over the OOD-validation families by the single-label rule, each candidate's AUROC recorded
     families = (tags.ood.model_extra or {})["selection_families"]
     table = {name: family["auroc"] for name, family in families.items()}
@@ -103,6 +104,7 @@ def test_the_manifest_says_the_task_thresholds_and_temperatures(multi_label_repo
     columns = parse_manifest(manifest_of(multi_label_repo, "tag-columns"))
     assert columns.multi_label is not None and columns.multi_label.thresholds == [0.5, 0.5, 0.5]
     assert columns.multi_label.temperature_rule == "per_label" and len(columns.multi_label.temperatures or []) == 3
+    assert columns.method == "director" and columns.sampling.depth == 1 and columns.variance is not None
     config = (multi_label_repo / "runs" / "tag-columns" / "calibrate.yaml").read_text()
     assert "kind: multi_label" in config and "label_columns:" in config
 
@@ -110,6 +112,34 @@ def test_the_manifest_says_the_task_thresholds_and_temperatures(multi_label_repo
 def test_the_results_page_lists_each_label(multi_label_repo: Path) -> None:
     page = (multi_label_repo / "repo" / "tags" / "README.md").read_text()
     assert "multi-label" in page and all(f"| {t} |" in page for t in TOPICS)
+    verdict = parse_manifest(manifest_of(multi_label_repo, "tags")).kernel_verdict
+    assert verdict is not None and verdict.sentence in page and "DIRECTOR against the post-hoc path" in page
+
+
+@pytest.mark.parametrize(("name", "requested"), [("tags", "auto"), ("tag-columns", "director"),
+                                                 ("tagged-images", "posthoc")])
+def test_each_version_carries_the_kernel_verdict(multi_label_repo: Path, name: str, requested: str) -> None:
+    """Both paths compared paired, as for a single-label model: the served path is the verdict's, asked for or
+    decided by ``auto``; a post-hoc version runs no kernel and holds one OOD threshold for every sample count."""
+    manifest = parse_manifest(manifest_of(multi_label_repo, name))
+    verdict = manifest.kernel_verdict
+    assert verdict is not None and verdict.requested == requested and manifest.method == verdict.served
+    if requested != "auto":
+        assert verdict.served == requested
+    else:
+        assert verdict.served == ("director" if verdict.kernel_wins else "posthoc")
+    measured = {(c.set, c.metric) for c in verdict.comparisons}
+    shift = "rotated validation" if manifest.modality == "image" else "validation with typos"
+    assert {("validation", "accuracy"), ("validation", "nll"), ("validation", "ece"), (shift, "nll"),
+            (shift, "ece")} <= measured
+    assert ("the test split", "accuracy") in measured
+    assert any(c.metric == "worst_auroc" for c in verdict.comparisons)
+    tests = manifest.provenance.test_metrics if manifest.provenance else {}
+    assert {"backbone", "posthoc", "director_minus_posthoc"} <= set(tests)
+    if manifest.method == "posthoc":
+        assert manifest.sampling.depth == 0 and manifest.variance is None
+        assert len({t.threshold for t in manifest.ood.thresholds.values()}) == 1
+        assert manifest.ood.score != "kernel_error"
 
 
 @pytest.fixture(scope="module")
