@@ -15,20 +15,24 @@ from dataclasses import dataclass
 
 import torch
 
-# share of the matrix-product throughput each stage reaches, from the walk-through in docs/your-own-model.md (MiniLM,
-# 10,478 sentences, 1 thread on this 2-core machine beside other jobs): fit-backbone 9.3 min for two epochs, the teacher
-# pass about 2 min per depth, a distillation epoch 2.35 min at K = 1 and 3.7 min at K = 2, the export's passes
-EFFICIENCY = {"fit": 0.75, "teacher": 0.7, "distil": 0.73, "export": 0.9}
+# The constants below are fitted to two quiet runs of the guide's walk-through (docs/your-own-model.md: MiniLM, both
+# cores, nothing else running; `python -m benchmarks.calibrate_estimates`, docs/benchmarks-calibrate-estimates.md): all
+# 10,478 training sentences (fit-backbone 5.7 min, distillation 7.0, export 3.8) and 150 per source (360 training
+# sentences: 15 s, 21 s, 49 s), so that each stage's estimate is within 5% of both.
+# share of the matrix-product throughput each stage's forwards and backwards reach
+EFFICIENCY = {"fit": 0.70, "teacher": 0.875, "distil": 0.91, "export": 0.9}
 EPOCH_BASE = 0.75  # an epoch's work besides its K steps (readout, validation, the EMA), in steps: 3.7 / 2.35 min
 # what a stage does whatever its size (loading, tokenising, scripting and checking the artifact, writing the version),
-# as multiply-adds at the measured throughput: seconds on a tiny model times the throughput measured beside them, so
-# they stretch with the machine's load as the rest does
-FIXED_WORK = {"fit": 1.0 * 1.4e10, "distil": 0.5 * 1.4e10, "export": 27.0 * 1.4e10}
-# full forwards of each held-out set the export makes (both paths, scores, S draws). 9 before it drew each pass once;
-# on the timed walk-through (docs/benchmarks-calibrate.md) its export took 0.59 of the estimate made with 9 and its fit
-# 0.77 (the load when the plan timed its matrix product): 0.59 / 0.77 of that work is the training pass and 6.5 of these
-EXPORT_PASSES = 6.5
-TAU_INPUTS = 2000  # validation inputs of the tau choice (two passes of distil.tau_images)
+# as multiply-adds at the measured throughput, so they stretch with the machine's load as the rest does: the export's
+# is 4.0-4.1 s of a tiny random BERT's run (tests/training/calibrate/test_depth_search.py) on the quiet machine
+FIXED_WORK = {"fit": 1.0 * 1.4e10, "distil": 0.5 * 1.4e10, "export": 14.0 * 1.4e10}
+# what a stage does whatever its data's size but in proportion to its backbone's (loading and saving the checkpoint,
+# the teacher's step statistics, gathered once per run), in forwards of one input
+FIXED_FORWARDS = {"fit": 1270.0, "distil": 1940.0}
+# full forwards of each validation and test input the export makes (both paths, the noise fit, the default S's draws,
+# the thresholds' draw at the largest S), and of each input of the OOD sets it scores (both paths' draws and scores)
+EXPORT_PASSES = 13.8
+OOD_PASSES = 4.4
 
 
 def measured_flops(threads: int | None) -> float:
@@ -57,7 +61,9 @@ class Work:
     layer: float  # multiply-adds of one backbone layer on one input, at the inputs' typical length
     kernel: float  # multiply-adds of one kernel step on one input
     train: int  # training inputs
-    held_out: int  # validation and test inputs, and the OOD sets the export scores
+    held_out: int  # validation and test inputs
+    ood: int  # inputs of the OOD sets the export scores (its OOD-validation families and the reported sets)
+    tau_inputs: int  # validation inputs of the tau choice, two passes (distil.tau_images, at most validation's size)
     fit_passes: float  # forward-equivalents per training input per fit epoch (3: forward and backward; 1: head only)
     fit_epochs: int
     depths: list[int]  # the candidates
@@ -84,9 +90,10 @@ def stage_seconds(work: Work, speed: float) -> StageSeconds:
     forward = work.layers * work.layer  # one input through the backbone
     fit = work.fit_epochs * work.train * forward * work.fit_passes / (speed * EFFICIENCY["fit"])
     fit += FIXED_WORK["fit"] / speed + work.held_out * forward / (speed * EFFICIENCY["fit"])  # validation and test
+    fit += FIXED_FORWARDS["fit"] * forward / speed
 
     def teacher(k: int) -> float:  # the prefix over the training inputs, and tau on validation
-        return (work.train + TAU_INPUTS) * forward * (work.layers - k + 1) / work.layers / (
+        return (work.train + work.tau_inputs) * forward * (work.layers - k + 1) / work.layers / (
             speed * EFFICIENCY["teacher"])
 
     def epoch(k: int) -> float:  # the teacher's K steps with their variance, the kernel forward and backward
@@ -99,7 +106,8 @@ def stage_seconds(work: Work, speed: float) -> StageSeconds:
     else:  # every probe, then the first candidate (the usual choice: smallest) to the end
         distil = sum(teacher(k) + work.probe * epoch(k) for k in work.depths)
         distil += (work.epochs - work.probe) * epoch(first)
-    distil += FIXED_WORK["distil"] / speed * len(work.depths)
-    export = (work.train + EXPORT_PASSES * work.held_out) * forward / (speed * EFFICIENCY["export"])
+    distil += FIXED_WORK["distil"] / speed * len(work.depths) + FIXED_FORWARDS["distil"] * forward / speed
+    export = (work.train + EXPORT_PASSES * work.held_out + OOD_PASSES * work.ood) * forward / (
+        speed * EFFICIENCY["export"])
     export += FIXED_WORK["export"] / speed
     return StageSeconds(fit, teacher(first), epoch(first), distil, export)

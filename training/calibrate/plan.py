@@ -128,7 +128,8 @@ def run_work(cfg: PipelineConfig, checkpoint: Checkpoint, preview: DataPreview, 
     fit_epochs = 0 if checkpoint.has_head else cfg.fit.epochs
     return Work(layers=checkpoint.layers, layer=layer_macs(tokens, dim, intermediate_size(checkpoint)),
                 kernel=layer_macs(tokens, dim, int(dim * cfg.distil.kernel.mlp_ratio)), train=preview.train_inputs,
-                held_out=preview.held_out + ood, fit_passes=3.0 if cfg.fit.train == "all" else 1.0,
+                held_out=preview.held_out, ood=ood, tau_inputs=2 * min(cfg.distil.tau_images, preview.val_inputs),
+                fit_passes=3.0 if cfg.fit.train == "all" else 1.0,
                 fit_epochs=fit_epochs, depths=depths, probe=search_probe(cfg, depths), epochs=cfg.distil.epochs,
                 train_samples=cfg.distil.train_samples)
 

@@ -32,6 +32,7 @@ class DataPreview:
     stored_bytes: int = 0  # the decoded inputs kept on disk instead (a user's images: ``ImageFile``)
     held_out: int = 0  # validation and test inputs
     typical_tokens: float | None = None  # texts: the length a length-bucketed batch pads to, about (None: tokens)
+    val_inputs: int = 0  # validation inputs (tau's choice reads at most distil.tau_images of them)
 
 
 def check_labels(checkpoint: Checkpoint, labels: list[str], named: bool) -> None:
@@ -97,7 +98,7 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         preview = DataPreview(f"{summary.render()}\n{calibration_line(len(dataset.val), cfg.export.calibration_share)}",
                               dataset.labels, len(dataset.train), tokens,
                               batch * channels * height * width * 4, inputs * channels * height * width,
-                              len(dataset.val) + len(dataset.test))
+                              len(dataset.val) + len(dataset.test), val_inputs=len(dataset.val))
     elif data.dataset == USER_TEXT_DATASET:
         from training.data.sources import load_text_table
 
@@ -125,7 +126,7 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         preview = DataPreview(f"{summary.render()}\n{calibration_line(len(texts.val), cfg.export.calibration_share)}",
                               texts.labels, len(texts.train), cfg.text.max_length,
                               inputs * cfg.text.max_length * TEXT_INPUT_BYTES, 0, len(texts.val) + len(texts.test),
-                              typical)
+                              typical, val_inputs=len(texts.val))
     else:
         return built_in_preview(cfg, checkpoint)
     check_labels(checkpoint, preview.labels, bool(cfg.data.labels))
@@ -146,4 +147,4 @@ def built_in_preview(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview
         tokens, per_input = cfg.text.max_length, cfg.text.max_length * TEXT_INPUT_BYTES
     return DataPreview(f"data: the built-in dataset {data.dataset!r} (read when the run starts; about {inputs} "
                        "inputs assumed for the estimates)", data.labels, train, tokens, inputs * per_input, 0,
-                       inputs - train)
+                       inputs - train, val_inputs=data.val_size)
