@@ -9,7 +9,11 @@ queued behind it interleave (``service.engine.batching.divided``). A full queue 
 ``service.engine.batching.slots``), and so does a queue whose work would not finish within the request timeout
 (``OverBudget``): the worker measures its seconds per unit of batch cost on every forward, and refuses a request when
 the queued work and its own would take more than ``ADMIT_FRACTION`` of the timeout. Without it, twenty costly requests
-admitted together ran part by part, interleaved, all finished late and were all answered 504: every forward wasted."""
+admitted together ran part by part, interleaved, all finished late and were all answered 504: every forward wasted.
+The rate can slow after admission (the decoding of requests still arriving, other work on the machine), so before
+each batch the worker also checks the live requests' work at the current rate against the oldest one's deadline and
+refuses the newest (``OverBudget``, 503) until it fits: interleaved parts finish together, so one request too many
+would make every one of them late."""
 
 from __future__ import annotations
 
@@ -67,6 +71,8 @@ class BatchWorker:
         self.request_timeout_s = request_timeout_s  # None: no admission by work
         self.queued_units = 0  # batch cost of every input queued or running, by ``WorkItem.units``
         self.seconds_per_unit: float | None = None  # measured on every forward; None before the first one
+        self._admitted: list[WorkItem] = []  # queued requests in admission order (done ones pruned before a batch)
+        self._progress: dict[int, Divided] = {}  # a divided request's progress, by its future's id
 
     @property
     def max_queue(self) -> int:
@@ -112,6 +118,7 @@ class BatchWorker:
         self._admit(item.units)
         self.queue.put_nowait(item)  # queued + held + reserved <= max_queue: the slots counted it
         self.queued_units += item.units
+        self._admitted.append(item)
         return item.future
 
     def estimated_wait_s(self, units: int = 0) -> float | None:
@@ -129,6 +136,31 @@ class BatchWorker:
         if wait > ADMIT_FRACTION * self.request_timeout_s:
             raise OverBudget(f"about {wait:.1f}s of work is queued, more than its {self.request_timeout_s:g}s "
                              f"request timeout allows")
+
+    def _remaining_units(self, request: WorkItem) -> int:
+        """A live request's work not yet run: a divided request's inputs after its finished parts."""
+        divided = self._progress.get(id(request.future))
+        return request.units - (divided.done * request.units_per_input if divided is not None else 0)
+
+    def _shed_late(self) -> None:
+        """Refuse the newest live requests (``OverBudget``) while the live requests' work at the measured rate would
+        end past the oldest one's deadline; the oldest is never refused here (a request alone is always admitted)."""
+        live = [request for request in self._admitted if not request.future.done()]  # admission order
+        self._admitted = live
+        self._progress = {key: d for key, d in self._progress.items() if not d.item.future.done()}
+        if self.request_timeout_s is None or self.seconds_per_unit is None or len(live) < 2:
+            return
+        per_unit = self.seconds_per_unit / self.instances
+        work = sum(self._remaining_units(request) for request in live) * per_unit
+        deadline = live[0].enqueued + self.request_timeout_s
+        now = time.perf_counter()
+        while len(live) > 1 and now + work > deadline:
+            late = now + work - deadline
+            newest = live.pop()
+            work -= self._remaining_units(newest) * per_unit
+            newest.future.set_exception(OverBudget(
+                f"the queued work now runs slower than when it was admitted: it would end about {late:.1f}s past "
+                f"the oldest request's deadline, more than its {self.request_timeout_s:g}s request timeout allows"))
 
     async def close(self, timeout_s: float) -> None:
         """Refuse new requests, finish the queued ones (up to ``timeout_s``), then stop."""
@@ -168,6 +200,7 @@ class BatchWorker:
         self._busy += 1
         if self._divides(first):
             divided = first if isinstance(first, Divided) else Divided(first, queued_at=first.enqueued)
+            self._progress[id(divided.item.future)] = divided
             self._running_parts += 1
             return [divided.next_part(self.artifact.runner, self.batch_cost)], divided
         assert isinstance(first, WorkItem)
@@ -197,6 +230,7 @@ class BatchWorker:
         while True:
             batch, divided = await self._collect()
             try:
+                self._shed_late()
                 live = [item for item in batch if not item.future.done()]  # timed-out requests are skipped
                 if live and not (divided is not None and divided.abandoned):
                     await self._process(live)

@@ -155,6 +155,34 @@ def test_work_that_would_outlast_the_timeout_is_refused_before_it_queues() -> No
     asyncio.run(main())
 
 
+def test_when_the_rate_slows_after_admission_the_newest_request_is_refused_not_every_one_late() -> None:
+    """Two requests admitted at a fast rate; the rate then slows (as when requests still arriving are being decoded)
+    so that both would end past the older one's deadline: before the next batch the newer is refused (``OverBudget``,
+    a 503 saying the timeout does not allow it) and the older runs and is answered. The oldest is never refused."""
+    module = FakeModule()
+
+    async def main() -> None:
+        batch_worker = worker(fake_artifact(module), max_batch_samples=2, request_timeout_s=1.0)
+        batch_worker.start()
+        await asyncio.wait_for(batch_worker.enqueue(images(0.1), 2, None), 10)
+        batch_worker.seconds_per_unit = 0.01  # fast: everything below is admitted
+        module.release.clear()
+        running = batch_worker.enqueue(images(0.2), 2, None)
+        await until(lambda: len(module.forwards) == 2, "the held forward")
+        older, newer = batch_worker.enqueue(images(0.3), 2, None), batch_worker.enqueue(images(0.4), 2, None)
+        batch_worker.seconds_per_unit = 1.0  # slow now: 2 x 2 units queued is 4 s of a 1 s timeout
+        module.release.set()
+        await asyncio.wait_for(running, 10)
+        assert (await asyncio.wait_for(older, 10)) is not None
+        with pytest.raises(OverBudget, match="request timeout allows"):
+            await asyncio.wait_for(newer, 10)
+        await until(lambda: batch_worker.queued_units == 0, "the refused request's work off the queue's account")
+        assert len(module.forwards) == 3  # the refused request never reached a forward
+        await batch_worker.close(10)
+
+    asyncio.run(main())
+
+
 def test_per_input_scores_are_named_once_per_batch_and_split_per_request() -> None:
     """The worker names the batch's per-input scores once; the temperature read them (per input) and each request
     gets its own share by name."""
