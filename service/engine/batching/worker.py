@@ -11,9 +11,9 @@ queued behind it interleave (``service.engine.batching.divided``). A full queue 
 the queued work and its own would take more than ``ADMIT_FRACTION`` of the timeout. Without it, twenty costly requests
 admitted together ran part by part, interleaved, all finished late and were all answered 504: every forward wasted.
 The rate can slow after admission (the decoding of requests still arriving, other work on the machine), so before
-each batch the worker also checks the live requests' work at the current rate against the oldest one's deadline and
-refuses the newest (``OverBudget``, 503) until it fits: interleaved parts finish together, so one request too many
-would make every one of them late."""
+each batch the worker also refuses the newest live request (``OverBudget``, 503) while an older one would end past its
+deadline at the current rate and would not without the newer ones: interleaved parts of equal requests finish
+together, so one request too many would make every one of them late."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ RATE_SMOOTHING = 0.3  # weight of the newest forward in the seconds-per-unit est
 
 class OverBudget(QueueFull):
     """The queued work would not finish within the request timeout: refused now (503) rather than answered 504."""
+
+
+def _finish(remaining: list[int], i: int, among: int) -> int:
+    """Units of work until request ``i`` ends when the first ``among`` live requests' parts interleave: its own
+    remaining units and, of each other, at most as many."""
+    return sum(min(units, remaining[i]) for units in remaining[:among])
 
 
 class Draining(Exception):
@@ -143,24 +149,30 @@ class BatchWorker:
         return request.units - (divided.done * request.units_per_input if divided is not None else 0)
 
     def _shed_late(self) -> None:
-        """Refuse the newest live requests (``OverBudget``) while the live requests' work at the measured rate would
-        end past the oldest one's deadline; the oldest is never refused here (a request alone is always admitted)."""
+        """Refuse the newest live request (``OverBudget``) while an older one would end past its deadline at the
+        measured rate but would not if no request newer than it were queued. Parts interleave, so a request ends after
+        its own remaining work plus, of every other live request, at most as much as its own (``_finish``). A request
+        late even without the newer ones is not helped by refusing them, and the oldest is never refused here."""
         live = [request for request in self._admitted if not request.future.done()]  # admission order
         self._admitted = live
         self._progress = {key: d for key, d in self._progress.items() if not d.item.future.done()}
         if self.request_timeout_s is None or self.seconds_per_unit is None or len(live) < 2:
             return
-        per_unit = self.seconds_per_unit / self.instances
-        work = sum(self._remaining_units(request) for request in live) * per_unit
-        deadline = live[0].enqueued + self.request_timeout_s
-        now = time.perf_counter()
-        while len(live) > 1 and now + work > deadline:
-            late = now + work - deadline
+        now, per_unit = time.perf_counter(), self.seconds_per_unit / self.instances
+        remaining = [self._remaining_units(request) for request in live]
+        while len(live) > 1:
+            deadlines = [request.enqueued + self.request_timeout_s for request in live]
+            savable = [i for i in range(len(live) - 1)
+                       if now + per_unit * _finish(remaining, i, len(live)) > deadlines[i]
+                       and now + per_unit * _finish(remaining, i, i + 1) <= deadlines[i]]
+            if not savable:
+                return
+            late = now + per_unit * _finish(remaining, savable[0], len(live)) - deadlines[savable[0]]
             newest = live.pop()
-            work -= self._remaining_units(newest) * per_unit
+            remaining.pop()
             newest.future.set_exception(OverBudget(
-                f"the queued work now runs slower than when it was admitted: it would end about {late:.1f}s past "
-                f"the oldest request's deadline, more than its {self.request_timeout_s:g}s request timeout allows"))
+                f"the queued work now runs slower than when it was admitted: with it an older request would end about "
+                f"{late:.1f}s late, more than its {self.request_timeout_s:g}s request timeout allows"))
 
     async def close(self, timeout_s: float) -> None:
         """Refuse new requests, finish the queued ones (up to ``timeout_s``), then stop."""

@@ -157,12 +157,14 @@ def test_work_that_would_outlast_the_timeout_is_refused_before_it_queues() -> No
 
 def test_when_the_rate_slows_after_admission_the_newest_request_is_refused_not_every_one_late() -> None:
     """Two requests admitted at a fast rate; the rate then slows (as when requests still arriving are being decoded)
-    so that both would end past the older one's deadline: before the next batch the newer is refused (``OverBudget``,
-    a 503 saying the timeout does not allow it) and the older runs and is answered. The oldest is never refused."""
+    so that with the newer one the older would end past its deadline, and without it would not: before the next batch
+    the newer is refused (``OverBudget``, a 503 saying the timeout does not allow it) and the older runs and is
+    answered. After the held forward the rate is 0.7 x 1.0 s plus 0.3 x that forward's (under 1 s a unit here): the
+    older alone is at most 2 s of work, both at least 2.8 s, against a 2.6 s timeout."""
     module = FakeModule()
 
     async def main() -> None:
-        batch_worker = worker(fake_artifact(module), max_batch_samples=2, request_timeout_s=1.0)
+        batch_worker = worker(fake_artifact(module), max_batch_samples=2, request_timeout_s=2.6)
         batch_worker.start()
         await asyncio.wait_for(batch_worker.enqueue(images(0.1), 2, None), 10)
         batch_worker.seconds_per_unit = 0.01  # fast: everything below is admitted
@@ -170,7 +172,7 @@ def test_when_the_rate_slows_after_admission_the_newest_request_is_refused_not_e
         running = batch_worker.enqueue(images(0.2), 2, None)
         await until(lambda: len(module.forwards) == 2, "the held forward")
         older, newer = batch_worker.enqueue(images(0.3), 2, None), batch_worker.enqueue(images(0.4), 2, None)
-        batch_worker.seconds_per_unit = 1.0  # slow now: 2 x 2 units queued is 4 s of a 1 s timeout
+        batch_worker.seconds_per_unit = 1.0  # slow now
         module.release.set()
         await asyncio.wait_for(running, 10)
         assert (await asyncio.wait_for(older, 10)) is not None
@@ -207,3 +209,28 @@ def test_per_input_scores_are_named_once_per_batch_and_split_per_request() -> No
     served = torch.cat([first.summary.probabilities[:, 0], second.summary.probabilities[:, 0]])
     assert served.tolist() == pytest.approx([first_probability(v, float(t)) for v, t in
                                              zip((0.1, 0.2, 0.3), temperatures, strict=True)])
+
+
+def test_a_request_late_even_alone_does_not_make_the_worker_refuse_newer_small_ones() -> None:
+    """The oldest request's own work already ends past its deadline: refusing newer requests would not save it, and a
+    small request interleaved between its parts ends long before it, so nothing is refused."""
+    module = FakeModule()
+
+    async def main() -> None:
+        batch_worker = worker(fake_artifact(module), max_batch_samples=2, request_timeout_s=1.0)
+        batch_worker.start()
+        await asyncio.wait_for(batch_worker.enqueue(images(0.1), 2, None), 10)
+        batch_worker.seconds_per_unit = 0.01
+        module.release.clear()
+        running = batch_worker.enqueue(images(0.2), 2, None)
+        await until(lambda: len(module.forwards) == 2, "the held forward")
+        costly = batch_worker.enqueue(images(*[0.3] * 8), 2, None)  # 16 units in parts of one input
+        small = batch_worker.enqueue(images(0.4), 2, None)
+        batch_worker.seconds_per_unit = 1.0  # the costly request alone is 16 s of a 1 s timeout
+        module.release.set()
+        await asyncio.wait_for(running, 10)
+        assert (await asyncio.wait_for(small, 10)) is not None
+        assert (await asyncio.wait_for(costly, 10)) is not None
+        await batch_worker.close(10)
+
+    asyncio.run(main())
