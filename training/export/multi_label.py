@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from artifact.contract import (
     ARTIFACT,
     FORMAT_VERSION,
@@ -40,10 +42,9 @@ from training.export.label_verdict import label_verdict
 from training.export.model_page import backbone_warning_section, verdict_section
 from training.export.parts import ExportParts, artifact_info
 from training.export.writing import (
-    POSTHOC_FILE,
     git_commit,
     install_version,
-    script_and_verify,
+    script_posthoc,
     serve_path,
     source_record,
     staging_dir,
@@ -127,18 +128,16 @@ def label_manifest(cfg: PipelineConfig, path: LabelPath, director: Director, pay
         artifact=artifact_info(parts, path.module), provenance=record, files=file_digests(tmp_dir))
 
 
-def both_label_paths(cfg: PipelineConfig, director: Director, parts: ExportParts, default_s: int, tmp_dir: Path
-                     ) -> tuple[LabelPath, LabelPath]:
-    """DIRECTOR's artifact staged and the post-hoc path's scripted into the run folder (``POSTHOC_FILE``), each with
-    its post-hoc tools fitted on validation."""
+def stage_artifacts(cfg: PipelineConfig, director: Director, parts: ExportParts, tmp_dir: Path
+                    ) -> tuple[torch.nn.Module, torch.jit.ScriptModule, torch.nn.Module, torch.jit.ScriptModule]:
+    """DIRECTOR's artifact and the modality's files staged, and the post-hoc path's module scripted into the run
+    folder: (DIRECTOR's module, its scripted form, the post-hoc module, its scripted form)."""
     artifact_module, served = parts.build_artifact(director, tmp_dir / ARTIFACT)
     for name, source in parts.files.items():
         shutil.copyfile(source, tmp_dir / name)
     posthoc_module = parts.build_posthoc(director, artifact_module)
-    posthoc_served = script_and_verify(posthoc_module, posthoc_module, parts.data.val.first_args(8),
-                                       Path(cfg.run_dir) / POSTHOC_FILE)
-    return (fit_label_path("director", artifact_module, served, parts, cfg, default_s),
-            fit_label_path("posthoc", posthoc_module, posthoc_served, parts, cfg, 1))
+    return (artifact_module, served, posthoc_module,
+            script_posthoc(posthoc_module, parts.data.val.first_args(8), Path(cfg.run_dir)))
 
 
 def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[str, Any],
@@ -153,8 +152,10 @@ def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[st
     default_s = ecfg.default_samples or ecfg.default_samples_reference
     out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
     tmp_dir = staging_dir(out_dir)
+    artifact_module, served_module, posthoc_module, posthoc_served = stage_artifacts(cfg, director, parts, tmp_dir)
     progress.done()
-    kernel, plain = both_label_paths(cfg, director, parts, default_s, tmp_dir)
+    kernel = fit_label_path("director", artifact_module, served_module, parts, cfg, default_s)
+    plain = fit_label_path("posthoc", posthoc_module, posthoc_served, parts, cfg, 1)
     progress.done()
     verdict = label_verdict(kernel, plain, parts, held_out_shift(cfg, parts.data.val), cfg, backbone_parameters)
     progress.done()

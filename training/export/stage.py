@@ -54,10 +54,9 @@ from training.export.served_path import ServedPath, fit_served_path
 from training.export.served_statistics import choose_default_samples, fit_noise_scale, fit_noise_shape
 from training.export.verdict import kernel_verdict
 from training.export.writing import (
-    POSTHOC_FILE,
     git_commit,
     install_version,
-    script_and_verify,
+    script_posthoc,
     serve_path,
     source_record,
     staging_dir,
@@ -271,8 +270,7 @@ def both_paths(run: ExportRun, sampling: SamplingChoice, artifact_module: torch.
     holds at every sample count."""
     cfg, parts = run.cfg, run.parts
     posthoc_module = parts.build_posthoc(run.director, artifact_module)
-    posthoc_served = script_and_verify(posthoc_module, posthoc_module, parts.data.val.first_args(8),
-                                       Path(cfg.run_dir) / POSTHOC_FILE)
+    posthoc_served = script_posthoc(posthoc_module, parts.data.val.first_args(8), Path(cfg.run_dir))
     val, families = parts.data.val, parts.ood_families
     kernel = fit_served_path("director", artifact_module, served, val, families, cfg, sampling.default_samples,
                              cfg.export.sample_counts, shift, sampling.shift)
