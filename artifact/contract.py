@@ -31,8 +31,8 @@ from artifact.verdict import KernelVerdict as KernelVerdict
 from artifact.verdict import VerdictComparison as VerdictComparison
 
 # a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone;
-# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict; 1.6 conformal; 1.7 task, multi_label)
-FORMAT_VERSION = "1.7"
+# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict; 1.6 conformal; 1.7 task, multi_label; 1.8 its recall)
+FORMAT_VERSION = "1.8"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -40,11 +40,8 @@ TOKENIZER = "tokenizer.json"
 
 # files -------------------------------------------------------------------------------------------------------------
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def staging_folder(version_dir: Path) -> Path:
@@ -308,6 +305,9 @@ class Manifest(Section):
             raise ValueError(f"files do not list {ARTIFACT}")
         if isinstance(self.input, TextInput) and self.input.tokenizer not in self.files:
             raise ValueError(f"files do not list the tokenizer {self.input.tokenizer!r} (it must be sha256-checked)")
+        recall = self.multi_label.recall if self.multi_label is not None else None
+        if recall is not None and recall.file not in self.files:
+            raise ValueError(f"files do not list {recall.file} (it must be sha256-checked)")
         return self
 
     @model_validator(mode="after")

@@ -1,14 +1,48 @@
 """The manifest's ``multi_label`` section (format 1.7): how a multi-label version (``task: "multi_label"``, an
 independent sigmoid per label) turns its per-label probabilities into calibrated ones and into the labels it
-predicts. Standard library and pydantic only, like the rest of the contract."""
+predicts, and (1.8, ``recall``) the file that answers a request's ``coverage`` with a label set whose expected recall
+is at least that coverage (docs/method.md, "Multi-label models: label sets with a recall guarantee"). Standard library
+and pydantic only, like the rest of the contract."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from artifact.section import Section
+
+LABEL_RECALL_FILE = "label_recall.json"
+
+
+class LabelRecall(Section):
+    """What the label-recall file holds: the calibration split's true labels, each with its served probability
+    (ascending) and its input's weight ``1 / (number of true labels)``; ``models.label_recall`` turns any coverage in
+    ``coverage_range`` into a probability threshold by conformal risk control of the false-negative rate."""
+
+    file: Literal["label_recall.json"] = LABEL_RECALL_FILE  # in the version folder, named in the manifest's files
+    n: PositiveInt  # calibration inputs, those without a true label included
+    entries: NonNegativeInt  # their true labels: the file's list lengths
+    split: str  # how the calibration split was carved, in words
+    coverage_range: tuple[float, float] = (0.5, 0.999)
+
+
+def read_label_recall_file(folder: Path, section: LabelRecall) -> dict[str, list[float]]:
+    """The file of ``section`` in a version ``folder``, checked against it: ``probabilities`` ascending in [0, 1] and
+    ``weights`` in (0, 1], ``entries`` of each."""
+    document = json.loads((folder / section.file).read_text())
+    probabilities, weights = document["probabilities"], document["weights"]
+    if len(probabilities) != section.entries or len(weights) != section.entries:
+        raise ValueError(f"{section.file}: probabilities and weights must hold {section.entries} values each")
+    if any(not (isinstance(p, float | int) and 0.0 <= p <= 1.0) for p in probabilities) \
+            or any(b < a for a, b in zip(probabilities, probabilities[1:], strict=False)):
+        raise ValueError(f"{section.file}: probabilities must be ascending values in [0, 1]")
+    if any(not (isinstance(w, float | int) and math.isfinite(w) and 0.0 < w <= 1.0) for w in weights):
+        raise ValueError(f"{section.file}: every weight must be in (0, 1]")
+    return {"probabilities": probabilities, "weights": weights}
 
 
 class MultiLabel(Section):
@@ -23,6 +57,7 @@ class MultiLabel(Section):
     temperature_fit: dict[str, Any] | None = None  # the validation NLLs the choice was made on
     label_ece: list[float] | None = None  # each label's validation ECE under the served calibration
     ood_note: str | None = None  # how the OOD score's statistics were fitted without classes
+    recall: LabelRecall | None = None  # label sets with a recall guarantee (1.8); absent: coverage is refused
 
     @model_validator(mode="after")
     def _in_range(self) -> MultiLabel:

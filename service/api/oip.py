@@ -311,7 +311,7 @@ def outputs_json(outcome: Outcome, requested: list[str] | None) -> list[dict[str
 
 def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, Any]:
     """OIP model metadata: the input tensor, every output with its shape (the batch dimension -1), the decision
-    outputs last when the version has a conformal part."""
+    outputs last when the version has decisions (a conformal part, or a multi-label version's label sets)."""
     decoder = artifact.decoder
     inputs = [{"name": decoder.tensor.name, "datatype": decoder.tensor.datatype, "shape": [-1, *decoder.tensor.dims]}]
     per_input = {name: kind for name, kind in OUTPUT_TYPES.items() if name != "probabilities"}
@@ -320,6 +320,6 @@ def metadata(name: str, versions: list[str], artifact: Artifact) -> dict[str, An
     width = len(artifact.labels)
     outputs = ([{"name": output, "datatype": kind, "shape": [-1, width]} for output, kind in per_label.items()]
                + [{"name": output, "datatype": kind, "shape": [-1]} for output, kind in per_input.items()]
-               + oip_decisions.metadata_outputs(artifact))  # only with a conformal part; each says its ask
+               + oip_decisions.metadata_outputs(artifact))  # only with decisions; each says its ask
     return {"name": name, "versions": versions, "platform": "pytorch_torchscript", "inputs": inputs,
             "outputs": outputs}

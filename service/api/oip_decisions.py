@@ -6,8 +6,9 @@ and abstentions"). The decisions themselves are ``service.engine.decisions``'s, 
 Outputs, present only when their ask is: ``prediction_set`` BYTES ``[N]``, each element the set's labels as a JSON
 array string (``["Shirt", "T-shirt/top"]``, most probable first; ``[]`` for an empty set), since a tensor holds one
 value per input and a set has any number of labels; ``set_size`` INT64 ``[N]``; ``abstain`` BOOL ``[N]``. A version
-with a conformal part declares all three in its model metadata and Triton configuration, each marked as produced only
-when its ask is given; one without declares none."""
+declares those its decisions can produce in its model metadata and Triton configuration (all three with a conformal
+part, the first two for a multi-label version's label sets), each marked as produced only when its ask is given; one
+without decisions declares none."""
 
 from __future__ import annotations
 
@@ -116,9 +117,9 @@ def response_parameters(decisions: Decisions | None) -> dict[str, Any]:
 
 
 def declared(artifact: Artifact) -> list[str]:
-    """The decision outputs a version declares in its metadata and configuration: all three with a conformal part,
-    none without (it answers neither ask)."""
-    return [] if artifact.decisions is None else list(OUTPUT_TYPES)
+    """The decision outputs a version declares in its metadata and configuration: those its decisions can produce
+    (all three with a conformal part, the sets' two for a multi-label version's label sets), none without."""
+    return [] if artifact.decisions is None else [name for name in OUTPUT_TYPES if name in artifact.decisions.outputs]
 
 
 def metadata_outputs(artifact: Artifact) -> list[dict[str, Any]]:
@@ -134,10 +135,11 @@ def metadata_outputs(artifact: Artifact) -> list[dict[str, Any]]:
 
 def config_parameters(artifact: Artifact) -> dict[str, str]:
     """What the Triton configuration's parameters say of the decision outputs (none without a conformal part)."""
-    if not declared(artifact):
+    outputs = declared(artifact)
+    if not outputs:
         return {}
-    return {"decision_outputs": json.dumps(NEEDS),
-            "decision_outputs_note": "prediction_set, set_size and abstain are produced only when the request's "
-                                     "parameters ask for them: prediction_set and set_size with coverage, abstain "
-                                     "with max_risk (decision_outputs: output -> parameter); named in outputs "
-                                     "without it, an output is left out of the response"}
+    return {"decision_outputs": json.dumps({name: NEEDS[name] for name in outputs}),
+            "decision_outputs_note": f"{', '.join(outputs)} are produced only when the request's parameters ask for "
+                                     "them: prediction_set and set_size with coverage, abstain with max_risk "
+                                     "(decision_outputs: output -> parameter); named in outputs without it, an output "
+                                     "is left out of the response"}

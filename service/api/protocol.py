@@ -84,7 +84,9 @@ class PredictRequest(BaseModel):
     coverage: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, description=(
         "return each input's prediction_set: the labels a split-conformal rule keeps so that the true label is in "
         "the set with at least this probability, marginally over exchangeable inputs (the version's range, usually "
-        "[0.5, 0.999]; 400 for a version exported without a conformal calibration)"))
+        "[0.5, 0.999]; 400 for a version exported without a conformal calibration). A multi-label version returns "
+        "the labels whose probability reaches a threshold chosen so that the set holds on average at least this "
+        "share of an input's true labels (conformal risk control)"))
     conformal_score: Literal["lac", "aps", "raps"] | None = Field(None, description=(
         "the nonconformity score of the sets (lac: 1 - p; aps: the mass ranked at or above the label; raps: aps with "
         "a rank penalty); the version's default when omitted"))

@@ -26,6 +26,7 @@ from artifact.contract import (
     verify_files,
 )
 from artifact.formats import AOTI_FORMAT, FORMATS, TORCHSCRIPT_FORMAT, artifact_format, compiled_of
+from models.tasks import MULTI_LABEL
 from models.uncertainty import (
     INPUT_SCORES,
     KERNEL_ERROR,
@@ -36,9 +37,10 @@ from models.uncertainty import (
     Temperature,
     needs_input_scores,
 )
-from service.engine.decisions import VersionDecisions
+from service.engine.decisions import AnswersDecisions, VersionDecisions
 from service.engine.device import Device
 from service.engine.exported_artifact import CannotRun, CompiledDirector, load_compiled
+from service.engine.label_decisions import LabelRecallDecisions
 from service.engine.modalities import modality_for
 from service.engine.modalities.base import BatchRunner, InputDecoder
 from service.engine.shapes import WARM_CALLS, warm_counts
@@ -162,7 +164,8 @@ class Artifact:
     module: torch.jit.ScriptModule | CompiledDirector  # the manifest's artifact.format
     decoder: InputDecoder  # the model's inputs: decoded from raw inputs, described to the protocols
     runner: BatchRunner  # the model's batches: joined, cut, priced, run through its forwards
-    decisions: VersionDecisions | None = None  # prediction sets and abstentions (a manifest with a conformal part)
+    # prediction sets and abstentions (a manifest with a conformal part), or a multi-label version's label sets
+    decisions: AnswersDecisions | None = None
 
     @cached_property
     def scored(self) -> bool:
@@ -236,15 +239,24 @@ def load_artifact(folder: Path, device: Device) -> Artifact:
     except ValueError as exc:
         raise ArtifactError(str(exc)) from exc
     try:
-        decisions = VersionDecisions.load(folder, manifest)
+        decisions = load_decisions(folder, manifest)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"conformal file: {error_line(exc)}") from exc
+        what = "label recall file" if manifest.task == MULTI_LABEL else "conformal file"
+        raise ArtifactError(f"{what}: {error_line(exc)}") from exc
     artifact = Artifact(folder, manifest, module, modality.decoder, modality.runner, decisions)
     if artifact.scored and not hasattr(module, "scored_rows"):
         raise ArtifactError("the manifest's OOD score or temperature needs per-input scores but the artifact has no "
                             "scored_rows")
     warm_up(artifact, device)
     return artifact
+
+
+def load_decisions(folder: Path, manifest: Manifest) -> AnswersDecisions | None:
+    """The version's decisions: a multi-label version's label sets, else its prediction sets and abstentions (None
+    when its manifest has neither)."""
+    if manifest.task == MULTI_LABEL:
+        return LabelRecallDecisions.load(folder, manifest)
+    return VersionDecisions.load(folder, manifest)
 
 
 def load_module(folder: Path, manifest: Manifest, device: Device) -> torch.jit.ScriptModule | CompiledDirector:

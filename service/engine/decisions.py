@@ -19,7 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -105,8 +105,21 @@ class Plan:
     reason: str | None
 
 
+class AnswersDecisions(Protocol):
+    """What a version's decisions offer the prediction use case and the protocols: ``VersionDecisions`` here, a
+    multi-label version's ``service.engine.label_decisions.LabelRecallDecisions``."""
+
+    outputs: tuple[str, ...]  # the OIP decision outputs it can produce
+
+    def problem(self, ask: DecisionRequest) -> str | None: ...
+
+    def decide(self, probs: torch.Tensor, is_ood: list[bool], ask: DecisionRequest) -> Decisions: ...
+
+
 class VersionDecisions:
     """A version's conformal tables and selective thresholds, from its manifest's ``conformal`` section and file."""
+
+    outputs = ("prediction_set", "set_size", "abstain")
 
     def __init__(self, section: Conformal, document: dict, num_classes: int) -> None:
         self.section = section

@@ -18,7 +18,7 @@ from models.uncertainty import UncertaintySummary, ood_score
 from service.config import Settings
 from service.engine.artifact import ArtifactError, OodRule, ood_rule
 from service.engine.batching import BatchResult, Draining, QueueFull, Ticket
-from service.engine.decisions import DecisionRequest, Decisions, VersionDecisions
+from service.engine.decisions import AnswersDecisions, DecisionRequest, Decisions
 from service.engine.decoding import DecodePool
 from service.engine.device import DeviceOutOfMemory
 from service.engine.modalities.base import InputBatch, InputLimits, RawInput, Text
@@ -124,9 +124,10 @@ class Predictor:
                                   None if decisions is None or ask is None else (decisions, ask))
 
     @staticmethod
-    def decisions_for(entry: ReadyVersion, ask: DecisionRequest | None) -> VersionDecisions | None:
-        """The version's conformal part when the request asks for sets or abstentions: 400 when it has none (it was
-        exported without one), 422 when it cannot answer what is asked; checked before anything is queued."""
+    def decisions_for(entry: ReadyVersion, ask: DecisionRequest | None) -> AnswersDecisions | None:
+        """The version's decisions when the request asks for sets or abstentions: 400 when it has none (it was
+        exported without them) or its task answers no such ask, 422 when it cannot answer what is asked; checked
+        before anything is queued."""
         if ask is None:
             return None
         incomplete = ask.incomplete()
@@ -134,10 +135,14 @@ class Predictor:
             raise invalid(incomplete, ["body"])
         if not ask.asked:
             return None
-        refusal = entry.artifact.task.decisions_refusal()
+        refusal = entry.artifact.task.decisions_refusal(ask)
         if refusal is not None:
             raise ApiError(400, f"model {shown(entry.name)} version {entry.version}: {refusal}")
         decisions = entry.artifact.decisions
+        if decisions is None and entry.artifact.task.multi_label:
+            raise ApiError(400, f"model {shown(entry.name)} version {entry.version} has no label-recall calibration, "
+                                "so it answers no coverage: export the model again with export.calibration_share "
+                                "above 0 (python -m training export, or calibrate) to give its version one")
         if decisions is None:
             raise ApiError(400, f"model {shown(entry.name)} version {entry.version} has no conformal calibration, so "
                                 "it answers neither coverage nor max_risk: export the model again (python -m training "
@@ -201,7 +206,7 @@ class Predictor:
 
     async def run(self, entry: ReadyVersion, inputs: InputBatch, n_samples: int, seed: int | None, rule: OodRule,
                   ticket: Ticket | None = None, request_id: str | None = None,
-                  decide: tuple[VersionDecisions, DecisionRequest] | None = None) -> Outcome:
+                  decide: tuple[AnswersDecisions, DecisionRequest] | None = None) -> Outcome:
         """Queue decoded ``inputs`` on the version's worker; map overload, drain and timeout to 503/503/504. Counted
         end to end, by outcome, in the version's statistics and ``director_model_request_duration_seconds``.
         ``rule`` is the manifest's OOD rule at ``n_samples``; ``decide``: the version's conformal part and what the

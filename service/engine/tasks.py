@@ -1,7 +1,8 @@
 """What a served version's task changes, decided once when its artifact loads (``served_task``): how its sampled
 rows are summarised (``models.tasks``: a softmax over the classes, or a sigmoid per label with the manifest's
 per-label temperatures and thresholds), the per-label outputs every protocol adds for a multi-label model, what its
-prediction log keeps and what ``/feedback`` takes for it, and why it answers no prediction sets or abstentions.
+prediction log keeps and what ``/feedback`` takes for it, and why it answers no abstentions (its ``coverage`` gives
+label sets: ``service.engine.label_decisions``).
 Every protocol and the feedback route read the task from here, never the manifest's ``task`` itself."""
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import torch
 from artifact.contract import Manifest
 from models.tasks import MULTI_LABEL, SOFTMAX, MultiLabelSummary, Task, task_for
 from models.uncertainty import UncertaintySummary
+from service.engine.decisions import DecisionRequest
 
 # per-input outputs of a multi-label model, one value per label ([n, C]): OIP name -> datatype
 LABEL_OUTPUTS = {"predicted": "BOOL", "label_entropy": "FP32", "label_mutual_information": "FP32"}
-NO_DECISIONS = ("a multi-label model answers no coverage or max_risk: prediction sets and abstentions are calibrated "
-                "for one label per input (a softmax); use each label's probability and its threshold instead")
+NO_ABSTENTIONS = ("a multi-label model answers no max_risk: abstentions are calibrated for one label per input (a "
+                  "softmax); its coverage gives label sets with a recall guarantee, and each label's probability and "
+                  "threshold say how sure each decision is")
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,9 @@ class ServedTask:
                 for row in summary.predicted.tolist()]
         return list(zip(indices, sets, confidence, strict=True))
 
-    def decisions_refusal(self) -> str | None:
-        """Why the version answers no prediction sets or abstentions (None: it may)."""
-        return NO_DECISIONS if self.multi_label else None
+    def decisions_refusal(self, ask: DecisionRequest) -> str | None:
+        """Why the version's task cannot answer ``ask`` whatever its calibration (None: it may)."""
+        return NO_ABSTENTIONS if self.multi_label and ask.max_risk is not None else None
 
 
 def served_task(manifest: Manifest) -> ServedTask:

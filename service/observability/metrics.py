@@ -243,7 +243,8 @@ class Metrics:
                                             "inputs the manifest's OOD rule flags (else 1 - ood.tpr)")
         self.calibration_inputs = reference("director_reference_calibration_inputs", "inputs of the calibration split "
                                             "behind the version's prediction sets and abstentions (manifest "
-                                            "conformal.n)")
+                                            "conformal.n, or multi_label.recall.n for a multi-label version's "
+                                            "label sets)")
         self.ood_threshold = reference("director_ood_threshold", "the manifest's OOD flag threshold (is_ood = "
                                        "ood_score > threshold) per calibrated sample count, and the score it applies "
                                        "to", (*MV, "n_samples", "score"))
@@ -311,8 +312,9 @@ class Metrics:
                             ("ood_rate", self.reference_ood_rate)):
             if name in reference:
                 values[(gauge, labels)] = reference[name]
-        if manifest.conformal is not None:
-            values[(self.calibration_inputs, labels)] = float(manifest.conformal.n)
+        calibration = manifest.conformal or (manifest.multi_label.recall if manifest.multi_label else None)
+        if calibration is not None:
+            values[(self.calibration_inputs, labels)] = float(calibration.n)
         for distribution, gauge in self.reference_distributions.items():
             for q in REFERENCE_QUANTILES:
                 value = reference.get(f"{distribution}@{q}")

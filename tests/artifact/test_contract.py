@@ -52,8 +52,8 @@ def test_unknown_major_version_is_refused_and_a_newer_minor_is_read(image_docume
         parse_manifest({**image_document, "format_version": "2.0", "labels": None})  # the version is the reason
     with pytest.raises(ManifestError, match="unreadable format_version"):
         parse_manifest({**image_document, "format_version": "one"})
-    newer = parse_manifest({**image_document, "format_version": "1.7", "added_in_1_7": {"x": 1}})
-    assert newer.document()["added_in_1_7"] == {"x": 1}
+    newer = parse_manifest({**image_document, "format_version": "1.99", "added_in_1_99": {"x": 1}})
+    assert newer.document()["added_in_1_99"] == {"x": 1}
 
 
 def test_missing_and_wrong_fields_are_named(image_document: dict[str, Any]) -> None:
@@ -134,3 +134,17 @@ def test_a_multi_label_manifest_names_its_task_and_thresholds(image_document: di
         parse_manifest({**base, "multi_label": section})
     with pytest.raises(ManifestError, match="task"):
         parse_manifest({**base, "task": "regression"})
+
+
+def test_a_multi_label_label_recall_file_must_be_digest_checked(image_document: dict[str, Any]) -> None:
+    """Format 1.8: the label sets' file is named by ``multi_label.recall`` and must be among ``files``."""
+    base = {k: v for k, v in image_document.items() if k != "conformal"}
+    recall = {"n": 40, "entries": 55, "split": "40 validation inputs"}
+    section = {"thresholds": [0.5] * len(base["labels"]), "threshold_rule": "fixed", "recall": recall}
+    with pytest.raises(ManifestError, match="files do not list label_recall.json"):
+        parse_manifest({**base, "task": "multi_label", "multi_label": section})
+    files = {**base["files"], "label_recall.json": {"sha256": "0" * 64, "bytes": 10}}
+    manifest = parse_manifest({**base, "task": "multi_label", "multi_label": section, "files": files})
+    assert manifest.multi_label is not None and manifest.multi_label.recall is not None
+    assert manifest.multi_label.recall.file == "label_recall.json" and manifest.multi_label.recall.coverage_range == (
+        0.5, 0.999)

@@ -35,6 +35,11 @@ class DataPreview:
     val_inputs: int = 0  # validation inputs (tau's choice reads at most distil.tau_images of them)
 
 
+def split_line(cfg: PipelineConfig, validation: int) -> str:
+    """The plan's calibration-split line for this run's task."""
+    return calibration_line(validation, cfg.export.calibration_share, cfg.task.multi_label)
+
+
 def check_labels(checkpoint: Checkpoint, labels: list[str], named: bool) -> None:
     """The data's classes against the checkpoint's head: as many classes, and, when neither the head nor the config
     (``named``: ``data.labels``) names its classes, integer labels that are the head's indices."""
@@ -95,7 +100,7 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
         patch = int(checkpoint.config.get("patch_size") or 16)
         tokens = (height // patch) * (width // patch) + 1
         batch = max(cfg.distil.batch_size, cfg.fit.batch_size, 256)  # rows read at once (a teacher chunk at most)
-        preview = DataPreview(f"{summary.render()}\n{calibration_line(len(dataset.val), cfg.export.calibration_share)}",
+        preview = DataPreview(f"{summary.render()}\n{split_line(cfg, len(dataset.val))}",
                               dataset.labels, len(dataset.train), tokens,
                               batch * channels * height * width * 4, inputs * channels * height * width,
                               len(dataset.val) + len(dataset.test), val_inputs=len(dataset.val))
@@ -123,7 +128,7 @@ def preview_data(cfg: PipelineConfig, checkpoint: Checkpoint) -> DataPreview:
             raise DataError(f"text.max_length {cfg.text.max_length} exceeds the checkpoint's "
                             f"{checkpoint.max_positions} positions: --set text.max_length={checkpoint.max_positions}")
         typical = typical_tokens(summary, cfg.text.max_length)
-        preview = DataPreview(f"{summary.render()}\n{calibration_line(len(texts.val), cfg.export.calibration_share)}",
+        preview = DataPreview(f"{summary.render()}\n{split_line(cfg, len(texts.val))}",
                               texts.labels, len(texts.train), cfg.text.max_length,
                               inputs * cfg.text.max_length * TEXT_INPUT_BYTES, 0, len(texts.val) + len(texts.test),
                               typical, val_inputs=len(texts.val))

@@ -176,8 +176,7 @@ def task_values(args: argparse.Namespace, checkpoint: Checkpoint) -> dict[str, A
     columns = [c.strip() for c in (getattr(args, "label_columns", None) or "").split(",") if c.strip()]
     if not (getattr(args, "multi_label", False) or columns or checkpoint.multi_label):
         return {}
-    return {"task.kind": "multi_label", "export.calibration_share": 0.0,  # no prediction sets: no calibration split
-            **({"task.label_columns": columns} if columns else {})}
+    return {"task.kind": "multi_label", **({"task.label_columns": columns} if columns else {})}
 
 
 def run_config(args: argparse.Namespace, checkpoint: Checkpoint, overrides: dict[str, Any], trained: list[str]

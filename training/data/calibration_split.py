@@ -16,6 +16,8 @@ from training.data.tokens import TokenDataset, TokenSplit
 
 Data = TypeVar("Data", Dataset, TokenDataset)
 MIN_LEFT = 2  # validation inputs left for everything else
+DECISIONS = "the prediction sets and abstentions"  # what a single-label version calibrates on the split
+LABEL_SETS = "the label sets with a recall guarantee"  # a multi-label version's
 
 
 def carve_calibration(data: Data, share: float, seed: int) -> tuple[Data, Split | TokenSplit | None]:
@@ -35,13 +37,17 @@ def carve_calibration(data: Data, share: float, seed: int) -> tuple[Data, Split 
     return dataclasses.replace(data, val=data.val.subset(rest)), data.val.subset(calibration)
 
 
-def calibration_line(validation: int, share: float) -> str:
-    """The plan's line: how many validation inputs the export will carve off for the sets and abstentions."""
+def calibration_line(validation: int, share: float, multi_label: bool = False) -> str:
+    """The plan's line: how many validation inputs the export will carve off for the sets and abstentions (a
+    multi-label run's: for its label sets)."""
     count = round(validation * share)
     if count == 0:
         return "calibration split: none (export.calibration_share 0): the version will answer no coverage or max_risk"
+    if multi_label:
+        return (f"calibration split: {count:,} of the {validation:,} validation inputs (export.calibration_share "
+                f"{share:g}), for {LABEL_SETS} only")
     return (f"calibration split: {count:,} of the {validation:,} validation inputs (export.calibration_share "
-            f"{share:g}), for the prediction sets and abstentions only; {coverage_spread_note(count)}")
+            f"{share:g}), for {DECISIONS} only; {coverage_spread_note(count)}")
 
 
 def coverage_spread(count: int, coverage: float = 0.9) -> float:
@@ -60,7 +66,7 @@ def coverage_spread_note(count: int) -> str:
     return note
 
 
-def calibration_description(calibration: Split | TokenSplit, share: float) -> str:
-    """How the split was carved, in words (the manifest's ``conformal.split``, the plan's line)."""
+def calibration_description(calibration: Split | TokenSplit, share: float, used_for: str = DECISIONS) -> str:
+    """How the split was carved, in words (the manifest's ``conformal.split`` or ``multi_label.recall.split``)."""
     return (f"{len(calibration):,} validation inputs ({share:.0%} of validation, drawn under the run's seed), used for "
-            "nothing but the prediction sets and abstentions")
+            f"nothing but {used_for}")

@@ -131,12 +131,19 @@ def right_decisions(probs: torch.Tensor, labels: torch.Tensor, thresholds: list[
     return ((probs >= cut[None, :]) == labels.bool()).double().mean(-1)  # [N]
 
 
-def test_figures(parts: ExportParts, kernel: LabelPath, plain: LabelPath, seed: int) -> dict[str, Any]:
-    """The test split: the backbone (sigmoid, thresholds 0.5), both paths as they would be served, and DIRECTOR's
-    accuracy minus the post-hoc path's, paired per input (the verdict's test-split comparison reads it)."""
+def test_probabilities(test: AnySplit, kernel: LabelPath, plain: LabelPath, seed: int) -> dict[str, torch.Tensor]:
+    """Both paths' served probabilities ``[N, C]`` on the test split, keyed by method (one draw each)."""
+    return {"director": kernel.probabilities(test, seed + 3), "posthoc": plain.probabilities(test, seed + 3)}
+
+
+def test_figures(parts: ExportParts, kernel: LabelPath, plain: LabelPath, probs: dict[str, torch.Tensor]
+                 ) -> dict[str, Any]:
+    """The test split: the backbone (sigmoid, thresholds 0.5), both paths as they would be served (``probs``, from
+    ``test_probabilities``), and DIRECTOR's accuracy minus the post-hoc path's, paired per input (the verdict's
+    test-split comparison reads it)."""
     test = parts.data.test
     backbone = torch.sigmoid(parts.backbone_logits(test).float())  # [N, C]
-    p_dir, p_post = kernel.probabilities(test, seed + 3), plain.probabilities(test, seed + 3)  # [N, C] each
+    p_dir, p_post = probs["director"], probs["posthoc"]  # [N, C] each
     difference = (right_decisions(p_dir, test.labels, kernel.calibration.thresholds)
                   - right_decisions(p_post, test.labels, plain.calibration.thresholds))  # [N]
     mean, stderr = paired_difference(difference)

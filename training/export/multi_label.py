@@ -5,9 +5,11 @@ the server from the manifest's ``task``. Each path gets the same post-hoc tools 
 (``training.export.label_paths``: the temperature, one or per label, each label's threshold, the OOD score chosen over
 the OOD-validation families with its thresholds per sample count, the reference distributions); the kernel's verdict
 (``training.export.label_verdict``) compares them paired and ``export.method`` decides which one the version serves,
-as for a single-label model. Not fitted for a multi-label model: prediction sets and abstentions, a temperature that
-follows the OOD score, the noise shaped on a held-out shift (DIRECTOR samples at ``export.default_samples`` with the
-first noise scale of the grid); the manifest says so. Measured on test: the backbone's figures and both paths'."""
+as for a single-label model. With a calibration split (``export.calibration_share``), the served path's label sets
+with a recall guarantee (``training.export.label_recall``) answer a request's ``coverage``. Not fitted for a
+multi-label model: abstentions (``max_risk``), a temperature that follows the OOD score, the noise shaped on a
+held-out shift (DIRECTOR samples at ``export.default_samples`` with the first noise scale of the grid); the manifest
+says so. Measured on test: the backbone's figures, both paths' and the served path's label sets."""
 
 from __future__ import annotations
 
@@ -31,13 +33,15 @@ from artifact.contract import (
     file_digests,
 )
 from artifact.contract import MultiLabel as MultiLabelSection
+from artifact.multi_label import LabelRecall
 from models.tasks import MULTI_LABEL
 from training.config import PipelineConfig
 from training.data.held_out_shift import held_out_shift
 from training.export.backbone_accuracy import backbone_warning, refuse_unless_as_accurate, with_test_split
 from training.export.final_artifact import finish_artifact
 from training.export.label_calibration import LabelCalibration
-from training.export.label_paths import LabelPath, fit_label_path, test_figures
+from training.export.label_paths import LabelPath, fit_label_path, test_figures, test_probabilities
+from training.export.label_recall import label_sets_on_test, write_label_recall
 from training.export.label_verdict import label_verdict
 from training.export.model_page import backbone_warning_section, verdict_section
 from training.export.parts import ExportParts, artifact_info
@@ -56,14 +60,16 @@ from training.runtime import StepProgress
 OOD_NOTE = ("the feature-space statistics hold one mean, the training features' (multi-label inputs name no single "
             "class): mds is the Mahalanobis distance to it; energy is the joint energy -sum softplus(z)")
 EXPORT_STEPS = ("DIRECTOR's artifact and the post-hoc path's", "both paths' temperatures, thresholds and OOD scores",
-                "the kernel's verdict", "test split", "manifest and version", "results page")
+                "the kernel's verdict", "test split", "label sets with a recall guarantee", "manifest and version",
+                "results page")
 
 
-def multi_label_section(calibration: LabelCalibration, label_ece: list[float]) -> MultiLabelSection:
+def multi_label_section(calibration: LabelCalibration, label_ece: list[float], recall: LabelRecall | None
+                        ) -> MultiLabelSection:
     choice = calibration.temperature
     return MultiLabelSection(thresholds=calibration.thresholds, threshold_rule=calibration.threshold_rule,
                              temperatures=choice.per_label, temperature_rule=choice.rule, temperature_fit=choice.fit,
-                             label_ece=label_ece, ood_note=OOD_NOTE)
+                             label_ece=label_ece, ood_note=OOD_NOTE, **({"recall": recall} if recall else {}))
 
 
 def provenance(cfg: PipelineConfig, parts: ExportParts, payload: dict[str, Any], backbone_payload: dict[str, Any],
@@ -77,6 +83,21 @@ def provenance(cfg: PipelineConfig, parts: ExportParts, payload: dict[str, Any],
         **({"sources": {"checkpoint": source_record(cfg.pretrained.source),
                         "checkpoint_weights": source_record(cfg.pretrained.checkpoint),
                         "data": source_record(cfg.data.root)}} if cfg.pretrained.source is not None else {}))
+
+
+def label_sets_section(section: MultiLabelSection, measured: dict[str, Any] | None) -> list[str]:
+    """The page's lines on the label sets a request's ``coverage`` gets: their guarantee and what they gave on test."""
+    if section.recall is None or not measured:
+        return ["No label sets: the export had no calibration split (`export.calibration_share` 0), so the version "
+                "answers no `coverage`.", ""]
+    rows = [f"| {coverage} | {m['threshold']:.4f} | {100 * m['recall']:.1f} +- {100 * m['recall_se']:.1f} | "
+            f"{m['mean_size']:.2f} |" for coverage, m in measured.items()]
+    return ["## Label sets with a recall guarantee", "",
+            f"A request's `coverage` returns every label whose probability reaches a threshold chosen by conformal "
+            f"risk control on {section.recall.n} calibration inputs ({section.recall.entries} true labels), so that "
+            "on average the set holds at least that share of an input's true labels. On the test split:", "",
+            "| coverage | threshold | mean recall % (+- s.e.) | mean set size |", "| --- | --- | --- | --- |",
+            *rows, ""]
 
 
 def write_page(cfg: PipelineConfig, manifest: Manifest) -> None:
@@ -98,14 +119,15 @@ def write_page(cfg: PipelineConfig, manifest: Manifest) -> None:
         f"Test ({figures.get('n')} inputs): served accuracy (per label) {served.get('accuracy', float('nan')):.4f}, "
         f"macro F1 {served.get('macro_f1', float('nan')):.4f}, mean label ECE {served.get('ece', float('nan')):.4f}; "
         f"backbone accuracy {figures.get('backbone', {}).get('accuracy', float('nan')):.4f}.", "",
-        *verdict_section(manifest)])
+        *label_sets_section(section, figures.get("label_sets")), *verdict_section(manifest)])
     docs = Path(cfg.export.docs_dir)
     docs.mkdir(parents=True, exist_ok=True)
     (docs / f"{cfg.export.name}.md").write_text(page)
 
 
 def label_manifest(cfg: PipelineConfig, path: LabelPath, director: Director, payload: dict[str, Any],
-                   parts: ExportParts, verdict: KernelVerdict, record: Provenance, tmp_dir: Path) -> Manifest:
+                   parts: ExportParts, verdict: KernelVerdict, record: Provenance, recall: LabelRecall | None,
+                   tmp_dir: Path) -> Manifest:
     """The manifest of the served ``path``: DIRECTOR (its depth, noise and variance) or the post-hoc path (no kernel:
     every sample the same row)."""
     ecfg, kernel = cfg.export, path.method == "director"
@@ -122,7 +144,7 @@ def label_manifest(cfg: PipelineConfig, path: LabelPath, director: Director, pay
     return Manifest(
         format_version=FORMAT_VERSION, name=ecfg.name, version=str(ecfg.version), method=path.method,
         modality=cfg.modality, labels=list(parts.data.labels), task=MULTI_LABEL,
-        multi_label=multi_label_section(path.calibration, eces), input=parts.input_section, sampling=sampling,
+        multi_label=multi_label_section(path.calibration, eces, recall), input=parts.input_section, sampling=sampling,
         **({"variance": variance} if variance else {}), temperature=path.calibration.temperature.temperature,
         ood=path.ood, reference=Reference(**reference), kernel_verdict=verdict,
         artifact=artifact_info(parts, path.module), provenance=record, files=file_digests(tmp_dir))
@@ -159,16 +181,22 @@ def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[st
     progress.done()
     verdict = label_verdict(kernel, plain, parts, held_out_shift(cfg, parts.data.val), cfg, backbone_parameters)
     progress.done()
-    figures = test_figures(parts, kernel, plain, seed)
+    probs = test_probabilities(parts.data.test, kernel, plain, seed)
+    figures = test_figures(parts, kernel, plain, probs)
     verdict = with_test_split(verdict, figures, ecfg)
     path = kernel if verdict.served == "director" else plain
     progress.done()
     if strict:
         refuse_unless_as_accurate(verdict, tmp_dir, out_dir)
+    recall = None
+    if parts.calibration is not None:
+        recall, table = write_label_recall(path, parts.calibration, ecfg.calibration_share, seed, tmp_dir)
+        figures["label_sets"] = label_sets_on_test(table, probs[path.method], parts.data.test.labels)
+    progress.done()
     serve_path(Path(cfg.run_dir), path.method, tmp_dir)
     finish_artifact(parts, ecfg.format, path.module, path.served, {path.rule.score}, tmp_dir)
     record = provenance(cfg, parts, payload, backbone_payload, figures, time.perf_counter() - started)
-    manifest = label_manifest(cfg, path, director, payload, parts, verdict, record, tmp_dir)
+    manifest = label_manifest(cfg, path, director, payload, parts, verdict, record, recall, tmp_dir)
     write_manifest(tmp_dir, manifest)
     install_version(tmp_dir, out_dir)
     progress.done()

@@ -1,5 +1,5 @@
 """A version's task as the server reads it once from its manifest (``service.engine.tasks``): the summaries, the
-per-label outputs, the prediction log's rows, the refusal of sets and abstentions, and multi-label feedback."""
+per-label outputs, the prediction log's rows, the refusal of abstentions, and multi-label feedback."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from artifact.contract import parse_manifest
 from models.tasks import MultiLabelSummary
+from service.engine.decisions import DecisionRequest
 from service.engine.tasks import LABEL_OUTPUTS, label_outcomes, logged_labels, served_task
 from tests.service.engine.fakes import LABELS, manifest
 
@@ -23,7 +24,8 @@ def multi_label(thresholds: list[float], temperatures: list[float] | None = None
 
 def test_a_single_label_manifest_keeps_the_softmax() -> None:
     task = served_task(manifest())
-    assert not task.multi_label and task.label_outputs == {} and task.decisions_refusal() is None
+    assert not task.multi_label and task.label_outputs == {}
+    assert task.decisions_refusal(DecisionRequest(coverage=0.9, max_risk=0.1)) is None
     summary = task.summarize(torch.tensor([[[2.0, 0.0]]]), 1.0)
     assert not isinstance(summary, MultiLabelSummary)
     assert task.logged(summary, LABELS) == [(0, "a", pytest.approx(float(summary.confidence[0])))]
@@ -33,7 +35,8 @@ def test_a_single_label_manifest_keeps_the_softmax() -> None:
 def test_a_multi_label_manifest_reads_its_thresholds_and_temperatures() -> None:
     task = served_task(multi_label([0.5, 0.9], [1.0, 2.0]))
     assert task.multi_label and task.label_outputs == LABEL_OUTPUTS
-    assert "multi-label model answers no coverage or max_risk" in (task.decisions_refusal() or "")
+    assert "multi-label model answers no max_risk" in (task.decisions_refusal(DecisionRequest(max_risk=0.1)) or "")
+    assert task.decisions_refusal(DecisionRequest(coverage=0.9)) is None  # its label sets answer, when calibrated
     logits = torch.tensor([[[2.0, 2.0], [-3.0, 0.5]]])  # [S=1, B=2, C=2]
     summary = task.summarize(logits, 1.0)
     assert isinstance(summary, MultiLabelSummary)

@@ -22,7 +22,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from PIL import Image
 
-from artifact.contract import MANIFEST, parse_manifest
+from artifact.contract import FORMAT_VERSION, MANIFEST, parse_manifest
+from models.label_recall import RecallTable
 from service.batch_scoring import main as score_file
 from tests.service.conftest import Running, serve, settings_for
 from tests.service.test_grpc import free_port
@@ -66,8 +67,8 @@ def write_image_table(folder: Path, count: int) -> Path:
 @pytest.fixture(scope="module")
 def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three multi-label versions: a BERT from label lists (the checkpoint's problem_type says multi-label; the
-    kernel's verdict decides its path) and from 0/1 columns (DIRECTOR asked for), and a ViT from a table of image paths
-    and label lists (the post-hoc path asked for)."""
+    kernel's verdict decides its path) and from 0/1 columns (DIRECTOR asked for, no calibration split, so no label
+    sets), and a ViT from a table of image paths and label lists (the post-hoc path asked for)."""
     tmp = tmp_path_factory.mktemp("multi-label")
     rows = multi_label_texts(150, 1)
     bert = str(save_multi_label_checkpoint(tmp / "ckpt" / "bert"))
@@ -75,7 +76,7 @@ def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
               "--set", "distil.depth_candidates=[1]", method="auto")
     calibrate(tmp, "tag-columns", bert, write_columns_csv(tmp / "tags.csv", rows), "--label-columns",
               ",".join(TOPICS), "--set", "distil.depth_candidates=[1]", "--set", "task.thresholds=fixed",
-              "--set", "task.temperature=per_label")
+              "--set", "task.temperature=per_label", "--set", "export.calibration_share=0")
     vit = str(save_multi_label_checkpoint(tmp / "ckpt" / "vit", "vit"))
     calibrate(tmp, "tagged-images", vit, write_image_table(tmp / "pictures", 90), "--label-column", "tags",
               "--set", "distil.depth_candidates=[1]", method="posthoc")
@@ -88,7 +89,7 @@ def manifest_of(repo: Path, name: str) -> dict:
 
 def test_the_manifest_says_the_task_thresholds_and_temperatures(multi_label_repo: Path) -> None:
     tags = parse_manifest(manifest_of(multi_label_repo, "tags"))
-    assert tags.task == "multi_label" and tags.labels == TOPICS and tags.format_version == "1.7"
+    assert tags.task == "multi_label" and tags.labels == TOPICS and tags.format_version == FORMAT_VERSION
     assert tags.multi_label is not None and tags.multi_label.threshold_rule == "f1"
     assert len(tags.multi_label.thresholds) == 3 and all(0 < t < 1 for t in tags.multi_label.thresholds)
     assert tags.multi_label.temperature_rule in ("one", "per_label") and len(tags.multi_label.label_ece or []) == 3
@@ -175,12 +176,61 @@ def test_predict_answers_each_label(served: tuple[Running, str], multi_label_rep
         assert isinstance(prediction["is_ood"], bool) and prediction["label"] in TOPICS
 
 
-def test_sets_and_abstentions_are_refused_with_the_reason(served: tuple[Running, str]) -> None:
-    for ask in ({"coverage": 0.9}, {"max_risk": 0.1}):
-        response = httpx.post(f"{served[0].url}/predict", timeout=60,
-                              json={"inputs": [{"text": TEXTS[0]}], **ask})
-        assert response.status_code == 400, response.text
-        assert "multi-label model answers no coverage or max_risk" in response.text
+def recall_table(repo: Path, name: str) -> RecallTable:
+    """The version's label-recall file, as the export wrote it."""
+    manifest = parse_manifest(manifest_of(repo, name))
+    assert manifest.multi_label is not None and manifest.multi_label.recall is not None
+    document = json.loads((repo / "repo" / name / "1" / manifest.multi_label.recall.file).read_text())
+    return RecallTable(torch.tensor(document["probabilities"], dtype=torch.float64),
+                       torch.tensor(document["weights"], dtype=torch.float64), manifest.multi_label.recall.n)
+
+
+def test_the_label_sets_are_calibrated_on_the_calibration_split(multi_label_repo: Path) -> None:
+    """The served path's true-label probabilities on the carved-off calibration split, one weight each; the test
+    split's recall at each reported coverage on the page; none without a calibration split."""
+    tags = parse_manifest(manifest_of(multi_label_repo, "tags"))
+    assert tags.multi_label is not None and tags.multi_label.recall is not None
+    assert "label_recall.json" in tags.files and "recall guarantee" in tags.multi_label.recall.split
+    table = recall_table(multi_label_repo, "tags")
+    assert len(table.probabilities) == tags.multi_label.recall.entries > 0
+    assert float(table.weights.sum()) <= tags.multi_label.recall.n  # one per input with a true label, at most
+    measured = (tags.provenance.test_metrics or {})["label_sets"] if tags.provenance else {}
+    assert set(measured) == {"0.8", "0.9", "0.95"}
+    assert all(0 <= m["recall"] <= 1 and 0 <= m["mean_size"] <= 3 for m in measured.values())
+    assert measured["0.95"]["mean_size"] >= measured["0.8"]["mean_size"]
+    assert "## Label sets with a recall guarantee" in (multi_label_repo / "repo" / "tags" / "README.md").read_text()
+    columns = parse_manifest(manifest_of(multi_label_repo, "tag-columns"))
+    assert columns.multi_label is not None and columns.multi_label.recall is None
+    assert "No label sets" in (multi_label_repo / "repo" / "tag-columns" / "README.md").read_text()
+
+
+def test_coverage_returns_the_labels_over_the_calibrated_threshold(served: tuple[Running, str],
+                                                                  multi_label_repo: Path) -> None:
+    table = recall_table(multi_label_repo, "tags")
+    for coverage in (0.6, 0.9, 0.99):
+        response = httpx.post(f"{served[0].url}/predict", timeout=60, json={
+            "model": "tags", "inputs": [{"text": t} for t in TEXTS], "n_samples": 2, "coverage": coverage})
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["decisions"] == {"coverage": coverage, "conformal_score": "label_recall",
+                                       "class_conditional": False}
+        lam = table.threshold(coverage)
+        for prediction in answer["predictions"]:
+            probabilities = prediction["probabilities"]
+            expected = sorted((t for t in TOPICS if probabilities[t] >= lam), key=lambda t: -probabilities[t])
+            assert prediction["prediction_set"] == expected and prediction["set_size"] == len(expected)
+            assert "abstain" not in prediction
+
+
+def test_what_a_multi_label_version_cannot_answer_is_refused_with_the_reason(served: tuple[Running, str]) -> None:
+    url = served[0].url
+    for body, code, reason in (
+            ({"max_risk": 0.1}, 400, "multi-label model answers no max_risk"),
+            ({"coverage": 0.9, "model": "tag-columns"}, 400, "has no label-recall calibration"),
+            ({"coverage": 0.9, "conformal_score": "aps"}, 422, "single-label prediction sets"),
+            ({"coverage": 0.3}, 422, "coverage must be in [0.5, 0.999]")):
+        response = httpx.post(f"{url}/predict", timeout=60, json={"inputs": [{"text": TEXTS[0]}], **body})
+        assert response.status_code == code and reason in response.text, response.text
 
 
 def test_oip_http_declares_and_answers_the_per_label_outputs(served: tuple[Running, str]) -> None:
@@ -194,8 +244,15 @@ def test_oip_http_declares_and_answers_the_per_label_outputs(served: tuple[Runni
     probabilities, predicted = result.as_numpy("probabilities"), result.as_numpy("predicted")
     assert probabilities.shape == (3, 3) and predicted.shape == (3, 3) and predicted.dtype == bool
     assert result.as_numpy("label_entropy").shape == (3, 3)
+    assert {"prediction_set", "set_size"} <= set(outputs) and "abstain" not in outputs  # label sets, no abstentions
+    asked = client.infer("tags", [texts], parameters={"coverage": 0.9},
+                         outputs=[triton_http.InferRequestedOutput(n) for n in ("probabilities", "prediction_set")])
+    sets = [json.loads(s) for s in asked.as_numpy("prediction_set")]
+    assert len(sets) == 3 and all(set(s) <= set(TOPICS) for s in sets)
     config = client.get_model_config("tags")
     assert {o["name"] for o in config["output"]} >= {"predicted", "label_entropy", "label_mutual_information"}
+    assert json.loads(config["parameters"]["decision_outputs"]["string_value"]) == {"prediction_set": "coverage",
+                                                                                   "set_size": "coverage"}
     assert config["parameters"]["task"]["string_value"] == "multi_label"
     assert len(json.loads(config["parameters"]["label_thresholds"]["string_value"])) == 3
 
@@ -242,10 +299,14 @@ def test_the_batch_scorer_writes_each_label(multi_label_repo: Path, tmp_path: Pa
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 3 and all(set(line["label_entropy"]) == set(TOPICS) for line in lines)
     assert all(set(line["labels"]) <= set(TOPICS) and len(line["probabilities"]) == 3 for line in lines)
+    sets = tmp_path / "sets.jsonl"
+    assert score_file(["--model-repository", str(multi_label_repo / "repo"), "--model", "tags", "--input",
+                       str(source), "--output", str(sets), "--coverage", "0.9"]) == 0
+    assert all(set(json.loads(line)["prediction_set"]) <= set(TOPICS) for line in sets.read_text().splitlines())
     refused = tmp_path / "refused.jsonl"
     assert score_file(["--model-repository", str(multi_label_repo / "repo"), "--model", "tags", "--input",
-                       str(source), "--output", str(refused), "--coverage", "0.9"]) == 2
-    assert "a multi-label model answers no coverage or max_risk" in capsys.readouterr().err
+                       str(source), "--output", str(refused), "--max-risk", "0.1"]) == 2
+    assert "a multi-label model answers no max_risk" in capsys.readouterr().err
 
 
 def test_a_multi_label_vit_is_served(served: tuple[Running, str], multi_label_repo: Path) -> None:

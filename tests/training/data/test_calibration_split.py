@@ -40,6 +40,8 @@ def test_too_large_a_share_is_refused_and_the_plan_says_how_many() -> None:
         carve_calibration(dataset(10), 1.0, seed=0)
     assert "1,500 of the 6,000 validation inputs" in calibration_line(6000, 0.25)
     assert "none" in calibration_line(6000, 0.0)
+    multi_label = calibration_line(6000, 0.25, multi_label=True)
+    assert "1,500 of the 6,000" in multi_label and "label sets with a recall guarantee" in multi_label
 
 
 def test_the_plan_says_how_far_one_draw_moves_the_coverage() -> None:
