@@ -207,6 +207,10 @@ def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[st
           f"{path.calibration.temperature.rule}, OOD score {path.rule.score}); test: backbone acc "
           f"{figures['backbone']['accuracy']:.4f}, served acc {served['accuracy']:.4f} macro F1 "
           f"{served['macro_f1']:.4f} ece {served['ece']:.4f}")
+    sets = figures.get("label_sets", {}).get("0.9")
+    if sets is not None:
+        print(f"label sets at coverage 0.9 (test): mean recall {sets['recall']:.3f}, mean size {sets['mean_size']:.2f} "
+              f"of {len(parts.data.labels)} labels")
     print(f"kernel verdict: {verdict.sentence}")
     warning = backbone_warning(verdict)
     if warning is not None:

@@ -7,7 +7,9 @@ answering them over ``/predict``, the Open Inference Protocol over HTTP (the rea
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
+import io
 import json
 import math
 from collections.abc import Iterator
@@ -72,8 +74,10 @@ def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("multi-label")
     rows = multi_label_texts(150, 1)
     bert = str(save_multi_label_checkpoint(tmp / "ckpt" / "bert"))
-    calibrate(tmp, "tags", bert, write_jsonl(tmp / "tags.jsonl", rows), "--label-column", "tags",
-              "--set", "distil.depth_candidates=[1]", method="auto")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        calibrate(tmp, "tags", bert, write_jsonl(tmp / "tags.jsonl", rows), "--label-column", "tags",
+                  "--set", "distil.depth_candidates=[1]", method="auto")
+    (tmp / "tags-output.txt").write_text(printed.getvalue())
     calibrate(tmp, "tag-columns", bert, write_columns_csv(tmp / "tags.csv", rows), "--label-columns",
               ",".join(TOPICS), "--set", "distil.depth_candidates=[1]", "--set", "task.thresholds=fixed",
               "--set", "task.temperature=per_label", "--set", "export.calibration_share=0")
@@ -199,6 +203,8 @@ def test_the_label_sets_are_calibrated_on_the_calibration_split(multi_label_repo
     assert all(0 <= m["recall"] <= 1 and 0 <= m["mean_size"] <= 3 for m in measured.values())
     assert measured["0.95"]["mean_size"] >= measured["0.8"]["mean_size"]
     assert "## Label sets with a recall guarantee" in (multi_label_repo / "repo" / "tags" / "README.md").read_text()
+    printed = (multi_label_repo / "tags-output.txt").read_text()
+    assert f"label sets at coverage 0.9 (test): mean recall {measured['0.9']['recall']:.3f}" in printed
     columns = parse_manifest(manifest_of(multi_label_repo, "tag-columns"))
     assert columns.multi_label is not None and columns.multi_label.recall is None
     assert "No label sets" in (multi_label_repo / "repo" / "tag-columns" / "README.md").read_text()
