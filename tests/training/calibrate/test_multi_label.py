@@ -275,7 +275,7 @@ def test_grpc_answers_the_per_label_outputs(served: tuple[Running, str]) -> None
     assert (result.as_numpy("label_entropy") >= 0).all()
 
 
-def test_feedback_takes_the_list_of_true_labels(served: tuple[Running, str]) -> None:
+def test_feedback_takes_the_list_of_true_labels(served: tuple[Running, str], multi_label_repo: Path) -> None:
     url = served[0].url
     answer = httpx.post(f"{url}/predict", timeout=60, json={"inputs": [{"text": TEXTS[0]}], "n_samples": 2}).json()
     predicted = answer["predictions"][0]["labels"]
@@ -293,6 +293,9 @@ def test_feedback_takes_the_list_of_true_labels(served: tuple[Running, str]) -> 
     assert 'director_feedback_label_decisions_total{label="negative",model="tags",outcome="correct",version="1"}' \
         in metrics.replace(", ", ",")
     assert "director_predicted_labels_bucket" in metrics
+    recall = parse_manifest(manifest_of(multi_label_repo, "tags")).multi_label
+    assert recall is not None and recall.recall is not None  # the label sets' calibration inputs, as a gauge
+    assert f'director_reference_calibration_inputs{{model="tags",version="1"}} {float(recall.recall.n)}' in metrics
 
 
 def test_the_batch_scorer_writes_each_label(multi_label_repo: Path, tmp_path: Path,
