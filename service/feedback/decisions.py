@@ -4,10 +4,12 @@ risk computed from it once labels arrive (docs/operations.md, "Live coverage and
 Per input, a request that asked for ``coverage`` logs the level and its set as a bitmask (bit ``i`` for label ``i``,
 little-endian bytes, trailing zeros dropped: at most ``ceil(num_classes / 8)`` bytes, 2 for ten classes); one that
 asked for ``max_risk`` logs it and the input's abstention. ``/feedback`` turns the set and the true label into a
-``covered`` flag. Both statistics are read like live accuracy: the latest ``window`` rows of a level, newest label
-first, ties in key order; per version and kind at most ``MAX_LEVELS`` levels are exported, those with the most
-labelled rows in the store (ties: the smaller level), so a client cycling through levels cannot grow the series
-without bound. The rest are not exported."""
+``covered`` flag, or for a multi-label version the set's ``recall`` (the share of the true labels it held, 1 when
+there is none: what its guarantee bounds on average), so live coverage is the covered share or the mean recall. Both
+statistics are read like live accuracy: the latest ``window`` rows of a level, newest label first, ties in key order;
+per version and kind at most ``MAX_LEVELS`` levels are exported, those with the most labelled rows in the store
+(ties: the smaller level), so a client cycling through levels cannot grow the series without bound. The rest are not
+exported."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ NO_DECISIONS = (None, None, None, None)
 
 @dataclass(frozen=True)
 class LiveRate:
-    value: float  # covered share (coverage) or error rate among answered inputs (selective risk)
+    value: float  # covered share or mean recall (coverage), or error rate among answered inputs (selective risk)
     n: int  # labelled rows behind it (answered ones, for selective risk)
 
 
@@ -64,7 +66,7 @@ def in_set(mask: bytes, index: int) -> bool:
 
 # (level column, the row's outcome: 1 = covered / wrong, which rows count) of each kind; constants, never input
 KINDS = {
-    "coverage": ("coverage", "covered", "covered IS NOT NULL"),
+    "coverage": ("coverage", "COALESCE(recall, covered)", "COALESCE(recall, covered) IS NOT NULL"),
     "selective_risk": ("max_risk", "1 - correct", "max_risk IS NOT NULL AND abstain = 0 AND correct IS NOT NULL"),
 }
 
@@ -83,4 +85,4 @@ def window_sql(kind: str, placeholder: str) -> str:
 def live_rates(rows: Sequence[tuple[float, int, int, int]]) -> dict[float, LiveRate]:
     """``window_sql``'s rows -> the exported levels (``MAX_LEVELS``, most labelled first) and their rates."""
     kept = sorted(rows, key=lambda row: (-int(row[3]), float(row[0])))[:MAX_LEVELS]
-    return {float(level): LiveRate(int(hits) / int(n), int(n)) for level, n, hits, _ in kept}
+    return {float(level): LiveRate(float(hits) / int(n), int(n)) for level, n, hits, _ in kept}

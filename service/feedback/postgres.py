@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS predictions (
     max_risk DOUBLE PRECISION,
     abstain INTEGER,
     covered INTEGER,
+    recall DOUBLE PRECISION,
     PRIMARY KEY (request_id, idx)
 );
 ALTER TABLE predictions ADD COLUMN IF NOT EXISTS client_request_id TEXT;
@@ -52,6 +53,7 @@ ALTER TABLE predictions ADD COLUMN IF NOT EXISTS prediction_set BYTEA;
 ALTER TABLE predictions ADD COLUMN IF NOT EXISTS max_risk DOUBLE PRECISION;
 ALTER TABLE predictions ADD COLUMN IF NOT EXISTS abstain INTEGER;
 ALTER TABLE predictions ADD COLUMN IF NOT EXISTS covered INTEGER;
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS recall DOUBLE PRECISION;
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
 CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created);
@@ -72,7 +74,7 @@ INSERT = ("INSERT INTO predictions (request_id, idx, model, version, n_samples, 
           "n_samples = EXCLUDED.n_samples, class_index = EXCLUDED.class_index, label = EXCLUDED.label, "
           "confidence = EXCLUDED.confidence, created = EXCLUDED.created, coverage = EXCLUDED.coverage, "
           "prediction_set = EXCLUDED.prediction_set, max_risk = EXCLUDED.max_risk, abstain = EXCLUDED.abstain, "
-          "correct = NULL, covered = NULL, feedback_at = NULL, client_request_id = NULL")
+          "correct = NULL, covered = NULL, recall = NULL, feedback_at = NULL, client_request_id = NULL")
 INSERT_CLIENT_ID = ("INSERT INTO client_requests (request_id, client_request_id, created) VALUES (%s, %s, %s) "
                     "ON CONFLICT (request_id) DO UPDATE SET client_request_id = EXCLUDED.client_request_id, "
                     "created = EXCLUDED.created")
@@ -156,11 +158,12 @@ class PostgresFeedbackStore(FeedbackStore):
             row = conn.execute(PREDICTION_OF, (client_request_id, client_request_id)).fetchone()
         return None if row is None else str(row[0])
 
-    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, at: float) -> None:
+    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, recall: float | None,
+                at: float) -> None:
         with self._connection() as conn:
-            conn.execute("UPDATE predictions SET correct = %s, covered = %s, feedback_at = %s WHERE request_id = %s "
-                         "AND idx = %s", (int(correct), None if covered is None else int(covered), at, request_id,
-                                          index))
+            conn.execute("UPDATE predictions SET correct = %s, covered = %s, recall = %s, feedback_at = %s WHERE "
+                         "request_id = %s AND idx = %s", (int(correct), None if covered is None else int(covered),
+                                                          recall, at, request_id, index))
 
     def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
         with self._connection() as conn:

@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS predictions (
     max_risk REAL,
     abstain INTEGER,
     covered INTEGER,
+    recall REAL,
     PRIMARY KEY (request_id, idx)
 );
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
@@ -56,7 +57,7 @@ CLIENT_ID_INDEX = "CREATE INDEX IF NOT EXISTS predictions_client ON predictions 
 # a request's prediction sets and abstentions (service.feedback.decisions), and the label's verdict on the set; NULL in
 # rows logged before these columns existed, or by a request that asked for neither
 DECISION_COLUMNS = {"coverage": "REAL", "prediction_set": "BLOB", "max_risk": "REAL", "abstain": "INTEGER",
-                    "covered": "INTEGER"}
+                    "covered": "INTEGER", "recall": "REAL"}
 INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
           "confidence, created, coverage, prediction_set, max_risk, abstain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
           "?, ?)")
@@ -143,11 +144,12 @@ class SqliteFeedbackStore(FeedbackStore):
             row = self._conn.execute(PREDICTION_OF, (client_request_id, client_request_id)).fetchone()
         return None if row is None else str(row[0])
 
-    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, at: float) -> None:
+    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, recall: float | None,
+                at: float) -> None:
         with self._database():
-            self._conn.execute("UPDATE predictions SET correct = ?, covered = ?, feedback_at = ? WHERE request_id = ? "
-                               "AND idx = ?", (int(correct), None if covered is None else int(covered), at,
-                                               request_id, index))
+            self._conn.execute("UPDATE predictions SET correct = ?, covered = ?, recall = ?, feedback_at = ? WHERE "
+                               "request_id = ? AND idx = ?", (int(correct), None if covered is None else int(covered),
+                                                               recall, at, request_id, index))
 
     def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
         with self._database():

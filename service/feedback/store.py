@@ -165,11 +165,12 @@ class FeedbackStore(ABC):
         self.flush()
         return self._prediction_of(client_request_id)
 
-    def record(self, request_id: str, index: int, correct: bool, covered: bool | None = None) -> None:
+    def record(self, request_id: str, index: int, correct: bool, covered: bool | None = None,
+               recall: float | None = None) -> None:
         """The true label's verdicts: right or wrong, and whether the logged set held it (None: no set, or the
-        label's index is unknown)."""
+        label's index is unknown); for a multi-label input, the share of its true labels the logged set held."""
         self.flush()
-        self._record(request_id, index, correct, covered, time.time())
+        self._record(request_id, index, correct, covered, recall, time.time())
 
     def live_stats(self, model: str, version: str) -> LiveStats | None:
         """Accuracy and ECE over the latest ``window`` labelled rows (newest label first, ties in key order, so
@@ -208,7 +209,8 @@ class FeedbackStore(ABC):
     def _prediction_of(self, client_request_id: str) -> str | None: ...
 
     @abstractmethod
-    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, at: float) -> None: ...
+    def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, recall: float | None,
+                at: float) -> None: ...
 
     @abstractmethod
     def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:

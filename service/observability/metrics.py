@@ -200,7 +200,8 @@ class Metrics:
 
         self.live_coverage = {
             "ratio": live("director_live_coverage_ratio", "share of the latest labelled inputs asked for this coverage "
-                          "whose prediction set held the true label", "coverage"),
+                          "whose prediction set held the true label (multi-label: their sets' mean recall of the true "
+                          "labels)", "coverage"),
             "count": live("director_live_coverage_count", "labelled inputs behind director_live_coverage_ratio",
                           "coverage"),
             "level": live("director_live_coverage_target_ratio", "the coverage asked for (the label, as a value)",

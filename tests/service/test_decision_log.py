@@ -65,6 +65,21 @@ def test_coverage_and_risk_per_level_over_the_latest_window(open_store: Callable
     store.close()
 
 
+def test_multi_label_sets_count_their_recall(open_store: Callable[..., FeedbackStore]) -> None:
+    """A multi-label set's row stores the share of the true labels it held; live coverage at its level is their mean,
+    beside a single-label version's covered share, and survives a reopened store."""
+    store = open_store(max_rows=100, max_age_s=3600, window=10)
+    store.log("t", "tags", "1", 1, [(0, '["a"]', 0.7)] * 3,
+              decisions=DecisionLog(0.9, [set_mask([0]), set_mask([0, 1]), set_mask([])], None, None))
+    for index, recall in enumerate([0.5, 1.0, 0.0]):
+        store.record("t", index, recall == 1.0, None, recall)
+    assert store.live_decisions("tags", "1").coverage == {0.9: LiveRate(0.5, 3)}
+    store.close()
+    reopened = open_store(max_rows=100, max_age_s=3600, window=10)
+    assert reopened.live_decisions("tags", "1").coverage == {0.9: LiveRate(0.5, 3)}
+    reopened.close()
+
+
 def test_at_most_max_levels_per_version_the_most_labelled(open_store: Callable[..., FeedbackStore]) -> None:
     """A client cycling through levels cannot grow the series: the MAX_LEVELS levels with the most labels are kept
     (ties: the smaller level), whatever else was asked."""

@@ -44,11 +44,11 @@ async def record_feedback(body: FeedbackRequest, state: AppStateDep) -> Feedback
     exact = isinstance(body.label, list)  # a multi-label model's: accuracy is the exact-match rate
     if exact or (artifact is not None and artifact.task.multi_label):
         correct = multi_label_feedback(body.label, logged, labels, artifact is None or artifact.task.multi_label)
-        was_covered = None
+        was_covered, recall = None, set_recall(logged, body.label, labels) if isinstance(body.label, list) else None
     else:
         correct = single_label_feedback(body.label, logged, labels)
-        was_covered = covered(logged, body.label, labels)
-    await calls.run(store.record, prediction, body.index, correct, was_covered)
+        was_covered, recall = covered(logged, body.label, labels), None
+    await calls.run(store.record, prediction, body.index, correct, was_covered, recall)
     stats = await calls.run(store.live_stats, logged.model, logged.version)
     state.metrics.feedback.labels(model, version).inc()
     if isinstance(body.label, list):  # each label's outcome, once the feedback is recorded
@@ -98,3 +98,15 @@ def covered(logged: LoggedPrediction, label: int | str, labels: list[str] | None
             return None
         label = labels.index(label)
     return in_set(logged.prediction_set, label)
+
+
+def set_recall(logged: LoggedPrediction, truth: list[int | str], labels: list[str] | None) -> float | None:
+    """The share of the true labels (names or indices, already checked) that the logged multi-label set held, 1 when
+    there is none; None without a set, or when the version is no longer loaded (names cannot be mapped to the set's
+    indices)."""
+    if logged.prediction_set is None or labels is None:
+        return None
+    indices = {value if isinstance(value, int) else labels.index(value) for value in truth}
+    if not indices:
+        return 1.0
+    return sum(in_set(logged.prediction_set, index) for index in indices) / len(indices)

@@ -27,7 +27,7 @@ from PIL import Image
 from artifact.contract import FORMAT_VERSION, MANIFEST, parse_manifest
 from models.label_recall import RecallTable
 from service.batch_scoring import main as score_file
-from tests.service.conftest import Running, serve, settings_for
+from tests.service.conftest import Running, metric_value, serve, settings_for, wait_for
 from tests.service.test_grpc import free_port
 from tests.training.calibrate.test_calibrate import calibrate
 from tests.training.calibrate.tiny_checkpoints import TOPICS, multi_label_texts, save_multi_label_checkpoint
@@ -226,6 +226,32 @@ def test_coverage_returns_the_labels_over_the_calibrated_threshold(served: tuple
             expected = sorted((t for t in TOPICS if probabilities[t] >= lam), key=lambda t: -probabilities[t])
             assert prediction["prediction_set"] == expected and prediction["set_size"] == len(expected)
             assert "abstain" not in prediction
+
+
+def test_live_coverage_is_the_mean_recall_of_the_labelled_sets(served: tuple[Running, str]) -> None:
+    """Feedback on a request that asked for coverage joins each input's true labels to its logged set: live coverage
+    at that level is their mean recall (the share of an input's true labels its set held; 1 with none), read back
+    from the store."""
+    url = served[0].url
+    answer = httpx.post(f"{url}/predict", timeout=60, json={
+        "model": "tags", "inputs": [{"text": t} for t in TEXTS], "coverage": 0.8}).json()
+    recalls = []
+    for index, prediction in enumerate(answer["predictions"]):
+        kept, left = prediction["prediction_set"], [t for t in TOPICS if t not in prediction["prediction_set"]]
+        truth = [[*kept[:1], *left[:1]], kept, []][index]  # one held and one missed (if any), all held, none true
+        recalls.append(sum(t in kept for t in truth) / len(truth) if truth else 1.0)
+        response = httpx.post(f"{url}/feedback", json={"id": answer["id"], "index": index, "label": truth},
+                              timeout=30)
+        assert response.status_code == 200, response.text
+    want = sum(recalls) / len(recalls)
+
+    def shown() -> bool:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        return (metric_value(text, "director_live_coverage_ratio", model="tags", version="1", coverage="0.8")
+                == pytest.approx(want) and metric_value(text, "director_live_coverage_count", model="tags",
+                                                        version="1", coverage="0.8") == 3.0)
+
+    wait_for(shown, "the multi-label sets' live recall on /metrics", timeout_s=30)
 
 
 def test_what_a_multi_label_version_cannot_answer_is_refused_with_the_reason(served: tuple[Running, str]) -> None:
