@@ -64,7 +64,8 @@ def in_set(mask: bytes, index: int) -> bool:
     return 0 <= byte < len(mask) and bool(mask[byte] >> bit & 1)
 
 
-# (level column, the row's outcome: 1 = covered / wrong, which rows count) of each kind; constants, never input
+# (level column, the row's outcome: 1 = covered (or a multi-label set's recall) / 1 = wrong, which rows count) of each
+# kind; constants, never input
 KINDS = {
     "coverage": ("coverage", "COALESCE(recall, covered)", "COALESCE(recall, covered) IS NOT NULL"),
     "selective_risk": ("max_risk", "1 - correct", "max_risk IS NOT NULL AND abstain = 0 AND correct IS NOT NULL"),
