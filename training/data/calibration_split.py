@@ -43,11 +43,9 @@ def calibration_line(validation: int, share: float, multi_label: bool = False) -
     count = round(validation * share)
     if count == 0:
         return "calibration split: none (export.calibration_share 0): the version will answer no coverage or max_risk"
-    if multi_label:
-        return (f"calibration split: {count:,} of the {validation:,} validation inputs (export.calibration_share "
-                f"{share:g}), for {LABEL_SETS} only")
-    return (f"calibration split: {count:,} of the {validation:,} validation inputs (export.calibration_share "
-            f"{share:g}), for {DECISIONS} only; {coverage_spread_note(count)}")
+    line = (f"calibration split: {count:,} of the {validation:,} validation inputs (export.calibration_share "
+            f"{share:g}), for {LABEL_SETS if multi_label else DECISIONS} only")
+    return line if multi_label else f"{line}; {coverage_spread_note(count)}"  # the note is split conformal's spread
 
 
 def coverage_spread(count: int, coverage: float = 0.9) -> float:
