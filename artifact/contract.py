@@ -31,8 +31,8 @@ from artifact.verdict import KernelVerdict as KernelVerdict
 from artifact.verdict import VerdictComparison as VerdictComparison
 
 # a minor version only adds keys (1.1 combination, scored_rows; 1.2 input_scores; 1.3 token_correlation, depth alone;
-# 1.4 temperature_by_score; 1.5 method posthoc, kernel_verdict; 1.6 conformal; 1.7 task, multi_label; 1.8 its recall)
-FORMAT_VERSION = "1.8"
+# 1.4 temperature_by_score; 1.5 posthoc, kernel_verdict; 1.6 conformal; 1.7 multi_label; 1.8 its recall; 1.9 hybrid)
+FORMAT_VERSION = "1.9"
 MANIFEST = "manifest.json"
 ARTIFACT = "director.ts"
 TOKENIZER = "tokenizer.json"
@@ -269,7 +269,7 @@ class Manifest(Section):
     format_version: Annotated[str, AfterValidator(_known_major)]
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)
-    method: Literal["director", "posthoc", "deterministic", "mc_dropout", "ensemble", "kep_svgp"] = "director"
+    method: Literal["director", "hybrid", "posthoc", "deterministic", "mc_dropout", "ensemble", "kep_svgp"] = "director"
     modality: Literal["image", "text"]
     labels: list[str] = Field(min_length=1)  # index = class
     task: Literal["single_label", "multi_label"] = "single_label"  # softmax over labels, or a sigmoid each (1.7)

@@ -30,6 +30,12 @@ def samples_verdict(manifest: Manifest) -> SamplesVerdict:
         return SamplesVerdict(False, "the post-hoc path (the backbone's own forward with its post-hoc temperature and "
                                      "OOD score, no DIRECTOR kernel): every sample is the same row, so n_samples > 1 "
                                      "changes nothing and mutual_information is 0")
+    if manifest.method == "hybrid":
+        return SamplesVerdict(False, "the hybrid (the backbone's own forward for the labels, the DIRECTOR kernel "
+                                     "beside it for its error, which the OOD score and the temperature read): nothing "
+                                     "is "
+                                     "sampled, every sample is the same row, so n_samples > 1 changes nothing and "
+                                     "mutual_information is 0")
     scores = {manifest.ood.score, *(term.score for term in manifest.ood.combination or [])}
     if "mutual_information" in scores:
         return SamplesVerdict(True, "the OOD score reads the spread of the samples (mutual_information): use "

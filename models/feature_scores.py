@@ -8,7 +8,10 @@ out-of-distribution for every score:
 - ``knn``: one minus the cosine similarity to the k-th nearest L2-normalised training feature in a bounded bank
   (Sun et al., 2022);
 - ``vim``: ViM (Wang et al., 2022), the feature's norm outside the principal subspace (about the head's own origin)
-  scaled by alpha, minus the logits' log-sum-exp.
+  scaled by alpha, minus the logits' log-sum-exp;
+- ``mds_pp``: Mahalanobis++ (Mueller and Hein, 2025), ``mds`` on L2-normalised features (class means and one shared
+  covariance fitted on the normalised training features), which removes the feature norm's variation that breaks the
+  Gaussian fit of plain MDS.
 
 Fitted once on the training split (``fit_feature_scorer``); the module is scriptable and runs in float32. An exported
 artifact computes only the scores its manifest reads (``FeatureScorer.keep``): the server would throw the others away,
@@ -48,8 +51,8 @@ class FeatureScorer(nn.Module):
 
     def __init__(self, class_means: torch.Tensor, class_whitening: torch.Tensor, background_mean: torch.Tensor,
                  background_whitening: torch.Tensor, bank: torch.Tensor, knn_k: int, head_weight: torch.Tensor,
-                 head_bias: torch.Tensor, vim_origin: torch.Tensor, vim_residual: torch.Tensor, vim_alpha: float
-                 ) -> None:
+                 head_bias: torch.Tensor, vim_origin: torch.Tensor, vim_residual: torch.Tensor, vim_alpha: float,
+                 unit_means: torch.Tensor, unit_whitening: torch.Tensor) -> None:
         super().__init__()
         f32 = torch.float32
         self.register_buffer("background_mean", background_mean.to(f32))  # [D]
@@ -63,8 +66,11 @@ class FeatureScorer(nn.Module):
         self.register_buffer("vim_origin", vim_origin.to(f32))  # [D]
         self.register_buffer("vim_residual", vim_residual.to(f32))  # [D, D - r] orthonormal
         self.register_buffer("vim_alpha", torch.tensor(float(vim_alpha)))
+        self.register_buffer("unit_whitening", unit_whitening.to(f32))  # [D, D] of the normalised features
+        self.register_buffer("unit_points", (unit_means @ unit_whitening).to(f32))  # [C, D]
         # plain attributes, kept by a scripted module: the columns forward computes (``served_scores``)
         self.serves_mds, self.serves_rmds, self.serves_knn, self.serves_vim = True, True, True, True
+        self.serves_mds_pp = True
 
     @torch.jit.unused
     def keep(self, names: Sequence[str]) -> None:
@@ -78,12 +84,16 @@ class FeatureScorer(nn.Module):
             raise ValueError(f"feature scores {dropped} were dropped with their statistics; they cannot come back")
         self.serves_mds, self.serves_rmds = "mds" in names, "rmds" in names
         self.serves_knn, self.serves_vim = "knn" in names, "vim" in names
+        self.serves_mds_pp = "mds_pp" in names
         if not self.serves_knn:
             self.bank = self.bank[:0].clone()  # [0, D]: a view would save the whole storage
         if not self.serves_rmds:
             self.background_whitening = self.background_whitening[:, :0].clone()  # [D, 0]
         if not self.serves_vim:
             self.vim_residual = self.vim_residual[:, :0].clone()  # [D, 0]
+        if not self.serves_mds_pp:
+            self.unit_whitening = self.unit_whitening[:, :0].clone()  # [D, 0]
+            self.unit_points = self.unit_points[:, :0].clone()  # [C, 0]
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         raw = features.float()  # [B, D]
@@ -105,6 +115,11 @@ class FeatureScorer(nn.Module):
             logits = raw @ self.head_weight.T + self.head_bias  # [B, C]
             residual = torch.linalg.vector_norm((raw - self.vim_origin) @ self.vim_residual, dim=1)  # [B]
             columns.append(self.vim_alpha * residual - torch.logsumexp(logits, dim=1))  # [B]
+        if self.serves_mds_pp:
+            unit = raw / torch.linalg.vector_norm(raw, dim=1, keepdim=True).clamp_min(1e-12)  # [B, D]
+            distance = torch.cdist(unit @ self.unit_whitening, self.unit_points,
+                                   compute_mode="donot_use_mm_for_euclid_dist").square()  # [B, C]
+            columns.append(distance.min(dim=1).values)  # [B]
         if len(columns) == 0:
             return raw.new_zeros((raw.shape[0], 0))  # [B, 0]
         return torch.stack(columns, dim=1)  # [B, F]
@@ -112,8 +127,9 @@ class FeatureScorer(nn.Module):
 
 def served_scores(scorer: nn.Module) -> tuple[str, ...]:
     """The columns a ``FeatureScorer`` (eager or scripted) computes, in order: every score it was not told to drop by
-    ``keep`` (a scorer saved before ``keep`` existed computes all four)."""
-    return tuple(name for name in FEATURE_SCORES if getattr(scorer, f"serves_{name}", True))
+    ``keep`` (a scorer saved before ``keep`` existed computes the first four; one saved before Mahalanobis++ existed
+    does not compute it)."""
+    return tuple(name for name in FEATURE_SCORES if getattr(scorer, f"serves_{name}", name != "mds_pp"))
 
 
 def vim_dimension(dim: int) -> int:
@@ -149,5 +165,7 @@ def fit_feature_scorer(features: torch.Tensor, labels: torch.Tensor, num_classes
     max_logit = (f @ weight.T + bias).max(dim=1).values  # [N]
     norms = (centred @ residual).norm(dim=1)  # [N]
     alpha = float(max_logit.mean() / norms.mean().clamp_min(1e-12))
+    unit = f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)  # [N, D] Mahalanobis++'s normalised features
+    unit_means = torch.zeros_like(means).index_add_(0, labels, unit) / counts[:, None]  # [C, D]
     return FeatureScorer(means, class_whitening, background_mean, background_whitening, bank, knn_k, weight, bias,
-                         origin, residual, alpha)
+                         origin, residual, alpha, unit_means, whitening(unit - unit_means[labels]))

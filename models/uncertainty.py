@@ -90,7 +90,8 @@ def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, 
 
 OOD_SCORES = ("max_softmax", "predictive_entropy", "mutual_information", "energy")  # from sampled logits
 KERNEL_ERROR = "kernel_error"  # from the rollout: an artifact's ``scored_rows`` returns it per input
-FEATURE_SCORES = ("mds", "rmds", "knn", "vim")  # on the backbone's penultimate features (models.feature_scores)
+# on the backbone's penultimate features (models.feature_scores); mds_pp is Mahalanobis++
+FEATURE_SCORES = ("mds", "rmds", "knn", "vim", "mds_pp")
 INPUT_SCORES = (KERNEL_ERROR, *FEATURE_SCORES)  # one value per input whatever the sample count: scored_rows' columns
 COMBINED = "combined"  # a weighted sum of standardised scores (``ScoreTerm``), e.g. energy and the kernel error
 SERVED_SCORES = (*OOD_SCORES, *INPUT_SCORES, COMBINED)

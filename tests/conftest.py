@@ -95,13 +95,14 @@ def copy_export(exported: tuple[Path, Path], tmp: Path) -> tuple[Path, Path]:
     return copied, tmp / folder.relative_to(source)
 
 
-def export_zero_step_kernel(tmp: Path, fit_epochs: int, fitted: Path | None = None) -> tuple[Path, Path]:
-    """The tiny image pipeline under ``export.method: auto``, its backbone fitted for ``fit_epochs`` and its kernel
-    trained for zero steps (the identity mean map at the observed variance); returns (config path, version folder).
-    ``fitted``: the run folder of a tiny run whose backbone was fitted on the same settings for ``fit_epochs``, whose
-    fit checkpoint this run resumes from (so the fit is not repeated)."""
+def export_zero_step_kernel(tmp: Path, fit_epochs: int, fitted: Path | None = None, method: str = "auto"
+                            ) -> tuple[Path, Path]:
+    """The tiny image pipeline under ``export.method`` (auto by default), its backbone fitted for ``fit_epochs`` and
+    its kernel trained for zero steps (the identity mean map at the observed variance); returns (config path, version
+    folder). ``fitted``: the run folder of a tiny run whose backbone was fitted on the same settings for
+    ``fit_epochs``, whose fit checkpoint this run resumes from (so the fit is not repeated)."""
     raw = tiny_config_dict(tmp)
-    raw["export"]["method"] = "auto"
+    raw["export"]["method"] = method
     del raw["export"]["verdict_bootstrap"]  # the verdict decides here: its intervals at the default resamples
     raw["distil"]["epochs"] = 0
     raw["fit"]["epochs"] = fit_epochs
@@ -128,9 +129,18 @@ def tiny_text_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
 
 @pytest.fixture(scope="session")
 def posthoc_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A tiny version that serves the post-hoc path: on a backbone fitted for 8 epochs, a kernel trained for zero
-    steps loses the verdict (tests/training/export/test_verdict.py)."""
-    return export_zero_step_kernel(tmp_path_factory.mktemp("posthoc"), fit_epochs=8)
+    """A tiny version that serves the post-hoc path, as ``export.method: posthoc`` asks: on a backbone fitted for 8
+    epochs, a kernel trained for zero steps (under ``auto`` its error earns the hybrid its place there:
+    tests/training/export/test_verdict.py)."""
+    return export_zero_step_kernel(tmp_path_factory.mktemp("posthoc"), fit_epochs=8, method="posthoc")
+
+
+@pytest.fixture(scope="session")
+def hybrid_export(tmp_path_factory: pytest.TempPathFactory, posthoc_export: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The same run under ``export.method: auto``: DIRECTOR's sampled logits lose to the backbone's, and the zero-step
+    kernel's error (how far the skipped layer moves each input) earns the hybrid its place over the post-hoc path."""
+    fitted = Path(posthoc_export[0]).parent / "run"
+    return export_zero_step_kernel(tmp_path_factory.mktemp("hybrid"), fit_epochs=8, fitted=fitted)
 
 
 @pytest.fixture

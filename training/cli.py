@@ -32,10 +32,12 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
                    help="inputs the model should flag, nearer your domain than the built-in sets: a folder of PNG / "
                         "JPEG images or a text file with one input per line; it chooses the served OOD score and "
                         "nothing else, so keep it apart from anything you report on")
-    p.add_argument("--method", choices=["auto", "director", "posthoc"],
-                   help="what the version serves: auto (default) serves DIRECTOR only where, paired against your "
-                        "backbone with the same post-hoc tools, it gains beyond noise and a practical margin and loses "
-                        "nowhere; else the post-hoc path (docs/your-own-model.md)")
+    p.add_argument("--method", choices=["auto", "director", "hybrid", "posthoc"],
+                   help="what the version serves: auto (default) weighs three paths paired on validation, each richer "
+                        "one served only where it gains beyond noise and a practical margin over every cheaper one and "
+                        "loses nowhere: DIRECTOR (sampled logits), the hybrid (your backbone's own labels with the "
+                        "kernel's error as uncertainty signal), the post-hoc path (your backbone with the same "
+                        "post-hoc tools; docs/your-own-model.md)")
     p.add_argument("--strict", action="store_true",
                    help="refuse to publish a version less accurate than your backbone (on validation or the test "
                         "split, beyond noise); without it such a version is published with a warning")

@@ -142,9 +142,9 @@ class ExportConfig:
     # one more family beside the built-in ones that choose the served score, its regret weighted by the weight below
     ood_validation_data: str | None = None
     ood_validation_weight: float = 1.0
-    # what the version serves: DIRECTOR, the post-hoc path (the backbone's logits with the same post-hoc tools), or
-    # auto: by the kernel's verdict (training.export.verdict; docs/method.md, "The kernel earns its place")
-    method: Literal["auto", "director", "posthoc"] = "auto"
+    # what the version serves: DIRECTOR, the hybrid (the backbone's logits, the kernel's error beside them), the
+    # post-hoc path (the backbone's logits, same post-hoc tools), or auto: the three-way verdict (export.verdict)
+    method: Literal["auto", "director", "hybrid", "posthoc"] = "auto"
     # the practical size of a difference, gain or loss: ECE, AUROC, FPR95 absolute, NLL relative to the post-hoc path's
     verdict_ece: float = 0.01
     verdict_nll_relative: float = 0.02

@@ -8,6 +8,8 @@ exported manifest and the server use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from scipy.stats import rankdata
@@ -66,3 +68,24 @@ def ood_report(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> dict[str, f
         "auroc": auroc(id_scores, ood_scores), "aupr_in": aupr_in(id_scores, ood_scores),
         "aupr_out": aupr_out(id_scores, ood_scores), "fpr95": fpr_at_tpr(id_scores, ood_scores, 0.95),
     }
+
+
+def paired_ood_interval(fn: Callable[[torch.Tensor, torch.Tensor], float], id_a: torch.Tensor, ood_a: torch.Tensor,
+                        id_b: torch.Tensor, ood_b: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float]:
+    """The 95% interval of ``fn(id_a, ood_a) - fn(id_b, ood_b)`` (an OOD metric of two paths' scores of the same
+    inputs) over paired resamples."""
+    return bootstrap_interval(lambda i, j: fn(id_a[i], ood_a[j]) - fn(id_b[i], ood_b[j]), id_a.shape[0],
+                              ood_a.shape[0], n_boot, seed)
+
+
+def bootstrap_interval(statistic: Callable[[torch.Tensor, torch.Tensor], float], n_id: int, n_ood: int,
+                       n_boot: int, seed: int) -> tuple[float, float]:
+    """The 95% percentile interval of ``statistic(id_index, ood_index)`` over resamples of both index sets (the same
+    resample for both paths inside ``statistic``: paired)."""
+    gen = torch.Generator().manual_seed(seed)
+    draws = []
+    for _ in range(n_boot):
+        draws.append(statistic(torch.randint(0, n_id, (n_id,), generator=gen),
+                               torch.randint(0, max(n_ood, 1), (n_ood,), generator=gen)))
+    values = torch.tensor(draws, dtype=torch.float64)
+    return float(values.quantile(0.025)), float(values.quantile(0.975))

@@ -231,9 +231,11 @@ class VersionInfo(BaseModel):
     reason: str | None = Field(None, description="why the version is unavailable")
     reload_error: str | None = Field(None, description="set while a ready version's changed folder failed to load: "
                                                         "why; the version keeps serving the files it loaded before")
-    method: str | None = Field(None, description="the manifest's method: director, posthoc (the "
-                                                  "backbone with DIRECTOR's post-hoc tools, no kernel), "
-                                                  "deterministic, mc_dropout or ensemble")
+    method: str | None = Field(None, description="the manifest's method: director, hybrid (the backbone's "
+                                                  "own labels with the DIRECTOR kernel's error beside them as "
+                                                  "uncertainty signal), posthoc (the backbone with DIRECTOR's "
+                                                  "post-hoc tools, no kernel), deterministic, mc_dropout, ensemble "
+                                                  "or kep_svgp")
     modality: str | None = Field(None, description="image or text")
     default_samples: int | None = Field(None, description="n_samples when a request gives none (the model's "
                                                           "config.yaml, else the manifest)")

@@ -54,6 +54,13 @@ def test_each_score_is_its_definition() -> None:
     assert scorer.vim_residual.shape == (6, 3)  # half the dimensions are the principal subspace
     torch.testing.assert_close(got[:, 3], float(scorer.vim_alpha) * residual - torch.logsumexp(logits, 1),
                                rtol=1e-4, atol=1e-4)
+    unit, probe_unit = f / f.norm(dim=1, keepdim=True), x / x.norm(dim=1, keepdim=True)  # Mahalanobis++'s inputs
+    unit_means = torch.stack([unit[labels == c].mean(0) for c in range(3)])  # [3, 6]
+    unit_centred = unit - unit_means[labels]
+    unit_diff = probe_unit[:, None] - unit_means[None]  # [20, 3, 6]
+    unit_distance = torch.einsum("bcd,de,bce->bc", unit_diff, torch.linalg.inv(unit_centred.T @ unit_centred / len(f)),
+                                 unit_diff)  # [20, 3]
+    torch.testing.assert_close(got[:, 4], unit_distance.min(1).values, rtol=1e-3, atol=1e-3)
     scripted = script_module(scorer)
     torch.testing.assert_close(scripted(probe), scorer(probe))
     assert len(FEATURE_SCORES) == got.shape[1]
@@ -105,7 +112,7 @@ def test_a_scorer_keeps_only_the_scores_it_is_asked_for() -> None:
     full = fit_feature_scorer(features, labels, 3, torch.eye(3, 6) * 2, torch.zeros(3), seed=0, bank_size=200, knn_k=5)
     probe, _ = clusters(20, seed=2)
     everything = full(probe)  # [20, 4]
-    for kept in (["mds"], ["vim", "rmds"], ["knn"], []):
+    for kept in (["mds"], ["vim", "rmds"], ["knn"], ["mds_pp"], []):
         scorer = copy.deepcopy(full)
         scorer.keep(kept)
         order = [name for name in FEATURE_SCORES if name in kept]

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from artifact.contract import MANIFEST, parse_manifest, sha256_file, verify_files
 from models.text_director import fold_for_artifact
+from models.uncertainty import INPUT_SCORES
 from tests.conftest import tiny_text_config_dict
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.cli import main
@@ -294,7 +295,7 @@ def test_a_temperature_slope_is_fitted_on_validation_and_its_typos(exported: tup
     fit = document["provenance"]["temperature_fit"]["by_score"]
     manifest = validate_manifest(document)
     terms = {term.score for term in manifest.ood.combination or []} or {manifest.ood.score}
-    if not terms <= {"kernel_error", "mds", "rmds", "knn", "vim"}:  # the served score reads the logits
+    if not terms <= set(INPUT_SCORES):  # the served score reads the logits
         assert fit["slope"] == 0 and "reads the logits" in fit["not_fitted"]
         assert manifest.temperature_by_score is None
         return

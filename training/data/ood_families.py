@@ -10,8 +10,10 @@ serves the one closest to the best on all of them (``training.export.ood_selecti
   intensities without its shapes);
 - texts: Debian software-licence sentences (legal prose), the installed Debian packages' changelog entries (terse
   technical notes; left out where the machine has no package documentation) and lines of Python standard-library code
-  (not prose; the reported set is docstring sentences). The package descriptions are not a family: the text model's
-  distillation reads them as unlabeled inputs.
+  (not prose; the reported set is docstring sentences), and the far-OOD kinds of ``training.data.far_ood_texts``
+  (random character strings, non-Latin scripts, numbers and tables, markup and URLs), generated from the seed: a
+  score chosen on prose-like families alone ranked gibberish as more in-distribution than a product review. The
+  package descriptions are not a family: the text model's distillation reads them as unlabeled inputs.
 
 A user's own OOD-validation set (``export.ood_validation_data``) joins them as one more family, weighted by
 ``export.ood_validation_weight``.
@@ -26,6 +28,7 @@ from tokenizers import Tokenizer
 from torchvision.transforms import functional as tvf
 
 from training.config import PipelineConfig
+from training.data.far_ood_texts import FAR_OOD_KINDS
 from training.data.images import Split, photo_patch_images
 from training.data.ood_texts import load_changelog_entries, load_source_code_lines
 from training.data.ood_validation import describe, user_ood_images, user_ood_texts
@@ -102,6 +105,8 @@ def text_ood_families(cfg: PipelineConfig, tokenizer: Tokenizer, licences: Token
                                            "Debian package changelog entries (OOD validation only)")
     families["source_code"] = OodFamily(family(load_source_code_lines(), 22),
                                         "lines of Python standard-library code (OOD validation only)")
+    for offset, (name, (generate, description)) in enumerate(FAR_OOD_KINDS.items(), start=23):
+        families[name] = OodFamily(family(generate(n, seed + offset), offset), description)
     user_set = cfg.export.ood_validation_data
     if user_set is not None:
         families[USER_FAMILY] = OodFamily(user_ood_texts(user_set, n, tokenizer, tcfg.max_characters, seed),

@@ -16,6 +16,7 @@ import torch
 
 from artifact.contract import MANIFEST, Ood, parse_manifest, read_document
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
+from models.posthoc import posthoc_from_director
 from models.uncertainty import COMBINED, ScoreTemperature, ScoreTerm, UncertaintySummary, summarize
 from training.baselines.builders import build_baseline, ensemble_members, member_config
 from training.baselines.kep_svgp import KEP_SVGP_FILE, kep_svgp_dir
@@ -26,7 +27,7 @@ from training.evaluate.sets import EvalInputs, load_eval_inputs
 from training.export.calibration import fit_temperature
 from training.export.feature_statistics import attach_feature_scores
 from training.export.ood_selection import Candidate, InputScores, combination_label, split_input_scores
-from training.export.parts import posthoc_builder, with_teacher
+from training.export.parts import backbone_path_builder, with_teacher
 from training.export.served_path import fit_served_path
 from training.export.served_statistics import fit_noise_scale, fit_noise_shape
 from training.export.writing import json_safe
@@ -186,7 +187,8 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
         attach_feature_scores(director, train, int(train.labels.max()) + 1, cfg.seed, cfg.export.knn_bank)
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
-    posthoc = posthoc_builder(cfg, family, raw_backbone, train, int(train.labels.max()) + 1)(director, director)
+    posthoc = backbone_path_builder(cfg, family, raw_backbone, train, int(train.labels.max()) + 1,
+                                    posthoc_from_director)(director, director)
     evaluation.add_source(POSTHOC, posthoc, f"posthoc-{director_id}", 1)
     noisy = copy.deepcopy(director)
 

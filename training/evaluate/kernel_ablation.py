@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.evaluate.evaluation import POSTHOC, Evaluation, Method
-from training.export.verdict import paired_ood_interval
-from training.ood_metrics import auroc, fpr_at_tpr
+from training.ood_metrics import auroc, fpr_at_tpr, paired_ood_interval
 
 
 def ablated_methods(methods: list[Method], samples: int) -> list[Method]:

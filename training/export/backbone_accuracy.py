@@ -13,7 +13,7 @@ from typing import Any
 
 from artifact.contract import KernelVerdict, VerdictComparison
 from training.config import ExportConfig
-from training.export.verdict import comparison, decide
+from training.export.verdict import as_path_comparison, comparison, decide, path_pair
 
 TEST_SPLIT = "the test split"
 
@@ -32,14 +32,18 @@ def accuracy_on_test_split(metrics: dict[str, Any]) -> VerdictComparison:
 
 
 def with_test_split(verdict: KernelVerdict, metrics: dict[str, Any], ecfg: ExportConfig) -> KernelVerdict:
-    """The verdict decided again with the test split's accuracy among its comparisons: a loss there can only turn
-    ``auto`` from DIRECTOR to the post-hoc path (a gain in accuracy counts for nothing)."""
-    return decide([*verdict.comparisons, accuracy_on_test_split(metrics)], verdict.requested, ecfg, verdict.cost)
+    """The verdict decided again with the test split's accuracy among its comparisons, DIRECTOR's against the post-hoc
+    path and against the hybrid (whose labels are the post-hoc path's): a loss there can only turn ``auto`` away from
+    DIRECTOR (a gain in accuracy counts for nothing)."""
+    accuracy = accuracy_on_test_split(metrics)
+    pairs = [path_pair(p.richer, p.cheaper, [*p.comparisons, as_path_comparison(accuracy)]) if p.richer == "director"
+             else p for p in verdict.pairs]
+    return decide([*verdict.comparisons, accuracy], verdict.requested, ecfg, verdict.cost, pairs)
 
 
 def accuracy_losses(verdict: KernelVerdict | None) -> list[VerdictComparison]:
     """The splits on which a served DIRECTOR is less accurate than its backbone beyond noise (none when the version
-    serves the post-hoc path: it predicts what the backbone predicts)."""
+    serves the post-hoc path or the hybrid: they predict what the backbone predicts)."""
     if verdict is None or verdict.served != "director":
         return []
     return [c for c in verdict.comparisons if c.metric == "accuracy" and c.material_loss]

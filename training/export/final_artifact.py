@@ -11,6 +11,7 @@ import torch
 from artifact.contract import ARTIFACT
 from artifact.formats import AOTI_FORMAT
 from models.director import NoFeatureScores
+from models.hybrid import HybridCore
 from training.export.feature_statistics import keep_scores
 from training.export.ood_selection import returns_input_scores, score_names
 from training.export.parts import ExportParts
@@ -56,9 +57,10 @@ def finish_artifact(parts: ExportParts, export_format: str, artifact_module: tor
 
 def drop_unread_teacher(module: torch.nn.Module, input_scores_read: set[str]) -> bool:
     """When the manifest reads no per-input score, remove a DIRECTOR artifact module's teacher transitions and feature
-    scorer (``scored_rows`` is then not part of its contract); whether anything was removed."""
+    scorer (``scored_rows`` is then not part of its contract); whether anything was removed. A hybrid keeps them: the
+    teacher transitions are its forward."""
     rollout = getattr(module, "rollout", None)
-    if input_scores_read or rollout is None or not returns_input_scores(module):
+    if input_scores_read or rollout is None or isinstance(module, HybridCore) or not returns_input_scores(module):
         return False
     rollout.drop_teacher()
     module.feature_scorer = NoFeatureScores()

@@ -25,8 +25,9 @@ from training.data.held_out_shift import HeldOutShift
 from training.export.label_paths import LabelPath, right_decisions
 from training.export.parts import ExportParts
 from training.export.served_statistics import paired_difference
-from training.export.verdict import bootstrap_interval, comparison, decide, ood_comparisons
+from training.export.verdict import comparison, decide, ood_comparisons
 from training.multi_label_metrics import mean_label_ece
+from training.ood_metrics import bootstrap_interval
 
 
 def paired_per_input(set_name: str, metric: str, director: torch.Tensor, posthoc: torch.Tensor, margin: float,

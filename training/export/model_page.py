@@ -146,6 +146,9 @@ def _header(manifest: Manifest, command: str) -> list[str]:
         f"Backbone: {(prov.backbone or {})['parameters']:,} parameters; "
         + (f"DIRECTOR artifact: {parameters:,} parameters ({manifest.sampling.depth} steps, one DiT block)."
            if manifest.method == "director" else
+           f"hybrid artifact: {parameters:,} parameters (the backbone's own forward, and the DIRECTOR kernel beside "
+           "it teacher-forced on the backbone's states for its error)."
+           if manifest.method == "hybrid" else
            f"post-hoc artifact: {parameters:,} parameters (the backbone's own forward and the scores it serves; the "
            "DIRECTOR kernel stays in the run folder)."),
         "",
@@ -176,15 +179,23 @@ def _test_split(manifest: Manifest) -> list[str]:
         _row(f"DIRECTOR, S={s}{temperature}{served}", tm[f"director_s{s}"]),
         *([_row("post-hoc path: the backbone with the same post-hoc tools"
                 + (" (served)" if manifest.method == "posthoc" else ""), tm["posthoc"])] if "posthoc" in tm else []),
+        *([_row("hybrid: the backbone's labels, the kernel's error beside them"
+                + (" (served)" if manifest.method == "hybrid" else ""), tm["hybrid"])] if "hybrid" in tm else []),
         "",
+        *([f"Labels equal to the backbone's own on the test split: {_agreement(tm)}.", ""] if "hybrid" in tm else []),
     ]
+
+
+def _agreement(tm: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {100 * tm[name]['label_agreement_with_backbone']:.2f}%" for name in ("hybrid", "posthoc")
+                     if "label_agreement_with_backbone" in tm.get(name, {}))
 
 
 def _served_block(manifest: Manifest) -> dict[str, Any]:
     """The served path's test figures: the post-hoc path's, or DIRECTOR's at its default S."""
     tm = _test_metrics(manifest)
-    if manifest.method == "posthoc":
-        return tm["posthoc"]
+    if manifest.method in ("posthoc", "hybrid"):
+        return tm[manifest.method]
     return tm[f"director_s{tm.get('director_default_samples', manifest.sampling.default_samples)}"]
 
 
@@ -216,6 +227,17 @@ def verdict_section(manifest: Manifest) -> list[str]:
         lines.append(f"| {c.set} | {measure} | {k * c.director:.4f} | {k * c.posthoc:.4f} | "
                      f"{k * c.difference:+.4f} [{k * c.ci95[0]:+.4f}, {k * c.ci95[1]:+.4f}] | {c.favours} | "
                      f"{margin} |")
+    for pair in verdict.pairs:
+        lines += ["", f"{pair.richer} against {pair.cheaper} ({pair.richer} minus {pair.cheaper}, paired as above): "
+                  f"{pair.sentence}.", "", f"| set | measure | {pair.richer} | {pair.cheaper} | difference [95% CI] | "
+                  "beyond noise for | practical margin |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for c in pair.comparisons:
+            k = 100.0 if c.metric in scaled else 1.0
+            outcome = " (gain)" if c.practical else " (loss)" if c.material_loss else ""
+            margin = "-" if c.margin is None else f"{k * c.margin:.4g}{outcome}"
+            lines.append(f"| {c.set} | {c.metric + ('*' if c.counts_for_richer else '')} | {k * c.richer:.4f} | "
+                         f"{k * c.cheaper:.4f} | {k * c.difference:+.4f} [{k * c.ci95[0]:+.4f}, {k * c.ci95[1]:+.4f}] "
+                         f"| {c.favours} | {margin} |")
     paired = _test_metrics(manifest).get("director_minus_posthoc")
     if paired:
         lines += ["", f"On the test split ({test_read}), DIRECTOR minus post-hoc, paired bootstrap: "

@@ -48,7 +48,7 @@ from training.export.parts import ExportParts, artifact_info
 from training.export.writing import (
     git_commit,
     install_version,
-    script_posthoc,
+    script_path,
     serve_path,
     source_record,
     staging_dir,
@@ -159,7 +159,7 @@ def stage_artifacts(cfg: PipelineConfig, director: Director, parts: ExportParts,
         shutil.copyfile(source, tmp_dir / name)
     posthoc_module = parts.build_posthoc(director, artifact_module)
     return (artifact_module, served, posthoc_module,
-            script_posthoc(posthoc_module, parts.data.val.first_args(8), Path(cfg.run_dir)))
+            script_path("posthoc", posthoc_module, parts.data.val.first_args(8), Path(cfg.run_dir)))
 
 
 def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[str, Any],
@@ -169,6 +169,9 @@ def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[st
     one served and install the version; returns its folder. ``strict``: refuse (``LessAccurateThanBackbone``) to
     publish a DIRECTOR less accurate than its backbone."""
     started, ecfg, seed = time.perf_counter(), cfg.export, cfg.seed
+    if ecfg.method == "hybrid":
+        raise ValueError("export.method hybrid serves single-label models; a multi-label export weighs DIRECTOR "
+                         "against the post-hoc path (auto, director or posthoc)")
     progress = StepProgress("export", EXPORT_STEPS)
     director.rollout.noise_scale.fill_(float((ecfg.noise_scale_grid or [1.0])[0]))
     default_s = ecfg.default_samples or ecfg.default_samples_reference

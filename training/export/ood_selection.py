@@ -12,7 +12,7 @@ span orders of magnitude), w in ``COMBINATION_WEIGHTS``. Ties go to the simpler 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -30,13 +30,18 @@ from models.uncertainty import (
 )
 from training.export import draws
 from training.loading import AnySplit
-from training.ood_metrics import auroc
+from training.ood_metrics import auroc, paired_ood_interval
 
 SELECTION_RULE = ("lowest worst-case regret over the OOD-validation families: a candidate's regret on a family is the "
                   "best candidate's AUROC there minus its own (times the family's weight); ties to the higher mean "
                   "AUROC, then the simpler score")
+FLOOR_SCORE = "max_softmax"  # the served score is never below it beyond noise on any family
+FLOOR_RULE = ("never below the path's own max softmax beyond noise on any family: a candidate whose AUROC there is "
+              "lower than max softmax's with the paired bootstrap's 95% interval of the difference below 0 is not "
+              "served; the rule then chooses among the others")
+FLOOR_BOOTSTRAP = 200  # paired resamples per family for the floor's interval
 COMBINATION_WEIGHTS = (0.25, 0.5, 0.75)  # the first score's share of a combined score
-LOG_SCALED = (KERNEL_ERROR, "mds")  # standardised on a log scale (positive, spanning orders of magnitude)
+LOG_SCALED = (KERNEL_ERROR, "mds", "mds_pp")  # standardised on a log scale (positive, spanning orders of magnitude)
 
 InputScores = dict[str, torch.Tensor]  # per-input score name -> [N]
 
@@ -81,6 +86,7 @@ class OodChoice:
     combined: str | None = None
     family_auroc: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> label -> AUROC
     regret: dict[str, float] = field(default_factory=dict)  # label -> worst-case weighted regret over the families
+    below_floor: dict[str, str] = field(default_factory=dict)  # label -> why it is not served (``FLOOR_RULE``)
 
     @property
     def chosen(self) -> Candidate:
@@ -157,15 +163,53 @@ def choose_ood_score(val: ScoreInputs, families: Mapping[str, ScoreInputs], n_sa
         measure(added)
     labels = list(candidates)
     combinations = [label for label in labels if label.startswith(COMBINED)]
+    below: dict[str, str] = {}
+    allowed = above_floor(labels, candidates, val, families, table, weight, below)
     return OodChoice(
-        label=generalising(labels, table, weight),
-        fallback_label=generalising([n for n in labels if n != "mutual_information"], table, weight),
+        label=allowed(labels),
+        fallback_label=allowed([n for n in labels if n != "mutual_information"]),
         candidates=candidates,
         selection_auroc={label: mean_auroc(table, weight, label) for label in labels},
         combined=generalising(combinations, table, weight) if combinations else None,
         family_auroc=table,
         regret={label: worst_regret(table, weight, label) for label in labels},
+        below_floor=below,
     )
+
+
+def above_floor(labels: list[str], candidates: dict[str, Candidate], val: ScoreInputs,
+                families: Mapping[str, ScoreInputs], table: dict[str, dict[str, float]], weight: Mapping[str, float],
+                below: dict[str, str]) -> Callable[[list[str]], str]:
+    """``generalising`` under ``FLOOR_RULE``: the rule's choice among ``labels``, skipping each candidate that is below
+    max softmax beyond noise on some family (checked only when it would be chosen: the bootstrap is not free); why
+    each skipped one was skipped goes into ``below``."""
+    floor = candidates.get(FLOOR_SCORE)
+
+    def check(label: str) -> str | None:
+        if floor is None or label == FLOOR_SCORE:
+            return None
+        c = candidates[label]
+        for offset, (name, family) in enumerate(families.items()):
+            if weight[name] == 0 or table[name][label] >= table[name][FLOOR_SCORE]:  # weighted 0: does not count
+                continue
+            low, high = paired_ood_interval(auroc, val.score(c.name, c.terms), family.score(c.name, c.terms),
+                                            val.score(floor.name), family.score(floor.name), FLOOR_BOOTSTRAP, offset)
+            if high < 0:
+                return (f"AUROC {table[name][label]:.3f} on {name} against max softmax's "
+                        f"{table[name][FLOOR_SCORE]:.3f} (difference 95% interval [{low:+.3f}, {high:+.3f}])")
+        return None
+
+    def allowed(pool: list[str]) -> str:
+        pool = [label for label in pool if label not in below]
+        while True:
+            label = generalising(pool, table, weight)
+            reason = check(label)
+            if reason is None:
+                return label
+            below[label] = reason
+            pool = [other for other in pool if other != label]
+
+    return allowed
 
 
 def mean_auroc(table: dict[str, dict[str, float]], weight: Mapping[str, float], label: str) -> float:

@@ -29,6 +29,7 @@ from artifact.contract import (
     Truncation,
 )
 from artifact.formats import TORCHSCRIPT_FORMAT
+from models.hybrid import hybrid_from_director
 from models.posthoc import posthoc_from_director
 from models.text_director import TextDirector
 from training.config import USER_IMAGE_DATASET, PipelineConfig
@@ -52,6 +53,8 @@ class ExportParts:
     build_artifact: Callable[[Director, Path], tuple[torch.nn.Module, torch.jit.ScriptModule]]  # -> (eager, served)
     # (the distilled DIRECTOR, its artifact module) -> the post-hoc path's module (``models.posthoc``)
     build_posthoc: Callable[[Director, torch.nn.Module], torch.nn.Module]
+    # the same -> the hybrid path's module (``models.hybrid``): the backbone's forward, the kernel's error beside it
+    build_hybrid: Callable[[Director, torch.nn.Module], torch.nn.Module]
     reported_ood: dict[str, AnySplit]
     ood_families: dict[str, OodFamily]  # the OOD-validation families that choose the served score
     input_section: ImageInput | TextInput
@@ -72,22 +75,31 @@ def with_teacher(director: Director, view: View) -> Director:
     return scored
 
 
-def posthoc_builder(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module, train: AnySplit,
-                    num_classes: int) -> Callable[[Director, torch.nn.Module], torch.nn.Module]:
-    """How the post-hoc path is built from the DIRECTOR artifact module: its embedding, prefix, the backbone's own last
-    transitions, readout and feature scorer. A run that trained the readout with the kernel gets the backbone's own
-    readout instead, with feature statistics fitted again on its features."""
+def backbone_path_builder(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module, train: AnySplit,
+                          num_classes: int, make: Callable[[torch.nn.Module], torch.nn.Module]
+                          ) -> Callable[[Director, torch.nn.Module], torch.nn.Module]:
+    """How a path on the backbone's own forward (``make``: the post-hoc path or the hybrid) is built from the DIRECTOR
+    artifact module: its embedding, prefix, the backbone's own last transitions (and the kernel beside them), readout
+    and feature scorer. A run that trained the readout with the kernel gets the backbone's own readout instead, with
+    feature statistics fitted again on its features."""
 
     def build(director: Director, artifact_module: torch.nn.Module) -> torch.nn.Module:
         if not cfg.distil.finetune_readout:
-            return posthoc_from_director(artifact_module)
+            return make(artifact_module)
         view = family.view(backbone)
         own = family.artifact_module(with_teacher(family.director(view, director.rollout.kernel), view), cfg)
         if cfg.export.feature_scores:
             attach_feature_scores(own, train, num_classes, cfg.seed, cfg.export.knn_bank)
-        return posthoc_from_director(own)
+        return make(own)
 
     return build
+
+
+def backbone_paths(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module, data: Dataset | TokenDataset
+                   ) -> dict[str, Callable[[Director, torch.nn.Module], torch.nn.Module]]:
+    """``ExportParts``' builders of the post-hoc path and the hybrid."""
+    return {f"build_{name}": backbone_path_builder(cfg, family, backbone, data.train, len(data.labels), make)
+            for name, make in (("posthoc", posthoc_from_director), ("hybrid", hybrid_from_director))}
 
 
 def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Module) -> ExportParts:
@@ -109,7 +121,7 @@ def image_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.M
         calibration=calibration,
         backbone_logits=lambda split: split.map(backbone, 512),
         build_artifact=build_artifact,
-        build_posthoc=posthoc_builder(cfg, family, backbone, data.train, len(data.labels)),
+        **backbone_paths(cfg, family, backbone, data),
         reported_ood={"uniform_noise": Split(noise, labels(noise.shape[0])),
                       "sklearn_digits_upsampled": Split(digits, labels(digits.shape[0]))},
         ood_families=image_ood_families(cfg, data.val, image_shape),
@@ -179,7 +191,7 @@ def text_export_parts(cfg: PipelineConfig, family: Family, backbone: torch.nn.Mo
         calibration=calibration,
         backbone_logits=lambda split: split.map(lambda *args: backbone(*args).float(), 256),
         build_artifact=build_artifact,
-        build_posthoc=posthoc_builder(cfg, family, backbone, data.train, len(data.labels)),
+        **backbone_paths(cfg, family, backbone, data),
         reported_ood=reported_ood,
         ood_families=text_ood_families(cfg, tokenizer, licences),
         input_section=TextInput(

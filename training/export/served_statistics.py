@@ -26,6 +26,7 @@ from training.export import draws
 from training.export.calibration import fit_temperature
 from training.export.draws import scored_pass
 from training.export.ood_selection import (
+    FLOOR_RULE,
     LOG_SCALED,
     SELECTION_RULE,
     InputScoreCache,
@@ -291,7 +292,8 @@ def served_statistics(served: torch.nn.Module, val: AnySplit, ecfg: ExportConfig
            "selection_families": {name: {"description": family.description, "weight": family.weight,
                                          "n": len(family.split), "auroc": choice.family_auroc[name]}
                                   for name, family in families.items()},
-           "selection_regret": choice.regret}
+           "selection_regret": choice.regret,
+           "selection_floor": {"rule": FLOOR_RULE, "not_served": choice.below_floor}}
     if choice.terms:
         ood["combination"] = [dataclasses.asdict(term) for term in choice.terms]
     return ServedStatistics(reference, ood, choice, input_scores, val_logits, family_logits)

@@ -56,7 +56,7 @@ from training.export.verdict import kernel_verdict
 from training.export.writing import (
     git_commit,
     install_version,
-    script_posthoc,
+    script_path,
     serve_path,
     source_record,
     staging_dir,
@@ -66,7 +66,7 @@ from training.loading import AnySplit, Director, RunBackbone
 from training.runtime import StepProgress, set_threads
 
 EXPORT_STEPS = ("noise temperature and default S", "DIRECTOR's artifact and feature statistics",
-                "both paths' temperatures, OOD scores and thresholds", "the kernel's verdict", "test split",
+                "the paths' temperatures, OOD scores and thresholds", "the kernel's verdict", "test split",
                 "manifest and version", "results page")
 
 
@@ -194,8 +194,9 @@ def provenance(run: ExportRun, sampling: SamplingChoice, temperature_fit: dict[s
 def version_manifest(run: ExportRun, path: ServedPath, sampling: SamplingChoice, verdict: KernelVerdict,
                      provenance: Provenance, tmp_dir: Path, conformal: Conformal | None = None) -> Manifest:
     """The version's manifest for the served ``path``: DIRECTOR (its depth, noise and variance; the depth under
-    ``sampling.depth`` alone, which older manifests also carry as ``sampling.steps``) or the post-hoc path (no kernel:
-    every sample the same row, any S up to ``export.max_samples`` accepted)."""
+    ``sampling.depth`` alone, which older manifests also carry as ``sampling.steps``), the hybrid or the post-hoc path
+    (nothing sampled: every sample the same row, any S up to ``export.max_samples`` accepted; the hybrid's kernel
+    depth is in the verdict's cost)."""
     cfg, payload, stats = run.cfg, run.payload, path.stats
     served_by_score = temperature_by_score(path)
     depth = run.director.rollout.num_steps
@@ -263,35 +264,35 @@ def write_reports(run: ExportRun, manifest: Manifest, figures: SplitFigures) -> 
     write_results(parse_manifest(document), docs_dir, reproduce_command(cfg, run.payload, run.backbone_payload), png)
 
 
-def both_paths(run: ExportRun, sampling: SamplingChoice, artifact_module: torch.nn.Module,
-               served: torch.jit.ScriptModule, shift: HeldOutShift) -> tuple[ServedPath, ServedPath]:
-    """DIRECTOR and the post-hoc path, each with its post-hoc tools fitted by the same rules on validation and its
-    held-out ``shift``. The post-hoc module is scripted into the run folder (``POSTHOC_FILE``); its one OOD threshold
-    holds at every sample count."""
+def served_paths(run: ExportRun, sampling: SamplingChoice, artifact_module: torch.nn.Module,
+                 served: torch.jit.ScriptModule, shift: HeldOutShift) -> dict[str, ServedPath]:
+    """DIRECTOR, the hybrid and the post-hoc path, each with its post-hoc tools fitted by the same rules on validation
+    and its held-out ``shift``. The hybrid's and the post-hoc modules are scripted into the run folder (``PATH_FILES``);
+    their one OOD threshold holds at every sample count (every sample is the same row)."""
     cfg, parts = run.cfg, run.parts
-    posthoc_module = parts.build_posthoc(run.director, artifact_module)
-    posthoc_served = script_posthoc(posthoc_module, parts.data.val.first_args(8), Path(cfg.run_dir))
-    val, families = parts.data.val, parts.ood_families
-    kernel = fit_served_path("director", artifact_module, served, val, families, cfg, sampling.default_samples,
-                             cfg.export.sample_counts, shift, sampling.shift)
-    plain = fit_served_path("posthoc", posthoc_module, posthoc_served, val, families, cfg, 1, [1], shift, None)
-    plain.stats.ood["thresholds"] = {str(n): plain.stats.ood["thresholds"]["1"] for n in cfg.export.sample_counts}
-    return kernel, plain
+    val, families, probe = parts.data.val, parts.ood_families, parts.data.val.first_args(8)
+    paths = {"director": fit_served_path("director", artifact_module, served, val, families, cfg,
+                                         sampling.default_samples, cfg.export.sample_counts, shift, sampling.shift)}
+    for method, build in (("hybrid", parts.build_hybrid), ("posthoc", parts.build_posthoc)):
+        module = build(run.director, artifact_module)
+        scripted = script_path(method, module, probe, Path(cfg.run_dir))
+        path = fit_served_path(method, module, scripted, val, families, cfg, 1, [1], shift, None)
+        path.stats.ood["thresholds"] = {str(n): path.stats.ood["thresholds"]["1"] for n in cfg.export.sample_counts}
+        paths[method] = path
+    return paths
 
 
-def measure_test_split(run: ExportRun, verdict: KernelVerdict, kernel: ServedPath, plain: ServedPath
-                       ) -> tuple[KernelVerdict, ServedPath, ServedPath, SplitFigures]:
+def measure_test_split(run: ExportRun, verdict: KernelVerdict, paths: dict[str, ServedPath]
+                       ) -> tuple[KernelVerdict, ServedPath, SplitFigures]:
     """The served path's test figures, and the verdict with the test split's accuracy among its comparisons
-    (``training.export.backbone_accuracy``): where that turns it to the post-hoc path, the figures are measured again
-    with the post-hoc path served. Returns (verdict, served path, other path, figures)."""
-    paths = {"director": (kernel, plain), "posthoc": (plain, kernel)}
-    path, other = paths[verdict.served]
-    figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, run.cfg.seed)
+    (``training.export.backbone_accuracy``): where that turns it away from DIRECTOR, the figures are measured again
+    with the new path served. Returns (verdict, served path, figures)."""
+    figures = test_split_figures(paths, verdict.served, run.director, run.parts, run.backbone_parameters, run.cfg.seed)
     checked = with_test_split(verdict, figures.metrics, run.cfg.export)
     if checked.served != verdict.served:
-        path, other = paths[checked.served]
-        figures = test_split_figures(path, other, run.director, run.parts, run.backbone_parameters, run.cfg.seed)
-    return checked, path, other, figures
+        figures = test_split_figures(paths, checked.served, run.director, run.parts, run.backbone_parameters,
+                                     run.cfg.seed)
+    return checked, paths[checked.served], figures
 
 
 def export(cfg: PipelineConfig, strict: bool = False) -> Path:
@@ -319,11 +320,11 @@ def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
     artifact_module, served = stage_artifact(run, tmp_dir)
     progress.done()
     shift = held_out_shift(cfg, run.parts.data.val)  # one held-out shift for both paths and the verdict
-    kernel, plain = both_paths(run, sampling, artifact_module, served, shift)
+    paths = served_paths(run, sampling, artifact_module, served, shift)
     progress.done()
-    verdict = kernel_verdict(kernel, plain, run.parts, shift, cfg, run.backbone_parameters)
+    verdict = kernel_verdict(paths, run.parts, shift, cfg, run.backbone_parameters)
     progress.done()
-    verdict, path, other, figures = measure_test_split(run, verdict, kernel, plain)
+    verdict, path, figures = measure_test_split(run, verdict, paths)
     diagnostics = split_rollout_trace(run.director, run.parts.data.test.head(500), cfg.seed)
     progress.done()
     if strict:
@@ -342,7 +343,7 @@ def export_version(cfg: PipelineConfig, strict: bool = False) -> Path:
     write_reports(run, manifest, figures)
     progress.done()
     metrics = figures.metrics
-    served_block = metrics["posthoc"] if path.method == "posthoc" else metrics[f"director_s{kernel.default_samples}"]
+    served_block = metrics[path.method] if path.method != "director" else metrics[f"director_s{path.default_samples}"]
     by_score = path.by_score.temperature if path.by_score else None
     slope = "" if by_score is None else f" x exp({by_score.slope:g} * score)"
     print(f"exported {out_dir} (method {manifest.method}, S={path.default_samples}, T={path.temperature:.3f}{slope}, "

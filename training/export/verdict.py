@@ -19,13 +19,13 @@ Otherwise it serves the post-hoc path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from artifact.contract import KernelVerdict, VerdictComparison
+from artifact.verdict import PathComparison, PathPair
 from training.config import ExportConfig, PipelineConfig
 from training.data.held_out_shift import HeldOutShift
 from training.export.ood_selection import ScoreInputs
@@ -33,7 +33,7 @@ from training.export.parts import ExportParts
 from training.export.served_path import ServedPath
 from training.export.served_statistics import paired_difference
 from training.metrics import ece, paired_bootstrap
-from training.ood_metrics import auroc, fpr_at_tpr
+from training.ood_metrics import auroc, fpr_at_tpr, paired_ood_interval
 
 LOWER_IS_BETTER = {"nll": True, "ece": True, "fpr95": True, "auroc": False, "worst_auroc": False, "accuracy": False}
 
@@ -68,27 +68,6 @@ def favours(difference_ci: tuple[float, float], lower_is_better: bool) -> str:
     if low > 0:
         return "posthoc" if lower_is_better else "director"
     return "neither"
-
-
-def paired_ood_interval(fn: Callable[[torch.Tensor, torch.Tensor], float], id_a: torch.Tensor, ood_a: torch.Tensor,
-                        id_b: torch.Tensor, ood_b: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float]:
-    """The 95% interval of ``fn(id_a, ood_a) - fn(id_b, ood_b)`` (an OOD metric of two paths' scores of the same
-    inputs) over paired resamples."""
-    return bootstrap_interval(lambda i, j: fn(id_a[i], ood_a[j]) - fn(id_b[i], ood_b[j]), id_a.shape[0],
-                              ood_a.shape[0], n_boot, seed)
-
-
-def bootstrap_interval(statistic: Callable[[torch.Tensor, torch.Tensor], float], n_id: int, n_ood: int,
-                       n_boot: int, seed: int) -> tuple[float, float]:
-    """The 95% percentile interval of ``statistic(id_index, ood_index)`` over resamples of both index sets (the same
-    resample for both paths inside ``statistic``: paired)."""
-    gen = torch.Generator().manual_seed(seed)
-    draws = []
-    for _ in range(n_boot):
-        draws.append(statistic(torch.randint(0, n_id, (n_id,), generator=gen),
-                               torch.randint(0, max(n_ood, 1), (n_ood,), generator=gen)))
-    values = torch.tensor(draws, dtype=torch.float64)
-    return float(values.quantile(0.025)), float(values.quantile(0.975))
 
 
 def comparison(set_name: str, metric: str, director: float, posthoc: float, ci: tuple[float, float],
@@ -184,7 +163,7 @@ def compare_paths(director: PathFigures, posthoc: PathFigures, val_labels: torch
             *ood_comparisons(director, posthoc, descriptions, ecfg, seed + 2)]
 
 
-def described(c: VerdictComparison) -> str:
+def described(c: VerdictComparison | PathComparison) -> str:
     """One comparison in words: 'NLL on validation +0.012 [+0.004, +0.020]'."""
     names = {"nll": "NLL", "ece": "ECE", "auroc": "AUROC", "fpr95": "FPR95", "worst_auroc": "worst-family AUROC",
              "accuracy": "accuracy"}
@@ -195,23 +174,82 @@ def described(c: VerdictComparison) -> str:
             f"[{scale * low:+.3f}, {scale * high:+.3f}]")
 
 
+PATH_NAMES = {"director": "DIRECTOR",
+              "hybrid": "the hybrid (the backbone's own forward with the kernel's error beside it)",
+              "posthoc": "the post-hoc path (the backbone's own forward with the same post-hoc tools, no kernel)"}
+
+
+def earns(comparisons: list[VerdictComparison] | list[PathComparison]) -> bool:
+    """The rule every richer path meets: a practical gain somewhere and a material loss nowhere."""
+    return any(c.practical for c in comparisons) and not any(c.material_loss for c in comparisons)
+
+
+def as_path_comparison(c: VerdictComparison) -> PathComparison:
+    """A comparison computed with the richer path in DIRECTOR's place and the cheaper one in the post-hoc path's, under
+    the pair's own names."""
+    side = {"director": "richer", "posthoc": "cheaper", "neither": "neither"}[c.favours]
+    return PathComparison(set=c.set, metric=c.metric, richer=c.director, cheaper=c.posthoc, difference=c.difference,
+                          ci95=c.ci95, favours=side, margin=c.margin, counts_for_richer=c.counts_for_kernel,
+                          practical=c.practical, material_loss=c.material_loss)
+
+
+def path_pair(richer: str, cheaper: str, comparisons: list[PathComparison]) -> PathPair:
+    """Whether ``richer`` earns its place over ``cheaper``, with the sentence that says why."""
+    return PathPair(richer=richer, cheaper=cheaper, earns=earns(comparisons),
+                    sentence=pair_sentence(richer, cheaper, comparisons), comparisons=comparisons)
+
+
+def pair_sentence(richer: str, cheaper: str, comparisons: list[PathComparison]) -> str:
+    """One pair's outcome in words, naming its gains and its material losses."""
+    name, other = PATH_NAMES[richer].split(" (")[0], PATH_NAMES[cheaper].split(" (")[0]
+    gains = [c for c in comparisons if c.practical]
+    losses = [c for c in comparisons if c.material_loss]
+
+    def listed(rows: list[PathComparison]) -> str:
+        return "; ".join(described(c) for c in rows[:3])
+
+    if gains and not losses:
+        return f"{name} earns its place over {other} ({name} minus {other}: {listed(gains)}; no material loss)"
+    if losses:
+        return (f"{name} does not earn its place over {other}: it is worse beyond noise and its margin on "
+                f"{listed(losses)}")
+    return (f"{name} adds nothing worth its cost over {other}: no measure gains beyond noise and its practical "
+            "margin")
+
+
+def served_path(requested: str, kernel_wins: bool, pairs: list[PathPair]) -> str:
+    """What a version serves: the requested path, or under ``auto`` the richest path that earns its place over every
+    cheaper one (DIRECTOR over the post-hoc path and, when the hybrid was measured, over the hybrid; the hybrid over the
+    post-hoc path), else the post-hoc path."""
+    if requested != "auto":
+        return requested
+    by_name = {(p.richer, p.cheaper): p for p in pairs}
+    over_hybrid = by_name.get(("director", "hybrid"))
+    if kernel_wins and (over_hybrid is None or over_hybrid.earns):
+        return "director"
+    hybrid = by_name.get(("hybrid", "posthoc"))
+    return "hybrid" if hybrid is not None and hybrid.earns else "posthoc"
+
+
 def decide(comparisons: list[VerdictComparison], requested: str, ecfg: ExportConfig,
-           cost: dict[str, object] | None = None) -> KernelVerdict:
-    """Which path a version serves, and the sentence that says why."""
+           cost: dict[str, object] | None = None, pairs: list[PathPair] | None = None) -> KernelVerdict:
+    """Which path a version serves, and the sentence that says why (``pairs``: the hybrid's comparisons, when it was
+    measured)."""
+    pairs = pairs or []
     gains = [c for c in comparisons if c.practical]
     losses = [c for c in comparisons if c.material_loss]
     kernel_wins = bool(gains) and not losses
-    served = "director" if requested == "director" or (requested == "auto" and kernel_wins) else "posthoc"
-    sentence = _why(comparisons, gains, losses)
-    serves = ("serves DIRECTOR" if served == "director"
-              else "serves the post-hoc path (the backbone's own forward with the same post-hoc tools, no kernel)")
-    forced = (f"; export.method asked for {requested}, so it {serves}" if requested != "auto" and
-              served != ("director" if kernel_wins else "posthoc") else f", so this version {serves}")
+    served = served_path(requested, kernel_wins, pairs)
+    sentence = _why(comparisons, gains, losses) + "".join(f"; {p.sentence}" for p in pairs)
+    serves = f"serves {PATH_NAMES[served]}"
+    unforced = served_path("auto", kernel_wins, pairs)
+    forced = (f"; export.method asked for {requested}, so it {serves}" if requested != "auto" and served != unforced
+              else f", so this version {serves}")
     margins = {"ece": ecfg.verdict_ece, "nll_relative": ecfg.verdict_nll_relative, "auroc": ecfg.verdict_auroc,
                "fpr95": ecfg.verdict_fpr95}
     return KernelVerdict(requested=requested, served=served, kernel_wins=kernel_wins,
                          sentence=sentence[0].upper() + sentence[1:] + forced + ".", comparisons=comparisons,
-                         margins=margins, cost=cost)
+                         margins=margins, cost=cost, pairs=pairs)
 
 
 def _listed(rows: list[VerdictComparison], most: int = 3) -> str:
@@ -246,17 +284,22 @@ def path_figures(path: ServedPath, parts: ExportParts, shift: HeldOutShift, seed
     return PathFigures(val, path.ood_score(val), path.inputs("held_out_shift", shift.split, seed), families)
 
 
-def kernel_verdict(kernel: ServedPath, plain: ServedPath, parts: ExportParts, shift: HeldOutShift,
-                   cfg: PipelineConfig, backbone_parameters: int) -> KernelVerdict:
-    """DIRECTOR (``kernel``) against the post-hoc path (``plain``), paired on validation, its held-out ``shift`` and
-    the OOD-validation families, and what ``export.method`` serves."""
-    comparisons = compare_paths(path_figures(kernel, parts, shift, cfg.seed), path_figures(plain, parts, shift,
-                                                                                           cfg.seed),
-                                parts.data.val.labels, shift.split.labels, shift.description.split(" + ")[-1],
-                                {name: family.description for name, family in parts.ood_families.items()},
-                                cfg.export, cfg.seed)
-    cost = {"director": {"parameters": sum(p.numel() for p in kernel.module.parameters()),
-                         "default_samples": kernel.default_samples},
-            "posthoc": {"parameters": sum(p.numel() for p in plain.module.parameters()), "default_samples": 1},
-            "backbone_parameters": backbone_parameters}
-    return decide(comparisons, cfg.export.method, cfg.export, cost)
+def kernel_verdict(paths: dict[str, ServedPath], parts: ExportParts, shift: HeldOutShift, cfg: PipelineConfig,
+                   backbone_parameters: int) -> KernelVerdict:
+    """DIRECTOR, the post-hoc path and (when ``paths`` holds it) the hybrid, paired on validation, its held-out
+    ``shift`` and the OOD-validation families: DIRECTOR minus post-hoc (``comparisons``), the hybrid minus post-hoc
+    and DIRECTOR minus the hybrid (``pairs``); and what ``export.method`` serves."""
+    figures = {name: path_figures(path, parts, shift, cfg.seed) for name, path in paths.items()}
+    descriptions = {name: family.description for name, family in parts.ood_families.items()}
+    shift_name = shift.description.split(" + ")[-1]
+
+    def compare(richer: str, cheaper: str) -> list[VerdictComparison]:
+        return compare_paths(figures[richer], figures[cheaper], parts.data.val.labels, shift.split.labels, shift_name,
+                             descriptions, cfg.export, cfg.seed)
+
+    pairs = ([path_pair(richer, cheaper, [as_path_comparison(c) for c in compare(richer, cheaper)])
+              for richer, cheaper in (("hybrid", "posthoc"), ("director", "hybrid"))] if "hybrid" in paths else [])
+    cost = {name: {"parameters": sum(p.numel() for p in path.module.parameters()),
+                   "default_samples": path.default_samples} for name, path in paths.items()}
+    return decide(compare("director", "posthoc"), cfg.export.method, cfg.export,
+                  {**cost, "backbone_parameters": backbone_parameters}, pairs)

@@ -131,18 +131,19 @@ def script_and_verify(artifact_module: torch.nn.Module, eager: torch.nn.Module, 
     return served
 
 
-POSTHOC_FILE = "posthoc.ts"  # the post-hoc path's scripted module, in the run folder
+PATH_FILES = {"posthoc": "posthoc.ts", "hybrid": "hybrid.ts"}  # the other paths' scripted modules, in the run folder
 
 
-def script_posthoc(posthoc_module: torch.nn.Module, probe: ForwardArgs, run_dir: Path) -> torch.jit.ScriptModule:
-    """The post-hoc path's module scripted and verified into the run folder (``POSTHOC_FILE``), where ``serve_path``
-    takes it from when the version serves it."""
-    return script_and_verify(posthoc_module, posthoc_module, probe, run_dir / POSTHOC_FILE)
+def script_path(method: str, module: torch.nn.Module, probe: ForwardArgs, run_dir: Path) -> torch.jit.ScriptModule:
+    """The post-hoc path's or the hybrid's module scripted and verified into the run folder (``PATH_FILES``), where
+    ``serve_path`` takes it from when the version serves it."""
+    return script_and_verify(module, module, probe, run_dir / PATH_FILES[method])
 
 
 def serve_path(run_dir: Path, method: str, tmp_dir: Path) -> None:
-    """Put the served path's scripted file in the staged version: when ``method`` is the post-hoc path, its file from
-    the run folder (``POSTHOC_FILE``) replaces DIRECTOR's, which is kept in the run folder under the artifact's name."""
-    if method == "posthoc":
+    """Put the served path's scripted file in the staged version: when ``method`` is the post-hoc path or the hybrid,
+    its file from the run folder (``PATH_FILES``) replaces DIRECTOR's, which is kept in the run folder under the
+    artifact's name."""
+    if method in PATH_FILES:
         shutil.copyfile(tmp_dir / ARTIFACT, run_dir / ARTIFACT)
-        shutil.copyfile(run_dir / POSTHOC_FILE, tmp_dir / ARTIFACT)
+        shutil.copyfile(run_dir / PATH_FILES[method], tmp_dir / ARTIFACT)

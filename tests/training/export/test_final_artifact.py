@@ -11,7 +11,7 @@ import torch
 
 from artifact.contract import ARTIFACT
 from models.director import ImageDirector
-from models.feature_scores import fit_feature_scorer
+from models.feature_scores import FEATURE_SCORES, fit_feature_scorer
 from tests.models.test_feature_scores import director_with_teacher
 from training.export.final_artifact import finish_artifact
 from training.export.ood_selection import returns_input_scores
@@ -53,7 +53,7 @@ def test_a_manifest_reading_every_score_leaves_the_file_alone(tmp_path: Path) ->
     director = scored_director()
     save_scripted(script_module(director), tmp_path / ARTIFACT)
     before = (tmp_path / ARTIFACT).read_bytes()
-    everything = {"kernel_error", "mds", "rmds", "knn", "vim"}
+    everything = {"kernel_error", *FEATURE_SCORES}
     finish_artifact(parts_with(torch.rand(8, 1, 28, 28)), "torchscript", director,
                     load_scripted(tmp_path / ARTIFACT), everything, tmp_path)
     assert (tmp_path / ARTIFACT).read_bytes() == before

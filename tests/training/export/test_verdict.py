@@ -1,9 +1,11 @@
-"""The kernel's verdict: each branch of ``export.method: auto`` on known comparisons, the paired intervals on known
-scores, and the whole export on tiny models, both branches: on a backbone fitted for 8 epochs (53% validation
-accuracy) a kernel trained for zero steps (the identity mean map at the observed variance, skipping both layers)
-loses, so the post-hoc path is served and its file is the backbone's own forward; on the same backbone fitted for 2
-epochs (14%) that identity kernel is better than the barely trained layers it skips, measured beyond noise and
-margin, and DIRECTOR is served. The runs are seeded on one CPU thread, so they repeat."""
+"""The kernel's three-way verdict: each branch of ``export.method: auto`` on known comparisons (DIRECTOR, the hybrid,
+the post-hoc path), the paired intervals on known scores, and the whole export on tiny models: on a backbone fitted
+for 8 epochs (53% validation accuracy) a kernel trained for zero steps (the identity mean map at the observed variance,
+skipping both layers) loses as DIRECTOR, but its error (how far the skipped layers move each input) is an OOD signal
+that earns the hybrid its place over the post-hoc path; the same run with ``export.method: posthoc`` serves the
+backbone's own forward; on the same backbone fitted for 2 epochs (14%) that identity kernel is better than the barely
+trained layers it skips, measured beyond noise and margin, and DIRECTOR is served. The runs are seeded on one CPU
+thread, so they repeat."""
 
 from __future__ import annotations
 
@@ -12,12 +14,21 @@ from pathlib import Path
 
 import torch
 
-from artifact.contract import VerdictComparison
+from artifact.contract import KernelVerdict, VerdictComparison
+from artifact.verdict import PathPair
 from models.uncertainty import summarize
 from tests.conftest import export_zero_step_kernel
 from training.config import ExportConfig
 from training.export.ood_selection import ScoreInputs
-from training.export.verdict import PathFigures, compare_paths, comparison, decide
+from training.export.verdict import (
+    PATH_NAMES,
+    PathFigures,
+    as_path_comparison,
+    compare_paths,
+    comparison,
+    decide,
+    path_pair,
+)
 
 MARGINS = ExportConfig()
 
@@ -140,14 +151,84 @@ def test_where_the_kernel_wins_auto_serves_director(tiny_export: tuple[Path, Pat
     assert manifest["artifact"]["input_scores"][0] == "kernel_error"
 
 
-def test_a_kernel_trained_for_zero_steps_is_not_served(posthoc_export: tuple[Path, Path]) -> None:
-    config, folder = posthoc_export
+def pair(richer: str, cheaper: str, rows: list[VerdictComparison]) -> PathPair:
+    return path_pair(richer, cheaper, [as_path_comparison(r) for r in rows])
+
+
+GAIN = nll_row(-0.05, (-0.07, -0.03))
+NOTHING = nll_row(-0.001, (-0.01, 0.008))
+LOSS = comparison("photo patches", "auroc", 0.90, 0.95, (-0.07, -0.03), margin=0.01)
+
+
+def test_three_way_auto_serves_the_richest_path_that_earns_its_place_over_every_cheaper_one() -> None:
+    """DIRECTOR needs a gain over the post-hoc path and over the hybrid; the hybrid a gain over the post-hoc path;
+    otherwise the post-hoc path. A forced method is served whatever the verdict, and the sentence says so."""
+    cases = [  # (DIRECTOR - post-hoc, hybrid - post-hoc, DIRECTOR - hybrid) -> served
+        ((GAIN, GAIN, GAIN), "director"),
+        ((GAIN, GAIN, NOTHING), "hybrid"),
+        ((GAIN, NOTHING, LOSS), "posthoc"),
+        ((NOTHING, GAIN, LOSS), "hybrid"),
+        ((NOTHING, LOSS, NOTHING), "posthoc"),
+        ((LOSS, GAIN, GAIN), "hybrid"),
+    ]
+    for (director_posthoc, hybrid_posthoc, director_hybrid), served in cases:
+        pairs = [pair("hybrid", "posthoc", [hybrid_posthoc]), pair("director", "hybrid", [director_hybrid])]
+        verdict = decide([director_posthoc], "auto", MARGINS, pairs=pairs)
+        assert verdict.served == served, (director_posthoc, hybrid_posthoc, director_hybrid)
+        assert verdict.pair("hybrid", "posthoc") is not None and "the hybrid" in verdict.sentence
+        assert verdict.sentence.endswith(f"serves {PATH_NAMES[served]}.")
+    forced = decide([GAIN], "hybrid", MARGINS, pairs=[pair("hybrid", "posthoc", [NOTHING]),
+                                                      pair("director", "hybrid", [GAIN])])
+    assert forced.served == "hybrid" and "export.method asked for hybrid" in forced.sentence
+
+
+def test_a_kernel_trained_for_zero_steps_serves_its_error_beside_the_backbone(hybrid_export: tuple[Path, Path]
+                                                                              ) -> None:
+    _, folder = hybrid_export
+    manifest = json.loads((folder / "manifest.json").read_text())
+    verdict = KernelVerdict.model_validate(manifest["kernel_verdict"])
+    assert manifest["method"] == "hybrid" and verdict.served == "hybrid" and verdict.requested == "auto"
+    assert not verdict.kernel_wins and any(row.material_loss for row in verdict.comparisons)
+    hybrid_pair, director_pair = verdict.pair("hybrid", "posthoc"), verdict.pair("director", "hybrid")
+    assert hybrid_pair is not None and hybrid_pair.earns and director_pair is not None and not director_pair.earns
+    assert all(name in verdict.sentence for name in ("DIRECTOR", "the hybrid", "the post-hoc path"))
+    assert manifest["sampling"]["depth"] == 0 and "variance" not in manifest
+    assert manifest["artifact"]["input_scores"][0] == "kernel_error"
+    assert "kernel_error" in {manifest["ood"]["score"], *(t["score"] for t in manifest["ood"].get("combination", []))}
+    agreement = manifest["provenance"]["test_metrics"]["hybrid"]["label_agreement_with_backbone"]
+    assert agreement == 1.0
+
+
+def test_the_hybrid_artifact_gives_the_backbone_labels_and_the_kernel_error(hybrid_export: tuple[Path, Path]
+                                                                            ) -> None:
+    """The served file's rows are the backbone's own logits, bit for bit its run folder's post-hoc file's, and its
+    scores lead with the kernel error; DIRECTOR's file and the post-hoc file stay in the run folder."""
+    from training.config import load_config
+    from training.data.images import load_dataset
+    from training.export.writing import load_scripted
+    from training.loading import load_backbone
+
+    config, folder = hybrid_export
+    cfg = load_config(config)
+    hybrid, posthoc = load_scripted(folder / "director.ts"), load_scripted(Path(cfg.run_dir) / "posthoc.ts")
+    data = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.val_size, cfg.data.split_seed,
+                        cfg.data.train_limit, cfg.data.test_limit)
+    pixels = data.test.images[:64]  # [64, 1, 28, 28]
+    ones = torch.ones(64, dtype=torch.long)
+    rows, scores = hybrid.scored_rows(pixels, ones)  # [64, C], [64, F]
+    assert torch.equal(rows, posthoc.sample_rows(pixels, ones))
+    with torch.no_grad():
+        assert torch.equal(rows.argmax(-1), load_backbone(cfg.run_dir).eval()(pixels).argmax(-1))
+    assert scores.shape[0] == 64 and bool((scores[:, 0] > 0).all())
+    assert (Path(cfg.run_dir) / "director.ts").is_file() and (Path(cfg.run_dir) / "hybrid.ts").is_file()
+
+
+def test_posthoc_asked_is_served_and_the_sentence_says_it_was_asked(posthoc_export: tuple[Path, Path]) -> None:
+    _, folder = posthoc_export
     manifest = json.loads((folder / "manifest.json").read_text())
     verdict = manifest["kernel_verdict"]
-    assert manifest["method"] == "posthoc" and verdict["served"] == "posthoc" and verdict["requested"] == "auto"
-    assert not verdict["kernel_wins"]
-    assert "serves the post-hoc path" in verdict["sentence"]
-    assert any(row["material_loss"] for row in verdict["comparisons"])
+    assert manifest["method"] == "posthoc" and verdict["served"] == "posthoc" and verdict["requested"] == "posthoc"
+    assert not verdict["kernel_wins"] and "export.method asked for posthoc" in verdict["sentence"]
     assert manifest["sampling"]["depth"] == 0 and "variance" not in manifest
     assert manifest["artifact"]["input_scores"] is None or "kernel_error" not in manifest["artifact"]["input_scores"]
 
