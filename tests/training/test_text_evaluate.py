@@ -13,7 +13,8 @@ import yaml
 from tests.conftest import tiny_text_config_dict
 from training.cli import main
 
-METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "kep_svgp", "posthoc", "director_s1",
+METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "kep_svgp", "posthoc", "hybrid",
+           "director_s1",
            "director_s4", "director_s4_ts", "director_s4_noise", "director_s4_shift_noise"]
 
 
@@ -64,7 +65,7 @@ def test_every_method_is_scored_on_texts(evaluated: tuple[Path, dict[str, Any]])
     for entry in detectors.values():
         for set_name in ("python_docstrings", "shifted_nyt_editorials"):
             report = entry["ood"][set_name]
-            assert set(report) == {"mds", "rmds", "knn", "vim", "gen", "max_logit"}
+            assert set(report) == {"mds", "rmds", "knn", "vim", "mds_pp", "gen", "max_logit"}
             assert all(0.0 <= r["auroc"] <= 1.0 for r in report.values())
     assert set(results["detectors"]["served_score_auroc"]) == {"fortunes_quotes", "python_docstrings",
                                                                "shifted_nyt_editorials"}

@@ -106,7 +106,9 @@ def text_ood_families(cfg: PipelineConfig, tokenizer: Tokenizer, licences: Token
     families["source_code"] = OodFamily(family(load_source_code_lines(), 22),
                                         "lines of Python standard-library code (OOD validation only)")
     for offset, (name, (generate, description)) in enumerate(FAR_OOD_KINDS.items(), start=23):
-        families[name] = OodFamily(family(generate(n, seed + offset), offset), description)
+        split = family(generate(n, seed + offset), offset)
+        if len(split) >= min(MIN_FAMILY_TEXTS, max(n // 2, 1)):  # left out where the tokenizer reads too few of them
+            families[name] = OodFamily(split, description)
     user_set = cfg.export.ood_validation_data
     if user_set is not None:
         families[USER_FAMILY] = OodFamily(user_ood_texts(user_set, n, tokenizer, tcfg.max_characters, seed),

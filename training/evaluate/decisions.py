@@ -26,7 +26,7 @@ from tqdm import tqdm
 from models.conformal import ScoreRule, conformal_threshold, label_scores, set_figures
 from models.selective import answered_risk, learn_then_test
 from training.data.held_out_shift import held_out_shift
-from training.evaluate.evaluation import POSTHOC, Evaluation, Method, summary_of
+from training.evaluate.evaluation import HYBRID, POSTHOC, Evaluation, Method, summary_of
 from training.evaluate.sets import shift_sets
 from training.export.conformal import score_rules
 from training.export.decision_figures import COVERAGES, RISKS
@@ -39,11 +39,12 @@ CURVE_POINTS = 60  # points kept of each risk-coverage curve
 
 
 def decided_methods(methods: list[Method]) -> list[Method]:
-    """Temperature scaling, the post-hoc path, DIRECTOR at its evaluated S, and the version as served when the
-    evaluation has one."""
+    """Temperature scaling, the post-hoc path, the hybrid, DIRECTOR at its evaluated S, and the version as served when
+    the evaluation has one."""
     director = [m for m in methods if m.family == "director" and m.key.startswith("director_s")
                 and m.key.removeprefix("director_s").isdigit() and m.n_samples > 1]
-    keys = {"temperature_scaling", POSTHOC, "posthoc_served", "director_served", *(m.key for m in director)}
+    keys = {"temperature_scaling", POSTHOC, HYBRID, "posthoc_served", "hybrid_served", "director_served",
+            *(m.key for m in director)}
     return [m for m in methods if m.key in keys]
 
 

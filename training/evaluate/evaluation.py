@@ -16,6 +16,7 @@ import torch
 
 from artifact.contract import MANIFEST, Ood, parse_manifest, read_document
 from models.baselines import DeterministicModel, EnsembleModel, MCDropoutModel
+from models.hybrid import hybrid_from_director
 from models.posthoc import posthoc_from_director
 from models.uncertainty import COMBINED, ScoreTemperature, ScoreTerm, UncertaintySummary, summarize
 from training.baselines.builders import build_baseline, ensemble_members, member_config
@@ -41,8 +42,10 @@ from training.loading import (
 from training.runtime import save_checkpoint
 
 DetectorScores = dict[str, torch.Tensor]  # set name -> [N, detectors] (``training.evaluate.detectors``)
-SCORED_FAMILIES = {"director": "director", "posthoc": "posthoc"}  # method family -> the source of its per-input scores
-POSTHOC = "posthoc"
+POSTHOC, HYBRID = "posthoc", "hybrid"
+# method family -> the source of its per-input scores
+SCORED_FAMILIES = {"director": "director", POSTHOC: POSTHOC, HYBRID: HYBRID}
+BACKBONE_PATHS = {POSTHOC: ("Post-hoc path", posthoc_from_director), HYBRID: ("Hybrid", hybrid_from_director)}
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class Method:
     source: str  # which model's cached logits it reads
     n_samples: int
     temperature: float = 1.0
-    family: str = "director"  # deterministic | mc_dropout | ensemble | kep_svgp | posthoc | director
+    family: str = "director"  # deterministic | mc_dropout | ensemble | kep_svgp | posthoc | hybrid | director
     by_score: ScoreTemperature | None = None  # a temperature per input instead (an exported version's), base included
 
 
@@ -96,7 +99,7 @@ class Evaluation:
         self.chosen_scores: dict[str, dict[str, torch.Tensor]] = {}  # method key -> set -> its own OOD score [N]
         self.flag_rules: dict[str, tuple[Candidate, float]] = {}  # method key -> its OOD score and 95%-TPR threshold
         self.served: dict[str, Any] = {}  # the exported version's sampling (``add_served_source``), when evaluated
-        self.posthoc_fit: dict[str, Any] = {}  # the post-hoc path's fitted tools (``posthoc_method``)
+        self.posthoc_fit: dict[str, Any] = {}  # the post-hoc path's fitted tools (``backbone_path_method``)
         self._opened: RunBackbone | None = None
 
     @property
@@ -187,9 +190,10 @@ def build_sources(evaluation: Evaluation) -> dict[str, Any]:
         attach_feature_scores(director, train, int(train.labels.max()) + 1, cfg.seed, cfg.export.knn_bank)
     director_id = fingerprint(run / BACKBONE_FILE, run / DIRECTOR_FILE)
     evaluation.add_source("director", director, f"dir-{director_id}", ev.samples)
-    posthoc = backbone_path_builder(cfg, family, raw_backbone, train, int(train.labels.max()) + 1,
-                                    posthoc_from_director)(director, director)
-    evaluation.add_source(POSTHOC, posthoc, f"posthoc-{director_id}", 1)
+    for key, (_, make) in BACKBONE_PATHS.items():  # the backbone's own forward, without and with the kernel beside it
+        module = backbone_path_builder(cfg, family, raw_backbone, train, int(train.labels.max()) + 1, make)(director,
+                                                                                                         director)
+        evaluation.add_source(key, module, f"{key}-{director_id}", 1)
     noisy = copy.deepcopy(director)
 
     def fit_scale() -> dict[str, Any]:
@@ -229,7 +233,7 @@ def add_served_source(evaluation: Evaluation, director: torch.nn.Module, directo
         record["temperature_by_score"] = manifest.temperature_by_score.document()
     record["ood"] = served_ood_rule(manifest.ood, sampling.default_samples)
     evaluation.served = record
-    if manifest.method == POSTHOC:  # the post-hoc source already is what it serves: only its temperature rule differs
+    if manifest.method in BACKBONE_PATHS:  # that source already is what it serves: only its temperature rule differs
         return record
     served = copy.deepcopy(director)
     served.rollout.set_token_correlation(record["token_correlation"])
@@ -309,7 +313,7 @@ def build_methods(evaluation: Evaluation) -> list[Method]:
         Method("ensemble", f"Deep ensemble (M={m})", "ensemble", m, family="ensemble"),
         *([Method("kep_svgp", f"KEP-SVGP (S={s}, last {evaluation.cfg.kep_svgp.layers} layer(s))", "kep_svgp", s,
                   family="kep_svgp")] if "kep_svgp" in evaluation.sources else []),
-        posthoc_method(evaluation),
+        *(backbone_path_method(evaluation, key) for key in BACKBONE_PATHS),
         Method("director_s1", "DIRECTOR (S=1)", "director", 1),
         Method(f"director_s{s}", f"DIRECTOR (S={s})", "director", s),
         Method(f"director_s{s}_ts", f"DIRECTOR (S={s}) + TS (T={dir_t:.2f})", "director", s, dir_t),
@@ -326,31 +330,33 @@ def temperature_shown(t: float, by_score: ScoreTemperature | None) -> str:
 
 def served_method(served: dict[str, Any]) -> Method:
     """The row of ``add_served_source``: the version's default S and served temperature (per input when the version
-    makes it grow with a score); a post-hoc version's row reads the post-hoc source."""
+    makes it grow with a score); a post-hoc or hybrid version's row reads that path's source."""
     s, t = served["default_samples"], served["temperature"]
     section = served.get("temperature_by_score")
     by_score = None if section is None else ScoreTemperature(
         t, section["slope"], tuple(ScoreTerm(x["score"], x["weight"], x["center"], x["scale"], x.get("log", False))
                                    for x in section["terms"]))
     shown = temperature_shown(t, by_score)
-    if served.get("method") == POSTHOC:
-        return Method("posthoc_served", f"Post-hoc as served (v{served['version']}, {shown})", POSTHOC, 1, t,
-                      family=POSTHOC, by_score=by_score)
+    method = served.get("method")
+    if method in BACKBONE_PATHS:
+        return Method(f"{method}_served", f"{BACKBONE_PATHS[method][0]} as served (v{served['version']}, {shown})",
+                      method, 1, t, family=method, by_score=by_score)
     return Method("director_served", f"DIRECTOR as served (v{served['version']}, S={s}, rho "
                   f"{served['token_correlation']:g}, noise x{served['noise_scale']:g}, {shown})",
                   "director_served", s, t, by_score=by_score)
 
 
-def posthoc_method(evaluation: Evaluation) -> Method:
-    """The post-hoc path with its tools fitted as an export fits them (``training.export.served_path``), on the same
-    validation split, held-out shift and OOD-validation families: the temperature, kept only when it wins on held-out
-    validation, then a temperature per input that follows its OOD score when ``export.temperature_slope_grid`` offers
-    slopes. The fit's record is kept in ``evaluation.posthoc_fit``."""
+def backbone_path_method(evaluation: Evaluation, key: str) -> Method:
+    """The post-hoc path or the hybrid (``key``) with its tools fitted as an export fits them
+    (``training.export.served_path``), on the same validation split, held-out shift and OOD-validation families: the
+    temperature, kept only when it wins on held-out validation, then a temperature per input that follows its OOD score
+    when ``export.temperature_slope_grid`` offers slopes. The post-hoc fit's record is kept in
+    ``evaluation.posthoc_fit``."""
     cfg, val = evaluation.cfg, evaluation.inputs.val
-    source = evaluation.sources[POSTHOC]
+    source = evaluation.sources[key]
 
     def fit() -> dict[str, Any]:
-        path = fit_served_path(POSTHOC, source.model, source.model, val, evaluation.inputs.ood_families, cfg, 1, [1],
+        path = fit_served_path(key, source.model, source.model, val, evaluation.inputs.ood_families, cfg, 1, [1],
                                held_out_shift(cfg, val), None)
         rule = path.by_score.temperature if path.by_score else None
         return {"temperature": path.temperature, "temperature_fit": json_safe(path.temperature_fit),
@@ -361,11 +367,13 @@ def posthoc_method(evaluation: Evaluation) -> Method:
     # the fit passes the backbone over validation, its shift and every family several times: kept beside the other
     # fits, under everything it reads (the source, the export's settings, the seed, the validation carve)
     settings = hashlib.sha256(json.dumps(asdict(cfg.export), sort_keys=True, default=str).encode()).hexdigest()[:16]
-    record = cached_fit(evaluation.run_dir / "eval" / "posthoc_fits.json", fit,
+    record = cached_fit(evaluation.run_dir / "eval" / f"{key}_fits.json", fit,
                         f"{source.model_id}|export={settings}|seed={cfg.seed}|{evaluation.cache_name('val')}")
-    evaluation.posthoc_fit = {k: record[k] for k in ("temperature", "temperature_fit", "ood_score")}
+    if key == POSTHOC:
+        evaluation.posthoc_fit = {k: record[k] for k in ("temperature", "temperature_fit", "ood_score")}
     section = record["by_score"]
     by_score = None if section is None else ScoreTemperature(
         section["base"], section["slope"], tuple(ScoreTerm(**term) for term in section["terms"]))
-    return Method(POSTHOC, f"Post-hoc path ({temperature_shown(record['temperature'], by_score)})", POSTHOC, 1,
-                  record["temperature"], family=POSTHOC, by_score=by_score)
+    label = BACKBONE_PATHS[key][0]
+    return Method(key, f"{label} ({temperature_shown(record['temperature'], by_score)})", key, 1,
+                  record["temperature"], family=key, by_score=by_score)

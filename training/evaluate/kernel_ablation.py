@@ -5,8 +5,8 @@ The export's verdict compares the two paths on validation, its held-out shift an
 ablation repeats the comparison on what the export never saw: the test split (accuracy, ECE, NLL), every reported OOD
 set (AUROC and FPR95 of each path's own chosen score, the same bootstrap resample of the test split and of the set for
 both paths) and every shift level (pooled as the shift stage pools them). The post-hoc path here has its tools fitted
-by the export's rules (``training.evaluate.evaluation.posthoc_method``); the DIRECTOR rows are S = 1 and the version
-as served (else the evaluation's default S).
+by the export's rules (``training.evaluate.evaluation.backbone_path_method``); the DIRECTOR rows are S = 1 and the
+version as served (else the evaluation's default S).
 """
 
 from __future__ import annotations

@@ -180,7 +180,8 @@ def findings(results: dict[str, Any]) -> list[str]:
     s = results["settings"]["samples"]
     d = rows[f"director_s{s}"]
     out = []
-    for key in (k for k in ("deterministic", "temperature_scaling", "mc_dropout", "ensemble", "posthoc") if k in rows):
+    baselines = ("deterministic", "temperature_scaling", "mc_dropout", "ensemble", "posthoc", "hybrid")
+    for key in (k for k in baselines if k in rows):
         b = rows[key]
         dl, dh = d["test"]["ece_ci95"]
         bl, bh = b["test"]["ece_ci95"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SERVED_ROWS = ("director_served", "posthoc_served")  # an exported version's row, as it serves
+SERVED_ROWS = ("director_served", "posthoc_served", "hybrid_served")  # an exported version's row, as it serves
 
 
 @dataclass

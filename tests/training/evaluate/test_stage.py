@@ -48,7 +48,8 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return config, results
 
 
-METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "posthoc", "director_s1", "director_s4",
+METHODS = ["deterministic", "temperature_scaling", "mc_dropout", "ensemble", "posthoc", "hybrid", "director_s1",
+           "director_s4",
            "director_s4_ts", "director_s4_noise", "director_s4_shift_noise", "director_served"]
 
 
@@ -100,17 +101,18 @@ def test_the_posthoc_path_is_a_row_and_the_kernel_is_ablated_against_it(evaluate
     assert page.count("better than the post-hoc path beyond noise on") == 2
 
 
-def test_a_posthoc_version_is_served_from_the_posthoc_source() -> None:
+@pytest.mark.parametrize(("kind", "label"), [("posthoc", "Post-hoc path"), ("hybrid", "Hybrid")])
+def test_a_posthoc_or_hybrid_version_is_served_from_its_own_source(kind: str, label: str) -> None:
     from training.evaluate.evaluation import served_method
 
-    method = served_method({"version": 3, "method": "posthoc", "token_correlation": 0.0, "noise_scale": 1.0,
+    method = served_method({"version": 3, "method": kind, "token_correlation": 0.0, "noise_scale": 1.0,
                             "default_samples": 1, "temperature": 1.2,
                             "temperature_by_score": {"slope": 0.1, "terms": [{"score": "mds", "weight": 1.0,
                                                                               "center": 3.0, "scale": 0.5,
                                                                               "log": True}]}})
-    assert (method.key, method.source, method.family, method.n_samples) == ("posthoc_served", "posthoc", "posthoc", 1)
+    assert (method.key, method.source, method.family, method.n_samples) == (f"{kind}_served", kind, kind, 1)
     assert method.by_score is not None and method.by_score.slope == 0.1
-    assert method.label == "Post-hoc as served (v3, T=1.20 x exp(0.1 * score))"
+    assert method.label == f"{label} as served (v3, T=1.20 x exp(0.1 * score))"
 
 
 def test_every_method_gets_every_metric(evaluated: tuple[Path, dict[str, Any]]) -> None:
@@ -210,7 +212,7 @@ def test_free_detectors_on_every_method_against_the_served_score(evaluated: tupl
     for entry in detectors["methods"].values():
         assert set(entry["ood"]) == sets
         for per_set in entry["ood"].values():
-            assert set(per_set) == {"mds", "rmds", "knn", "vim", "gen", "max_logit"}
+            assert set(per_set) == {"mds", "rmds", "knn", "vim", "mds_pp", "gen", "max_logit"}
             for report in per_set.values():
                 assert 0.0 <= report["auroc"] <= 1.0 and 0.0 <= report["fpr95"] <= 1.0
                 low, high = report["served_minus_detector"]["ci95"]
@@ -246,7 +248,7 @@ def test_prediction_sets_and_abstentions_are_measured(evaluated: tuple[Path, dic
     set; the abstentions at every max_risk; the page's section and plot."""
     config, results = evaluated
     section = results["decisions"]
-    assert set(section["methods"]) == {"temperature_scaling", "posthoc", "director_s4", "director_served"}
+    assert set(section["methods"]) == {"temperature_scaling", "posthoc", "hybrid", "director_s4", "director_served"}
     assert section["calibration_inputs"] > 0 and section["default_score"] == "lac"
     for entry in section["methods"].values():
         test = entry["test"]["sets"]["aps"]
