@@ -1,0 +1,43 @@
+"""The figures a model folder's README quotes for its default version are that version's manifest's: the test split's
+accuracy, ECE and NLL of the served path, each path's served-score AUROC on the reported OOD sets and the flagged
+shares (so an export that moves them fails here until the card is refreshed)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from artifact.contract import parse_manifest, read_document
+from tests.repository_facts import MODEL_REPOSITORY, default_version
+
+CARDS = ["movie-reviews-minilm"]
+
+
+@pytest.mark.parametrize("model", CARDS)
+def test_the_default_row_quotes_its_manifest(model: str) -> None:
+    version = default_version(model)
+    row = next((line for line in (MODEL_REPOSITORY / model / "README.md").read_text().splitlines()
+                if line.startswith(f"| {version} (default) |")), None)
+    assert row is not None, f"{model}/README.md has no row for version {version} marked (default)"
+    manifest = parse_manifest(read_document(MODEL_REPOSITORY / model / version))
+    metrics = manifest.provenance.test_metrics
+    served = metrics[manifest.method] if manifest.method != "director" else \
+        metrics[f"director_s{manifest.sampling.default_samples}"]
+    figures = re.search(r"accuracy ([\d.]+)%, ECE ([\d.]+)%, NLL ([\d.]+)", row)
+    assert figures is not None
+    assert [float(x) for x in figures.groups()] == [round(100 * served["accuracy"], 2), round(100 * served["ece"], 2),
+                                                      round(served["nll"], 4)]
+    ood = metrics["ood"]
+    aurocs = re.search(r"OOD AUROC ([\d.]+) quotes / ([\d.]+) docstrings \(the hybrid's served score ([\d.]+) / "
+                       r"([\d.]+)\)", row)
+    assert aurocs is not None
+    expected = [ood[s]["paths_auroc"][p] for p in (manifest.method, "hybrid")
+                for s in ("fortunes_quotes", "python_docstrings")]
+    assert [float(x) for x in aurocs.groups()] == [round(x, 3) for x in expected]
+    flags = re.search(r"flags ([\d.]+)% of test reviews, ([\d.]+)% of quotes, ([\d.]+)% of docstrings", row)
+    assert flags is not None
+    assert [float(x) for x in flags.groups()] == [round(100 * served["flagged_rate"], 1),
+                                                  *(round(100 * ood[s]["flagged_rate"], 1)
+                                                    for s in ("fortunes_quotes", "python_docstrings"))]
+    assert f"`{manifest.ood.score}`" in row
