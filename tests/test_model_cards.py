@@ -41,3 +41,19 @@ def test_the_default_row_quotes_its_manifest(model: str) -> None:
                                                   *(round(100 * ood[s]["flagged_rate"], 1)
                                                     for s in ("fortunes_quotes", "python_docstrings"))]
     assert f"`{manifest.ood.score}`" in row
+
+
+def test_what_docs_method_md_says_of_the_text_default_score_holds() -> None:
+    """docs/method.md, "The kernel's signal beside the exact backbone": the text default's served score is
+    Mahalanobis++, the best or within a thousandth of the best candidate on each of its seven families, and its
+    verdict's hybrid gains stay under the AUROC margin."""
+    manifest = parse_manifest(read_document(MODEL_REPOSITORY / "movie-reviews-minilm" / "9"))
+    extra = manifest.ood.model_extra or {}
+    families = extra["selection_families"]
+    assert manifest.ood.score == "mds_pp" and len(families) == 7
+    assert all(max(f["auroc"].values()) - f["auroc"]["mds_pp"] < 1e-3 for f in families.values())
+    verdict = manifest.kernel_verdict
+    hybrid = verdict.pair("hybrid", "posthoc") if verdict is not None else None
+    assert hybrid is not None and not hybrid.earns
+    gains = [c for c in hybrid.comparisons if c.metric == "auroc" and c.favours == "richer"]
+    assert len(gains) == 4 and all(c.difference < c.margin for c in gains)

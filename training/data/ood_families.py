@@ -6,8 +6,9 @@ measures each candidate on several distinct kinds of input, none of them a repor
 serves the one closest to the best on all of them (``training.export.ood_selection``):
 
 - images: crops of scikit-learn's two sample photos (natural images), smooth Gaussian noise (blobs without edges;
-  the reported set is uniform pixel noise) and validation images with their pixels shuffled (the task's own
-  intensities without its shapes);
+  the reported set is uniform pixel noise), validation images with their pixels shuffled (the task's own
+  intensities without its shapes) and synthetic patterns (stripes, checkerboards, gradients, flat images: the far-OOD
+  kinds of an image, as random strings and markup are of a text);
 - texts: Debian software-licence sentences (legal prose), the installed Debian packages' changelog entries (terse
   technical notes; left out where the machine has no package documentation) and lines of Python standard-library code
   (not prose; the reported set is docstring sentences), and the far-OOD kinds of ``training.data.far_ood_texts``
@@ -73,6 +74,32 @@ def shuffled_pixel_images(split: Split, n: int, seed: int) -> torch.Tensor:
     return shuffled.view_as(images).contiguous()
 
 
+def pattern_images(n: int, shape: tuple[int, int, int], seed: int) -> torch.Tensor:
+    """Synthetic patterns no natural or task image looks like, [n, C, H, W] in [0, 1]: stripes at a random angle and
+    frequency, checkerboards of a random cell size, linear gradients and flat images, a quarter each."""
+    gen = torch.Generator().manual_seed(seed)
+    channels, height, width = shape
+    y, x = torch.meshgrid(torch.linspace(0, 1, height), torch.linspace(0, 1, width), indexing="ij")  # [H, W] each
+    images = []
+    for i in range(n):
+        angle, level = float(torch.rand((), generator=gen)) * torch.pi, float(torch.rand((), generator=gen))
+        along = x * torch.cos(torch.tensor(angle)) + y * torch.sin(torch.tensor(angle))  # [H, W]
+        kind = i % 4
+        if kind == 0:
+            frequency = 2 + 10 * float(torch.rand((), generator=gen))
+            image = 0.5 + 0.5 * torch.sin(2 * torch.pi * frequency * along)  # [H, W]
+        elif kind == 1:
+            cell = int(torch.randint(2, max(3, height // 3), (), generator=gen))
+            rows, cols = torch.arange(height)[:, None] // cell, torch.arange(width)[None, :] // cell
+            image = ((rows + cols) % 2).float()  # [H, W]
+        elif kind == 2:
+            image = (along - along.min()) / (along.max() - along.min()).clamp_min(1e-12)  # [H, W]
+        else:
+            image = torch.full((height, width), level)  # [H, W]
+        images.append(image.expand(channels, height, width))
+    return torch.stack(images).contiguous()  # [n, C, H, W]
+
+
 def image_ood_families(cfg: PipelineConfig, val: Split, shape: tuple[int, int, int]) -> dict[str, OodFamily]:
     """The image families (``export.ood_validation_images`` inputs each), and the user's set when one is named."""
     n, seed = cfg.export.ood_validation_images, cfg.seed
@@ -82,6 +109,8 @@ def image_ood_families(cfg: PipelineConfig, val: Split, shape: tuple[int, int, i
                                   "blurred Gaussian noise (OOD validation only)"),
         "shuffled_pixels": OodFamily(unlabelled(shuffled_pixel_images(val, n, seed + 12)),
                                      "validation images with their pixels shuffled (OOD validation only)"),
+        "patterns": OodFamily(unlabelled(pattern_images(n, shape, seed + 13)),
+                              "stripes, checkerboards, gradients and flat images (OOD validation only)"),
     }
     user_set = cfg.export.ood_validation_data
     if user_set is not None:

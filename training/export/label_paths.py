@@ -91,7 +91,7 @@ class OodRuleFit:
 class LabelPath:
     """One served path with its post-hoc tools, fitted on validation."""
 
-    method: str  # "director" | "posthoc"
+    method: str  # "director" | "hybrid" | "posthoc"
     module: torch.nn.Module  # the eager artifact module
     served: torch.jit.ScriptModule  # its scripted form, which every figure is measured on
     default_s: int
@@ -115,13 +115,14 @@ class LabelPath:
 def fit_label_path(method: str, module: torch.nn.Module, served: torch.jit.ScriptModule, parts: ExportParts,
                    cfg: PipelineConfig, default_s: int) -> LabelPath:
     """``method``'s calibration on validation, its OOD score over the OOD-validation families and its thresholds at
-    every sample count (the post-hoc path's one threshold holds at all of them: its samples are one row)."""
+    every sample count (the post-hoc path's and the hybrid's one threshold holds at all of them: their samples are one
+    row)."""
     ecfg, seed, val = cfg.export, cfg.seed, parts.data.val
     val_logits = sample_split(served, val, default_s, seed)  # [S, N, C]
     calibration = calibrate_labels(val_logits, val.labels, cfg.task.temperature, cfg.task.thresholds, seed)
     head = val.head(ecfg.threshold_images)
     rule = OodRuleFit(served, head, val_logits[:, : len(head)], calibration, seed, parts.ood_families)
-    ood = rule.section(ecfg.sample_counts, default_s, val_logits[:, : len(head)], deterministic=method == "posthoc")
+    ood = rule.section(ecfg.sample_counts, default_s, val_logits[:, : len(head)], deterministic=method != "director")
     return LabelPath(method, module, served, default_s, val_logits, calibration, rule, ood)
 
 
@@ -131,17 +132,16 @@ def right_decisions(probs: torch.Tensor, labels: torch.Tensor, thresholds: list[
     return ((probs >= cut[None, :]) == labels.bool()).double().mean(-1)  # [N]
 
 
-def test_probabilities(test: AnySplit, kernel: LabelPath, plain: LabelPath, seed: int) -> dict[str, torch.Tensor]:
-    """Both paths' served probabilities ``[N, C]`` on the test split, keyed by method (one draw each)."""
-    return {"director": kernel.probabilities(test, seed + 3), "posthoc": plain.probabilities(test, seed + 3)}
+def test_probabilities(test: AnySplit, paths: dict[str, LabelPath], seed: int) -> dict[str, torch.Tensor]:
+    """Every path's served probabilities ``[N, C]`` on the test split, keyed by method (one draw each)."""
+    return {name: path.probabilities(test, seed + 3) for name, path in paths.items()}
 
 
-def test_figures(parts: ExportParts, kernel: LabelPath, plain: LabelPath, probs: dict[str, torch.Tensor]
-                 ) -> dict[str, Any]:
-    """The test split: the backbone (sigmoid, thresholds 0.5), both paths as they would be served (``probs``, from
+def test_figures(parts: ExportParts, paths: dict[str, LabelPath], probs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The test split: the backbone (sigmoid, thresholds 0.5), every path as it would be served (``probs``, from
     ``test_probabilities``), and DIRECTOR's accuracy minus the post-hoc path's, paired per input (the verdict's
     test-split comparison reads it)."""
-    test = parts.data.test
+    test, kernel, plain = parts.data.test, paths["director"], paths["posthoc"]
     backbone = torch.sigmoid(parts.backbone_logits(test).float())  # [N, C]
     p_dir, p_post = probs["director"], probs["posthoc"]  # [N, C] each
     difference = (right_decisions(p_dir, test.labels, kernel.calibration.thresholds)
@@ -149,7 +149,8 @@ def test_figures(parts: ExportParts, kernel: LabelPath, plain: LabelPath, probs:
     mean, stderr = paired_difference(difference)
     return {"backbone": multi_label_report(backbone, test.labels),
             f"director_s{kernel.default_s}": multi_label_report(p_dir, test.labels, kernel.calibration.thresholds),
-            "posthoc": multi_label_report(p_post, test.labels, plain.calibration.thresholds),
+            **{name: multi_label_report(probs[name], test.labels, path.calibration.thresholds)
+               for name, path in paths.items() if name != "director"},
             "director_default_samples": kernel.default_s,
             "director_minus_posthoc": {"accuracy": {"difference": mean,
                                                     "ci95": [mean - 1.96 * stderr, mean + 1.96 * stderr]}},

@@ -1,8 +1,9 @@
 """The kernel's verdict for a multi-label model (docs/method.md, "Multi-label models"): the single-label verdict's
-comparisons and rule (``training.export.verdict``) on what a sigmoid per label serves.
+comparisons and three-way rule (``training.export.verdict``) on what a sigmoid per label serves.
 
-DIRECTOR as it would be served against the post-hoc path with the same post-hoc tools, DIRECTOR minus post-hoc with a
-95% interval, on validation and its held-out shift:
+DIRECTOR as it would be served against the post-hoc path with the same post-hoc tools (and the hybrid against the
+post-hoc path, DIRECTOR against the hybrid), the richer path minus the cheaper with a 95% interval, on validation and
+its held-out shift:
 
 - accuracy: each input's share of right yes/no decisions at its path's thresholds, paired per input (margin 0: a
   DIRECTOR less accurate than its backbone beyond noise is never served by ``auto``);
@@ -25,7 +26,7 @@ from training.data.held_out_shift import HeldOutShift
 from training.export.label_paths import LabelPath, right_decisions
 from training.export.parts import ExportParts
 from training.export.served_statistics import paired_difference
-from training.export.verdict import comparison, decide, ood_comparisons
+from training.export.verdict import as_path_comparison, comparison, decide, ood_comparisons, path_pair
 from training.multi_label_metrics import mean_label_ece
 from training.ood_metrics import bootstrap_interval
 
@@ -58,25 +59,38 @@ def labelled_comparisons(set_name: str, p_dir: torch.Tensor, p_post: torch.Tenso
     return out
 
 
-def label_verdict(kernel: LabelPath, plain: LabelPath, parts: ExportParts, shift: HeldOutShift, cfg: PipelineConfig,
-                  backbone_parameters: int) -> KernelVerdict:
-    """DIRECTOR (``kernel``) against the post-hoc path (``plain``), paired on validation, its held-out ``shift`` and
-    the OOD-validation families, and what ``export.method`` serves."""
+def path_comparisons(richer: LabelPath, cheaper: LabelPath, parts: ExportParts, shift: HeldOutShift,
+                     cfg: PipelineConfig) -> list[VerdictComparison]:
+    """``richer`` minus ``cheaper``, paired on validation, its held-out ``shift`` and the OOD-validation families (the
+    figures read as DIRECTOR's and the post-hoc path's in ``VerdictComparison``)."""
     ecfg, seed, val = cfg.export, cfg.seed, parts.data.val
     shift_name = shift.description.split(" + ")[-1]
-    cuts = (kernel.calibration.thresholds, plain.calibration.thresholds)
+    cuts = (richer.calibration.thresholds, cheaper.calibration.thresholds)
     comparisons = [
-        *labelled_comparisons("validation", kernel.calibration.probabilities(kernel.val_logits),
-                              plain.calibration.probabilities(plain.val_logits), val.labels, cuts, ecfg, seed,
+        *labelled_comparisons("validation", richer.calibration.probabilities(richer.val_logits),
+                              cheaper.calibration.probabilities(cheaper.val_logits), val.labels, cuts, ecfg, seed,
                               shift=False),
-        *labelled_comparisons(shift_name, kernel.probabilities(shift.split, seed + 2),
-                              plain.probabilities(shift.split, seed + 2), shift.split.labels, cuts, ecfg, seed + 1,
+        *labelled_comparisons(shift_name, richer.probabilities(shift.split, seed + 2),
+                              cheaper.probabilities(shift.split, seed + 2), shift.split.labels, cuts, ecfg, seed + 1,
                               shift=True)]
     if parts.ood_families:
-        comparisons += ood_comparisons(kernel.rule, plain.rule, {name: family.description for name, family
-                                                                 in parts.ood_families.items()}, ecfg, seed + 2)
-    cost = {"director": {"parameters": sum(p.numel() for p in kernel.module.parameters()),
-                         "default_samples": kernel.default_s},
-            "posthoc": {"parameters": sum(p.numel() for p in plain.module.parameters()), "default_samples": 1},
-            "backbone_parameters": backbone_parameters}
-    return decide(comparisons, ecfg.method, ecfg, cost)
+        comparisons += ood_comparisons(richer.rule, cheaper.rule, {name: family.description for name, family
+                                                                   in parts.ood_families.items()}, ecfg, seed + 2)
+    return comparisons
+
+
+def label_verdict(paths: dict[str, LabelPath], parts: ExportParts, shift: HeldOutShift, cfg: PipelineConfig,
+                  backbone_parameters: int) -> KernelVerdict:
+    """DIRECTOR, the hybrid and the post-hoc path, paired on validation, its held-out ``shift`` and the OOD-validation
+    families (DIRECTOR minus post-hoc; the hybrid minus post-hoc and DIRECTOR minus the hybrid as ``pairs``), and
+    what ``export.method`` serves (``training.export.verdict.decide``)."""
+
+    def compare(richer: str, cheaper: str) -> list[VerdictComparison]:
+        return path_comparisons(paths[richer], paths[cheaper], parts, shift, cfg)
+
+    pairs = [path_pair(richer, cheaper, [as_path_comparison(c) for c in compare(richer, cheaper)])
+             for richer, cheaper in (("hybrid", "posthoc"), ("director", "hybrid"))]
+    cost = {name: {"parameters": sum(p.numel() for p in path.module.parameters()), "default_samples": path.default_s}
+            for name, path in paths.items()}
+    return decide(compare("director", "posthoc"), cfg.export.method, cfg.export,
+                  {**cost, "backbone_parameters": backbone_parameters}, pairs)

@@ -1,15 +1,15 @@
 """The export of a multi-label run (``task.kind: multi_label``; docs/method.md, "Multi-label models"): the same
-artifacts as a single-label export (DIRECTOR's kernel and the post-hoc path, the readout's logits per label, the
-feature-space scores fitted without classes: ``training.export.feature_statistics``), with a sigmoid per label read by
-the server from the manifest's ``task``. Each path gets the same post-hoc tools on validation
+artifacts as a single-label export (DIRECTOR's kernel, the hybrid and the post-hoc path, the readout's logits per
+label, the feature-space scores fitted without classes: ``training.export.feature_statistics``), with a sigmoid per
+label read by the server from the manifest's ``task``. Each path gets the same post-hoc tools on validation
 (``training.export.label_paths``: the temperature, one or per label, each label's threshold, the OOD score chosen over
 the OOD-validation families with its thresholds per sample count, the reference distributions); the kernel's verdict
-(``training.export.label_verdict``) compares them paired and ``export.method`` decides which one the version serves,
-as for a single-label model. With a calibration split (``export.calibration_share``), the served path's label sets
-with a recall guarantee (``training.export.label_recall``) answer a request's ``coverage``. Not fitted for a
-multi-label model: abstentions (``max_risk``), a temperature that follows the OOD score, the noise shaped on a
-held-out shift (DIRECTOR samples at ``export.default_samples`` with the first noise scale of the grid); the manifest
-says so. Measured on test: the backbone's figures, both paths' and the served path's label sets."""
+(``training.export.label_verdict``) compares them paired and ``export.method`` decides which one the version
+serves, as for a single-label model (three-way). With a calibration split (``export.calibration_share``), the served
+path's label sets with a recall guarantee (``training.export.label_recall``) answer a request's ``coverage``. Not
+fitted for a multi-label model: abstentions (``max_risk``), a temperature that follows the OOD score, the noise shaped
+on a held-out shift (DIRECTOR samples at ``export.default_samples`` with the first noise scale of the grid); the
+manifest says so. Measured on test: the backbone's figures, every path's and the served path's label sets."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from training.export.label_recall import label_sets_on_test, write_label_recall
 from training.export.label_verdict import label_verdict
 from training.export.model_page import backbone_warning_section, verdict_section
 from training.export.parts import ExportParts, artifact_info
+from training.export.verdict import PATH_NAMES
 from training.export.writing import (
     git_commit,
     install_version,
@@ -59,7 +60,8 @@ from training.runtime import StepProgress
 
 OOD_NOTE = ("the feature-space statistics hold one mean, the training features' (multi-label inputs name no single "
             "class): mds is the Mahalanobis distance to it; energy is the joint energy -sum softplus(z)")
-EXPORT_STEPS = ("DIRECTOR's artifact and the post-hoc path's", "both paths' temperatures, thresholds and OOD scores",
+EXPORT_STEPS = ("DIRECTOR's artifact, the hybrid's and the post-hoc path's",
+                "the paths' temperatures, thresholds and OOD scores",
                 "the kernel's verdict", "test split", "label sets with a recall guarantee", "manifest and version",
                 "results page")
 
@@ -107,10 +109,9 @@ def write_page(cfg: PipelineConfig, manifest: Manifest) -> None:
     assert section is not None
     rows = "\n".join(f"| {label} | {threshold:.2f} | {ece:.4f} |" for label, threshold, ece
                      in zip(manifest.labels, section.thresholds, section.label_ece or [], strict=False))
-    served_key = "posthoc" if manifest.method == "posthoc" else f"director_s{manifest.sampling.default_samples}"
-    served = figures.get(served_key, {})
-    what = ("the post-hoc path (the backbone's own forward with the same post-hoc tools, no kernel)"
-            if manifest.method == "posthoc" else f"DIRECTOR at S = {manifest.sampling.default_samples}")
+    director = manifest.method == "director"
+    served = figures.get(f"director_s{manifest.sampling.default_samples}" if director else manifest.method, {})
+    what = f"DIRECTOR at S = {manifest.sampling.default_samples}" if director else PATH_NAMES[manifest.method]
     page = "\n".join([
         f"# {manifest.name} version {manifest.version} (multi-label)", "", *backbone_warning_section(manifest),
         f"A sigmoid per label; serves {what}, temperature rule {section.temperature_rule}, thresholds "
@@ -128,8 +129,8 @@ def write_page(cfg: PipelineConfig, manifest: Manifest) -> None:
 def label_manifest(cfg: PipelineConfig, path: LabelPath, director: Director, payload: dict[str, Any],
                    parts: ExportParts, verdict: KernelVerdict, record: Provenance, recall: LabelRecall | None,
                    tmp_dir: Path) -> Manifest:
-    """The manifest of the served ``path``: DIRECTOR (its depth, noise and variance) or the post-hoc path (no kernel:
-    every sample the same row)."""
+    """The manifest of the served ``path``: DIRECTOR (its depth, noise and variance), the hybrid or the post-hoc path
+    (nothing sampled: every sample the same row)."""
     ecfg, kernel = cfg.export, path.method == "director"
     reference, eces = path.reference(parts.data.val.labels)
     depth = director.rollout.num_steps
@@ -151,43 +152,42 @@ def label_manifest(cfg: PipelineConfig, path: LabelPath, director: Director, pay
 
 
 def stage_artifacts(cfg: PipelineConfig, director: Director, parts: ExportParts, tmp_dir: Path
-                    ) -> tuple[torch.nn.Module, torch.jit.ScriptModule, torch.nn.Module, torch.jit.ScriptModule]:
-    """DIRECTOR's artifact and the modality's files staged, and the post-hoc path's module scripted into the run
-    folder: (DIRECTOR's module, its scripted form, the post-hoc module, its scripted form)."""
+                    ) -> dict[str, tuple[torch.nn.Module, torch.jit.ScriptModule]]:
+    """DIRECTOR's artifact and the modality's files staged, and the hybrid's and the post-hoc path's modules scripted
+    into the run folder: method -> (eager module, its scripted form)."""
     artifact_module, served = parts.build_artifact(director, tmp_dir / ARTIFACT)
     for name, source in parts.files.items():
         shutil.copyfile(source, tmp_dir / name)
-    posthoc_module = parts.build_posthoc(director, artifact_module)
-    return (artifact_module, served, posthoc_module,
-            script_path("posthoc", posthoc_module, parts.data.val.first_args(8), Path(cfg.run_dir)))
+    staged = {"director": (artifact_module, served)}
+    for method, build in (("hybrid", parts.build_hybrid), ("posthoc", parts.build_posthoc)):
+        module = build(director, artifact_module)
+        staged[method] = (module, script_path(method, module, parts.data.val.first_args(8), Path(cfg.run_dir)))
+    return staged
 
 
 def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[str, Any],
                        backbone_payload: dict[str, Any], parts: ExportParts, backbone_parameters: int,
                        strict: bool = False) -> Path:
-    """Stage both paths, fit their post-hoc tools, compare them (the kernel's verdict), then write the manifest of the
-    one served and install the version; returns its folder. ``strict``: refuse (``LessAccurateThanBackbone``) to
+    """Stage the three paths, fit their post-hoc tools, compare them (the kernel's verdict), then write the manifest of
+    the one served and install the version; returns its folder. ``strict``: refuse (``LessAccurateThanBackbone``) to
     publish a DIRECTOR less accurate than its backbone."""
     started, ecfg, seed = time.perf_counter(), cfg.export, cfg.seed
-    if ecfg.method == "hybrid":
-        raise ValueError("export.method hybrid serves single-label models; a multi-label export weighs DIRECTOR "
-                         "against the post-hoc path (auto, director or posthoc)")
     progress = StepProgress("export", EXPORT_STEPS)
     director.rollout.noise_scale.fill_(float((ecfg.noise_scale_grid or [1.0])[0]))
     default_s = ecfg.default_samples or ecfg.default_samples_reference
     out_dir = Path(ecfg.repository) / ecfg.name / str(ecfg.version)
     tmp_dir = staging_dir(out_dir)
-    artifact_module, served_module, posthoc_module, posthoc_served = stage_artifacts(cfg, director, parts, tmp_dir)
+    staged = stage_artifacts(cfg, director, parts, tmp_dir)
     progress.done()
-    kernel = fit_label_path("director", artifact_module, served_module, parts, cfg, default_s)
-    plain = fit_label_path("posthoc", posthoc_module, posthoc_served, parts, cfg, 1)
+    paths = {method: fit_label_path(method, module, served, parts, cfg, default_s if method == "director" else 1)
+             for method, (module, served) in staged.items()}
     progress.done()
-    verdict = label_verdict(kernel, plain, parts, held_out_shift(cfg, parts.data.val), cfg, backbone_parameters)
+    verdict = label_verdict(paths, parts, held_out_shift(cfg, parts.data.val), cfg, backbone_parameters)
     progress.done()
-    probs = test_probabilities(parts.data.test, kernel, plain, seed)
-    figures = test_figures(parts, kernel, plain, probs)
+    probs = test_probabilities(parts.data.test, paths, seed)
+    figures = test_figures(parts, paths, probs)
     verdict = with_test_split(verdict, figures, ecfg)
-    path = kernel if verdict.served == "director" else plain
+    path = paths[verdict.served]
     progress.done()
     if strict:
         refuse_unless_as_accurate(verdict, tmp_dir, out_dir)
@@ -205,7 +205,7 @@ def export_multi_label(cfg: PipelineConfig, director: Director, payload: dict[st
     progress.done()
     write_page(cfg, manifest)
     progress.done()
-    served = figures["posthoc" if path.method == "posthoc" else f"director_s{default_s}"]
+    served = figures[path.method if path.method != "director" else f"director_s{default_s}"]
     print(f"exported {out_dir} (multi-label, method {path.method}, S={path.default_s}, temperature "
           f"{path.calibration.temperature.rule}, OOD score {path.rule.score}); test: backbone acc "
           f"{figures['backbone']['accuracy']:.4f}, served acc {served['accuracy']:.4f} macro F1 "

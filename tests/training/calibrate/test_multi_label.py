@@ -33,6 +33,7 @@ from tests.training.calibrate.test_calibrate import calibrate
 from tests.training.calibrate.tiny_checkpoints import TOPICS, multi_label_texts, save_multi_label_checkpoint
 from training.cli import main
 from training.export.ood_selection import generalising
+from training.export.verdict import served_path
 
 
 def write_jsonl(path: Path, rows: list[tuple[str, list[str]]]) -> Path:
@@ -68,9 +69,10 @@ def write_image_table(folder: Path, count: int) -> Path:
 
 @pytest.fixture(scope="module")
 def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three multi-label versions: a BERT from label lists (the checkpoint's problem_type says multi-label; the
-    kernel's verdict decides its path) and from 0/1 columns (DIRECTOR asked for, no calibration split, so no label
-    sets), and a ViT from a table of image paths and label lists (the post-hoc path asked for)."""
+    """Four multi-label versions: a BERT from label lists (the checkpoint's problem_type says multi-label; the
+    kernel's verdict decides its path), the same with the hybrid asked for, and from 0/1 columns (DIRECTOR asked for,
+    no calibration split, so no label sets), and a ViT from a table of image paths and label lists (the post-hoc path
+    asked for)."""
     tmp = tmp_path_factory.mktemp("multi-label")
     rows = multi_label_texts(150, 1)
     bert = str(save_multi_label_checkpoint(tmp / "ckpt" / "bert"))
@@ -78,6 +80,8 @@ def multi_label_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         calibrate(tmp, "tags", bert, write_jsonl(tmp / "tags.jsonl", rows), "--label-column", "tags",
                   "--set", "distil.depth_candidates=[1]", method="auto")
     (tmp / "tags-output.txt").write_text(printed.getvalue())
+    calibrate(tmp, "tags-hybrid", bert, tmp / "tags.jsonl", "--label-column", "tags", "--set",
+              "distil.depth_candidates=[1]", method="hybrid")
     calibrate(tmp, "tag-columns", bert, write_columns_csv(tmp / "tags.csv", rows), "--label-columns",
               ",".join(TOPICS), "--set", "distil.depth_candidates=[1]", "--set", "task.thresholds=fixed",
               "--set", "task.temperature=per_label", "--set", "export.calibration_share=0")
@@ -121,18 +125,20 @@ def test_the_results_page_lists_each_label(multi_label_repo: Path) -> None:
     assert verdict is not None and verdict.sentence in page and "DIRECTOR against the post-hoc path" in page
 
 
-@pytest.mark.parametrize(("name", "requested"), [("tags", "auto"), ("tag-columns", "director"),
-                                                 ("tagged-images", "posthoc")])
+@pytest.mark.parametrize(("name", "requested"), [("tags", "auto"), ("tags-hybrid", "hybrid"),
+                                                 ("tag-columns", "director"), ("tagged-images", "posthoc")])
 def test_each_version_carries_the_kernel_verdict(multi_label_repo: Path, name: str, requested: str) -> None:
-    """Both paths compared paired, as for a single-label model: the served path is the verdict's, asked for or
-    decided by ``auto``; a post-hoc version runs no kernel and holds one OOD threshold for every sample count."""
+    """The three paths compared paired, as for a single-label model: the served path is the verdict's, asked for or
+    decided by ``auto``; a post-hoc version runs no kernel and holds one OOD threshold for every sample count, a hybrid
+    one too, its scores led by the kernel error."""
     manifest = parse_manifest(manifest_of(multi_label_repo, name))
     verdict = manifest.kernel_verdict
     assert verdict is not None and verdict.requested == requested and manifest.method == verdict.served
     if requested != "auto":
         assert verdict.served == requested
     else:
-        assert verdict.served == ("director" if verdict.kernel_wins else "posthoc")
+        assert verdict.served == served_path("auto", verdict.kernel_wins, verdict.pairs)
+    assert {(p.richer, p.cheaper) for p in verdict.pairs} == {("hybrid", "posthoc"), ("director", "hybrid")}
     measured = {(c.set, c.metric) for c in verdict.comparisons}
     shift = "rotated validation" if manifest.modality == "image" else "validation with typos"
     assert {("validation", "accuracy"), ("validation", "nll"), ("validation", "ece"), (shift, "nll"),
@@ -141,10 +147,13 @@ def test_each_version_carries_the_kernel_verdict(multi_label_repo: Path, name: s
     assert any(c.metric == "worst_auroc" for c in verdict.comparisons)
     tests = manifest.provenance.test_metrics if manifest.provenance else {}
     assert {"backbone", "posthoc", "director_minus_posthoc"} <= set(tests)
-    if manifest.method == "posthoc":
+    if manifest.method in ("posthoc", "hybrid"):
         assert manifest.sampling.depth == 0 and manifest.variance is None
         assert len({t.threshold for t in manifest.ood.thresholds.values()}) == 1
+    if manifest.method == "posthoc":
         assert manifest.ood.score != "kernel_error"
+    if manifest.method == "hybrid":
+        assert manifest.artifact is not None and (manifest.artifact.input_scores or [])[0] == "kernel_error"
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +169,7 @@ def served(multi_label_repo: Path) -> Iterator[tuple[Running, str]]:
 TEXTS = ["great superb film", "the plot was dull and fine", "a story"]
 
 
-@pytest.mark.parametrize("name", ["tags", "tag-columns"])
+@pytest.mark.parametrize("name", ["tags", "tags-hybrid", "tag-columns"])
 def test_predict_answers_each_label(served: tuple[Running, str], multi_label_repo: Path, name: str) -> None:
     manifest = parse_manifest(manifest_of(multi_label_repo, name))
     assert manifest.multi_label is not None
@@ -210,12 +219,13 @@ def test_the_label_sets_are_calibrated_on_the_calibration_split(multi_label_repo
     assert "No label sets" in (multi_label_repo / "repo" / "tag-columns" / "README.md").read_text()
 
 
+@pytest.mark.parametrize("name", ["tags", "tags-hybrid"])
 def test_coverage_returns_the_labels_over_the_calibrated_threshold(served: tuple[Running, str],
-                                                                  multi_label_repo: Path) -> None:
-    table = recall_table(multi_label_repo, "tags")
+                                                                  multi_label_repo: Path, name: str) -> None:
+    table = recall_table(multi_label_repo, name)
     for coverage in (0.6, 0.9, 0.99):
         response = httpx.post(f"{served[0].url}/predict", timeout=60, json={
-            "model": "tags", "inputs": [{"text": t} for t in TEXTS], "n_samples": 2, "coverage": coverage})
+            "model": name, "inputs": [{"text": t} for t in TEXTS], "n_samples": 2, "coverage": coverage})
         assert response.status_code == 200, response.text
         answer = response.json()
         assert answer["decisions"] == {"coverage": coverage, "conformal_score": "label_recall",

@@ -9,10 +9,12 @@ import yaml
 
 from tests.conftest import tiny_config_dict
 from training.config import load_config
+from training.data.far_ood_texts import FAR_OOD_KINDS
 from training.data.images import Split
 from training.data.ood_families import (
     USER_FAMILY,
     image_ood_families,
+    pattern_images,
     shuffled_pixel_images,
     smooth_noise_images,
 )
@@ -53,9 +55,9 @@ def test_image_families_and_the_users_set_with_its_weight(tmp_path: Path) -> Non
     cfg = load_config(path)
     val = Split(torch.rand(12, 1, 28, 28), torch.zeros(12, dtype=torch.long))
     families = image_ood_families(cfg, val, (1, 28, 28))
-    assert list(families) == ["photo_patches", "smooth_noise", "shuffled_pixels", USER_FAMILY]
+    assert list(families) == ["photo_patches", "smooth_noise", "shuffled_pixels", "patterns", USER_FAMILY]
     assert all(family.split.images.shape[1:] == (1, 28, 28) for family in families.values())
-    assert [len(f.split) for f in families.values()] == [10, 10, 10, 3]
+    assert [len(f.split) for f in families.values()] == [10, 10, 10, 10, 3]
     assert families[USER_FAMILY].weight == 2.5 and families["photo_patches"].weight == 1.0
 
 
@@ -65,3 +67,25 @@ def test_text_families_share_nothing_with_the_reported_docstrings_or_the_distill
     assert len(code) > 500 and len(changes) > 100
     assert not docstrings & code and not docstrings & changes
     assert not descriptions & changes and not descriptions & code
+
+
+def test_patterns_are_seeded_in_range_and_of_four_kinds() -> None:
+    images = pattern_images(8, (3, 16, 20), seed=4)  # [8, 3, 16, 20]
+    assert images.shape == (8, 3, 16, 20) and float(images.min()) >= 0.0 and float(images.max()) <= 1.0
+    assert torch.equal(images, pattern_images(8, (3, 16, 20), seed=4))
+    assert torch.equal(images[:, 0], images[:, 2])  # grey: every channel the same
+    flat, stripes = images[3, 0], images[0, 0]
+    assert bool((flat == flat[0, 0]).all()) and float(stripes.std()) > 0.1
+    assert set(images[1, 0].unique().tolist()) == {0.0, 1.0}  # a checkerboard
+
+
+def test_far_ood_texts_are_seeded_and_of_their_kind() -> None:
+    """Each kind gives ``n`` texts, the same under the same seed and others under another; strings of random
+    characters, words outside the Latin script, numbers, markup."""
+    texts = {name: generate(40, 0) for name, (generate, _) in FAR_OOD_KINDS.items()}
+    for name, (generate, description) in FAR_OOD_KINDS.items():
+        assert len(texts[name]) == 40 and all(texts[name]) and "OOD validation only" in description
+        assert generate(40, 0) == texts[name] and generate(40, 1) != texts[name]
+    assert sum(any(ord(c) > 0x036F for c in t) for t in texts["other_scripts"]) == 40
+    assert all(sum(c.isdigit() for c in t) > len(t) / 4 for t in texts["numbers_and_tables"])
+    assert all(any(mark in t for mark in ("<", "http", "{", "From:")) for t in texts["markup_and_urls"])
