@@ -27,6 +27,7 @@ from training.config import PipelineConfig
 from training.distil.stage import CHECKPOINT_FILE as DISTIL_CHECKPOINT_FILE
 from training.export.backbone_accuracy import LessAccurateThanBackbone, backbone_warning
 from training.export.stage import export
+from training.export.verdict import PATH_NAMES
 from training.families.checkpoint import inspect_checkpoint, parameter_count
 from training.fit.backbone import CHECKPOINT_FILE as FIT_CHECKPOINT_FILE
 from training.fit.backbone import fit_backbone
@@ -122,6 +123,9 @@ def calibrate(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     record = comparison(plan, measured)
     write_comparison(Path(cfg.run_dir), record)
     print(comparison_line(record), flush=True)
-    print(f"wrote {version_dir}: {cfg.export.name} version {version_dir.name}, which `make serve` serves{warned}",
-          flush=True)
+    served = "" if verdict is None else (f", serving {PATH_NAMES[verdict.served]} by the kernel's verdict on three "
+                                         f"paths (DIRECTOR, the hybrid, the post-hoc path; export.method "
+                                         f"{verdict.requested})")
+    print(f"wrote {version_dir}: {cfg.export.name} version {version_dir.name}{served}, which `make serve` "
+          f"serves{warned}", flush=True)
     return 0

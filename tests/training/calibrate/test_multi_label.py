@@ -386,3 +386,12 @@ def test_a_timm_vit_is_multi_label_by_the_flag(multi_label_repo: Path, tmp_path:
     assert main(args) == 0
     assert "multi-label: counts are rows with the label" in capsys.readouterr().out
     assert "kind: multi_label" in (tmp_path / "run" / "calibrate.yaml").read_text()
+
+
+def test_the_last_line_of_calibrate_names_the_served_path(multi_label_repo: Path) -> None:
+    from training.export.verdict import PATH_NAMES
+
+    last = (multi_label_repo / "tags-output.txt").read_text().strip().splitlines()[-1]
+    verdict = parse_manifest(manifest_of(multi_label_repo, "tags")).kernel_verdict
+    assert verdict is not None and last.startswith("wrote ")
+    assert PATH_NAMES[verdict.served] in last and "(DIRECTOR, the hybrid, the post-hoc path" in last
