@@ -1,7 +1,8 @@
 """The committed text models served beside the vision model over real HTTP, as `make serve` serves them:
-movie-reviews-minilm v7 (the post-hoc path the kernel's verdict chose, since the kernel lost accuracy beyond noise:
-the backbone scored by ViM, its temperature growing with it, with a calibration split for prediction sets and
-abstentions: the default), v6 (DIRECTOR served by the kernel's verdict before accuracy joined it, scored by the
+movie-reviews-minilm v9 (the post-hoc path the three-way verdict chose: the kernel lost accuracy beyond noise and the
+hybrid's kernel error added less than its margin; the backbone scored by Mahalanobis++, its temperature growing with
+it, with a calibration split for prediction sets and abstentions: the default), v8 and v7 (the post-hoc path scored by
+ViM), v6 (DIRECTOR served by the kernel's verdict before accuracy joined it, scored by the
 kernel error alone, chosen over three OOD-validation families, its temperature growing with it, the kernel folded), v5
 (the kernel error combined with a feature-space score), v4 (one temperature), v3 (scored by the kernel error), v2
 (max softmax) and v1 (whole-stack), kept for rollback, and the
@@ -35,13 +36,13 @@ TEXT_MODEL = REPO_ROOT / "model_repository" / "movie-reviews-minilm"
 DEFAULT_VERSION = default_version("movie-reviews-minilm")
 TEXT_MODEL_DIR = TEXT_MODEL / DEFAULT_VERSION
 BASELINE_DIR = REPO_ROOT / "model_repository" / "movie-reviews-minilm-deterministic" / "1"
-VERSIONS = {v: TEXT_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7", "8")}
+VERSIONS = {v: TEXT_MODEL / v for v in ("1", "2", "3", "4", "5", "6", "7", "8", "9")}
 # v4 and v5 carry the feature statistics beside v3's layers: a KNN bank of 5,000 x 384 floats (7.3 MiB) and two
 # 384 x 384 whitening matrices; v6 reads the kernel error alone, so it carries none of them; v7 and v8 the backbone
-# and ViM's
+# and ViM's; v9 the backbone and Mahalanobis++'s
 BUDGET_MIB = {TEXT_MODEL / "1": 25, TEXT_MODEL / "2": 40, TEXT_MODEL / "3": 40, TEXT_MODEL / "4": 48,
               TEXT_MODEL / "5": 48, TEXT_MODEL / "6": 40, TEXT_MODEL / "7": 40, TEXT_MODEL / "8": 40,
-              BASELINE_DIR: 40}
+              TEXT_MODEL / "9": 40, BASELINE_DIR: 40}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,11 @@ def text_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     copy_version(BASELINE_DIR, tmp / "repo", "movie-reviews-minilm-deterministic", "1")
     with serve(settings_for(tmp / "repo", tmp, default_model="fashion-vit")) as running:
         yield running
+
+
+def served_sentence(models: dict) -> str:
+    return next(v["kernel_verdict"] for v in models["movie-reviews-minilm"]["versions"]
+                if v["version"] == DEFAULT_VERSION)
 
 
 def predict(server: Running, texts: list[str], seed: int, model: str = "movie-reviews-minilm") -> dict:
@@ -80,11 +86,13 @@ def test_all_committed_models_are_ready_and_the_newest_is_the_default(text_model
     assert max(VERSIONS, key=int) == DEFAULT_VERSION, "a new default: add it to VERSIONS and BUDGET_MIB"
     answer = predict(text_models, ["a fine film"], seed=0)
     manifest = json.loads((TEXT_MODEL_DIR / "manifest.json").read_text())
-    assert answer["model_version"] == DEFAULT_VERSION and answer["ood"]["score"] == manifest["ood"]["score"] == "vim"
+    assert answer["model_version"] == DEFAULT_VERSION
+    assert answer["ood"]["score"] == manifest["ood"]["score"] == "mds_pp"
     assert manifest["method"] == "posthoc" and manifest["kernel_verdict"]["served"] == "posthoc"
-    assert manifest["artifact"]["input_scores"] == ["vim"]  # only the statistics the served score reads
+    assert manifest["artifact"]["input_scores"] == ["mds_pp"]  # only the statistics the served score reads
     by_score = manifest["temperature_by_score"]  # the temperature reads the served score
-    assert by_score["slope"] > 0 and [term["score"] for term in by_score["terms"]] == ["vim"]
+    assert by_score["slope"] > 0 and [term["score"] for term in by_score["terms"]] == ["mds_pp"]
+    assert "the hybrid adds nothing worth its cost" in served_sentence(models)
     served = {v["version"]: v for v in models["movie-reviews-minilm"]["versions"]}
     assert served[DEFAULT_VERSION]["kernel_verdict"] == manifest["kernel_verdict"]["sentence"]
     assert "does not earn its place" in served[DEFAULT_VERSION]["kernel_verdict"]
@@ -136,19 +144,19 @@ def test_ood_flag_rate_on_reviews_is_what_the_threshold_was_set_for(text_models:
 
 
 def test_python_docstrings_are_mostly_flagged(text_models: Running) -> None:
-    """Not movie reviews at all: the default's ViM flags most of them (74% of 1,000 on its export page; v6's kernel
-    error 91%, v5's combination with relative Mahalanobis 87%), where v2's max softmax flagged 4%."""
+    """Not movie reviews at all: the default's Mahalanobis++ flags most of them (89% of 1,000 on its export page;
+    v8's ViM 74%, v6's kernel error 91%), where v2's max softmax flagged 4%."""
     from training.data.ood_texts import load_docstring_sentences
 
     texts = load_docstring_sentences()[:60]
     answer = predict(text_models, texts, seed=0)
-    assert answer["ood"]["score"] == "vim"
+    assert answer["ood"]["score"] == "mds_pp"
     rate = sum(p["is_ood"] for p in answer["predictions"]) / len(texts)
     assert rate >= 0.5, rate
 
 
 def test_the_relative_ood_score_histogram_separates_reviews_from_docstrings(text_models: Running) -> None:
-    """Relative to its threshold, the default's ViM puts held-out reviews and Python docstrings in finite
+    """Relative to its threshold, the default's Mahalanobis++ puts held-out reviews and Python docstrings in finite
     buckets, and different ones, on either side of the threshold."""
     from training.data.ood_texts import load_docstring_sentences
 

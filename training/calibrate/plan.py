@@ -15,6 +15,7 @@ from training.calibrate.estimate import StageSeconds, Work, layer_macs, measured
 from training.calibrate.preview import DataPreview
 from training.config import PipelineConfig
 from training.data.images import Split
+from training.data.ood_families import IMAGE_FAMILIES, TEXT_FAMILIES
 from training.data.tokens import TokenSplit
 from training.families.checkpoint import Checkpoint
 
@@ -124,7 +125,9 @@ def run_work(cfg: PipelineConfig, checkpoint: Checkpoint, preview: DataPreview, 
     """What the run computes (``training.calibrate.estimate``), at the inputs' typical length."""
     dim = checkpoint.hidden_size
     tokens = preview.typical_tokens or preview.tokens
-    ood = 3 * cfg.export.ood_validation_images + 2 * cfg.evaluate.ood_images  # the sets the export scores
+    # the sets the export scores: the OOD-validation families (training.data.ood_families) and the two reported sets
+    families = IMAGE_FAMILIES if checkpoint.family.modality == "image" else TEXT_FAMILIES
+    ood = families * cfg.export.ood_validation_images + 2 * cfg.evaluate.ood_images
     fit_epochs = 0 if checkpoint.has_head else cfg.fit.epochs
     return Work(layers=checkpoint.layers, layer=layer_macs(tokens, dim, intermediate_size(checkpoint)),
                 kernel=layer_macs(tokens, dim, int(dim * cfg.distil.kernel.mlp_ratio)), train=preview.train_inputs,

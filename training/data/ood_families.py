@@ -39,6 +39,8 @@ AnySplit = Split | TokenSplit
 USER_FAMILY = "user_ood_validation"
 IMAGE_OOD_SELECTION_SET = "sklearn sample-photo patches (OOD validation only)"
 MIN_FAMILY_TEXTS = 50  # a built-in text family with fewer texts on this machine is left out
+IMAGE_FAMILIES = 4  # the built-in families of each modality (a machine without changelogs has one text family fewer)
+TEXT_FAMILIES = 3 + len(FAR_OOD_KINDS)
 
 
 @dataclass(frozen=True)
