@@ -57,3 +57,24 @@ def test_what_docs_method_md_says_of_the_text_default_score_holds() -> None:
     assert hybrid is not None and not hybrid.earns
     gains = [c for c in hybrid.comparisons if c.metric == "auroc" and c.favours == "richer"]
     assert len(gains) == 4 and all(c.difference < c.margin for c in gains)
+
+
+def test_what_the_guide_says_of_the_walk_through_version_4_holds() -> None:
+    """docs/your-own-model.md, "Version 4, under the three-way verdict": its served score, its AUROC on the reported
+    sets and Mahalanobis++'s, and DIRECTOR's loss on random strings."""
+    from tests.repository_facts import REPO_ROOT
+
+    text = " ".join((REPO_ROOT / "docs" / "your-own-model.md").read_text().split())
+    claim = re.search(r"reaches ([\d.]+) on fortunes quotes and ([\d.]+) on Python docstrings, where Mahalanobis\+\+ "
+                      r"alone reaches ([\d.]+) / ([\d.]+)", text)
+    assert claim is not None
+    manifest = parse_manifest(read_document(MODEL_REPOSITORY / "writing-source-minilm" / "4"))
+    ood = manifest.provenance.test_metrics["ood"]
+    served = [ood[s]["paths_auroc"]["posthoc"] for s in ("fortunes_quotes", "python_docstrings")]
+    best = [ood[s]["auroc_vs_test"]["mds_pp"] for s in ("fortunes_quotes", "python_docstrings")]
+    assert [float(x) for x in claim.groups()] == [round(x, 3) for x in (*served, *best)]
+    assert manifest.method == "posthoc" and "0.5 x z(RMDS) + 0.5 x z(predictive entropy)" in text
+    assert manifest.ood.selection_choice == "combined (rmds w=0.5 + predictive_entropy)"
+    strings = next(c for c in manifest.kernel_verdict.comparisons
+                   if c.set.startswith("random character strings") and c.metric == "auroc")
+    assert strings.material_loss and round(strings.difference, 3) == -0.027

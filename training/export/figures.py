@@ -49,7 +49,8 @@ def reported_ood(path: ServedPath, other: ServedPath, paths: dict[str, ServedPat
     path's (``tests``: each path's test inputs)."""
     test = parts.data.test
     served_test, other_test = tests[path.method], tests[other.method]
-    reported = path.stats.choice.reported()
+    choice = path.stats.choice
+    reported = {**choice.reported(), choice.label: choice.chosen}  # the served score even where it is no best
     test_logvar = mean_logvar_score(director, test, seed) if path.method == "director" else None
     out: dict[str, Any] = {}
     for name, split in parts.reported_ood.items():
