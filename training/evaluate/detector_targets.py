@@ -33,7 +33,7 @@ class DetectorTargets:
 # the served defaults' pages (each evaluated with ``evaluate.served_version``, which names the version checked)
 DETECTOR_TARGETS = (
     DetectorTargets("fashion-mnist-served", "fashion-mnist-served", "fashion-vit", 9, 16),
-    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 8, 16),
+    DetectorTargets("movie-reviews-detectors", "movie-reviews-detectors", "movie-reviews-minilm", 9, 16),
     DetectorTargets("writing-source", None, "writing-source-minilm", 3, 16),
 )
 

@@ -45,7 +45,7 @@ class TaskTargets:
 ON_THE_PAGE = "the command at the top of the page"
 TARGETS = (
     TaskTargets("fashion-mnist-served", "fashion-vit", 9, ON_THE_PAGE, 0.003, 0.005, "best baseline", False, 3.0, 0.3),
-    TaskTargets("movie-reviews-detectors", "movie-reviews-minilm", 8, ON_THE_PAGE, 0.005, 0.01, "backbone", True),
+    TaskTargets("movie-reviews-detectors", "movie-reviews-minilm", 9, ON_THE_PAGE, 0.005, 0.01, "backbone", True),
     TaskTargets("writing-source", "writing-source-minilm", 3, ON_THE_PAGE, 0.005, 0.01, "backbone", True),
     TaskTargets("fashion-mnist", "fashion-vit", 3, "make evaluate", 0.003, 0.005, "best baseline", False, 3.0, 0.3),
     TaskTargets("movie-reviews", "movie-reviews-minilm", 3, "make text-evaluate", 0.005, 0.01, "backbone", True),
