@@ -19,11 +19,12 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from sklearn.metrics import roc_auc_score
+
 from artifact.contract import parse_manifest, read_document
 from service.batch_scoring import main as score_file
 from training.data.far_ood_texts import FAR_OOD_KINDS
 from training.data.texts import load_movie_reviews, load_shift_sets
-from training.ood_metrics import auroc
 
 HELD_OUT_SEED = 90_210  # far from every config's seed, so no generated text is one an export chose its score on
 PAGE_TITLE = "# Far-OOD text against the served OOD score"
@@ -63,9 +64,12 @@ def served_scores(folder: Path, model: str, texts: list[str], work: Path, thread
     return [rows[str(i)]["ood_score"] for i in range(len(texts))]
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
+def auroc(id_scores: list[float], ood_scores: list[float]) -> float:
+    """AUROC with OOD the positive class and a higher score more OOD (the project's convention)."""
+    return float(roc_auc_score([0] * len(id_scores) + [1] * len(ood_scores), [*id_scores, *ood_scores]))
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     repository = Path(args.repository)
     results: dict[str, Any] = {}
     far = {name: generate(args.count, HELD_OUT_SEED + i)
@@ -79,7 +83,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             id_scores = {name: served_scores(folder, model, texts, work, args.threads)
                          for name, texts in in_distribution(model, args.count).items()}
             far_scores = {name: served_scores(folder, model, texts, work, args.threads) for name, texts in far.items()}
-        table = {id_name: {name: auroc(torch.tensor(ids), torch.tensor(ood)) for name, ood in far_scores.items()}
+        table = {id_name: {name: auroc(ids, ood) for name, ood in far_scores.items()}
                  for id_name, ids in id_scores.items()}
         results[model] = {"version": version, "method": manifest.method, "ood_score": manifest.ood.score,
                           "auroc": table}
