@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
+from artifact.conformal import CoverageRange
 from artifact.section import Section
 
 LABEL_RECALL_FILE = "label_recall.json"
+MAX_INPUTS_WITHOUT_LABELS = 100  # calibration inputs without a true label, per input with one, at the most
 
 
 class LabelRecall(Section):
@@ -27,7 +29,7 @@ class LabelRecall(Section):
     n: PositiveInt  # calibration inputs, those without a true label included
     entries: NonNegativeInt  # their true labels: the file's list lengths
     split: str  # how the calibration split was carved, in words
-    coverage_range: tuple[float, float] = (0.5, 0.999)
+    coverage_range: CoverageRange = (0.5, 0.999)
 
 
 def read_label_recall_file(folder: Path, section: LabelRecall) -> dict[str, list[float]]:
@@ -42,6 +44,11 @@ def read_label_recall_file(folder: Path, section: LabelRecall) -> dict[str, list
         raise ValueError(f"{section.file}: probabilities must be ascending values in [0, 1]")
     if any(not (isinstance(w, float | int) and math.isfinite(w) and 0.0 < w <= 1.0) for w in weights):
         raise ValueError(f"{section.file}: every weight must be in (0, 1]")
+    labelled = round(sum(weights))  # each input with true labels weighs 1 in all
+    if not labelled <= section.n <= (1 + MAX_INPUTS_WITHOUT_LABELS) * max(labelled, 1):
+        # an n far beyond the labelled inputs would shrink the measured miss rate and make every label set empty
+        raise ValueError(f"{section.file}: n = {section.n} does not fit the {labelled} calibration inputs with true "
+                         "labels")
     return {"probabilities": probabilities, "weights": weights}
 
 
