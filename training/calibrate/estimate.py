@@ -25,9 +25,10 @@ EPOCH_BASE = 0.75  # an epoch's work besides its K steps (readout, validation, t
 # what a stage does whatever its size (loading, tokenising, scripting and checking the artifact, writing the version),
 # as multiply-adds at the measured throughput, so they stretch with the machine's load as the rest does. The export's
 # is a tiny random BERT's run (tests/training/calibrate/test_depth_search.py): 4.0-4.1 s on the quiet machine (14
-# units), 9.3 s beside a loaded suite whose plan timed its matrix product at a quiet moment; 20 sits between the two
-# (docs/benchmarks-calibrate-estimates.md was measured with 14: its estimates are 0.8 s lower than 20 gives)
-FIXED_WORK = {"fit": 1.0 * 1.4e10, "distil": 0.5 * 1.4e10, "export": 20.0 * 1.4e10}
+# units) when the export weighed two paths over three text families; with three paths, seven families and the
+# max-softmax floor it took 7.9 s quiet (about 40 units); 32 sits between that and a loaded run's stretch
+# (docs/benchmarks-calibrate-estimates.md was measured with 14)
+FIXED_WORK = {"fit": 1.0 * 1.4e10, "distil": 0.5 * 1.4e10, "export": 32.0 * 1.4e10}
 # what a stage does whatever its data's size but in proportion to its backbone's (loading and saving the checkpoint,
 # the teacher's step statistics, gathered once per run), in forwards of one input
 FIXED_FORWARDS = {"fit": 1270.0, "distil": 1940.0}
