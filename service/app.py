@@ -24,11 +24,12 @@ from service.engine.decoding import DecodePool
 from service.engine.device import resolve_device
 from service.engine.model_settings import ModelConfigFile, ServingSettings, serving_settings
 from service.engine.predictor import Predictor
-from service.engine.repository import ModelRepository
+from service.engine.repository import ModelRepository, Only
 from service.errors import register_error_handlers
 from service.feedback.calls import StoreCalls
 from service.feedback.configured import open_feedback_store
 from service.feedback.flusher import LogFlusher
+from service.feedback.live_refresh import LiveRefresher
 from service.observability.metrics import Metrics
 from service.observability.multiprocess import mark_process_dead
 from service.observability.statistics import Statistics
@@ -75,6 +76,7 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tra
                                  drain_timeout_s=settings.request_timeout_s,
                                  on_change=lambda: holder["state"].sync_version_metrics(),
                                  trusted_digests=settings.trusted_digests)
+    metrics_.live.min_clients.set(settings.alert_min_clients)
     store = open_feedback_store(settings)
     store.on_drop = metrics_.prediction_log_dropped.inc
     decoder = DecodePool(settings.decode_threads)
@@ -87,7 +89,9 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tra
     return state
 
 
-def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None, only: Only | None = None
+               ) -> FastAPI:
+    """The server; with ``only``, serving that one model version and loading nothing else (the batch scorer)."""
     settings = settings or Settings()
     lifecycle = lifecycle or Lifecycle()
     metrics_ = Metrics()
@@ -97,8 +101,11 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = build_state(settings, metrics_, lifecycle, tracing)
         app.state.director = state
+        state.repository.only = only
         state.repository.start(settings.poll_interval_s, state.refresh_live_gauges)  # the gauges survive a restart
         state.flusher.start()
+        refresher = LiveRefresher(state.refresh_live_gauges, settings.live_refresh_s)
+        refresher.start()
         grpc_server = app.state.grpc = await serve_grpc(state, settings)  # on a thread of its own
         log.info("serving %s on %s (%d threads)", settings.model_repository, state.device.torch_device,
                  torch.get_num_threads())
@@ -110,6 +117,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
                 await grpc_server.stop(settings.request_timeout_s)
             await state.repository.close()  # queued requests finish first
             await asyncio.to_thread(state.decoder.close)
+            await refresher.close()
             await state.flusher.close()  # writes what is still pending
             await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
             mark_process_dead()

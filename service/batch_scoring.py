@@ -11,6 +11,11 @@ nested too deep) gets a line with its ``error`` and ``status`` instead, and the 
 ``prediction_set`` / ``set_size`` / ``abstain`` and the rules applied (``decisions``), as ``/predict`` does
 (docs/api.md, "Prediction sets and abstentions").
 
+Only the version scored is loaded (the one named, else the model's highest). Before it is, a bad flag or output path
+is refused in one line with the usage (exit 2), and so are a model or version the repository lacks and two inputs
+under one key (an id equal to another's, or to the line number of a line without one: a resumed run would take the
+second for done), each in one line (exit 2).
+
 The lines are appended to ``OUTPUT.partial`` (beside the output) and the file is renamed to OUTPUT when the run is
 over, so a crash never leaves a half-written OUTPUT and never touches a finished one. The run resumes: inputs whose
 key is already in the partial file (or, when there is none, in OUTPUT) are skipped, a line cut short by a crash
@@ -29,22 +34,25 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from tqdm import tqdm
 
+from artifact.contract import is_published
 from service.api.oip_decisions import SCORES, decision_request
-from service.api.protocol import ImageRequestInput, RequestInput, raw_inputs
+from service.api.protocol import SEED_MAX, ImageRequestInput, RequestInput, raw_inputs
 from service.api.routes.predict import to_response
 from service.config import Settings
 from service.engine.decisions import DecisionRequest
-from service.errors import ApiError
+from service.engine.repository import Only
+from service.errors import ApiError, shown
 from service.state import AppState
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
+DEFAULT_MODEL = "fashion-vit"
 INPUT = TypeAdapter(RequestInput)
 Item = tuple[str, RequestInput | ApiError]  # (key, the input, or why it cannot be one)
 
@@ -160,40 +168,46 @@ async def score_chunk(state: AppState, chunk: list[Item], args: argparse.Namespa
     return lines
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace, items: list[Item]) -> int:
     from service.app import create_app  # after the settings are final
 
+    only = Only(args.model or DEFAULT_MODEL, args.version)
     partial = partial_path(args.output)
     with tempfile.TemporaryDirectory(prefix="director-scoring-") as tmp:
-        settings = Settings(model_repository=args.model_repository, default_model=args.model or "fashion-vit",
-                            poll_interval_s=0, torch_threads=args.threads,
+        settings = Settings(model_repository=args.model_repository, default_model=only.model, poll_interval_s=0,
+                            torch_threads=args.threads,
                             feedback_db=Path(tmp) / "feedback.sqlite3")  # nothing logged to a server's store
-        app = create_app(settings)
+        app = create_app(settings, only=only)
         async with app.router.lifespan_context(app):
             state: AppState = app.state.director
             await wait_scanned(state)
-            try:  # a wrong model, version, sample count or decision ask fails the run here, not every input
-                entry = state.predictor.resolve(args.model, args.version)
+            try:  # a broken version, a sample count or decision ask it cannot take fails the run, not every input
+                entry = state.predictor.resolve(only.model, only.version)
                 state.predictor.samples(entry, args.n_samples)
                 state.predictor.decisions_for(entry, asked(args))
             except ApiError as exc:
                 print(f"cannot score: {exc}", file=sys.stderr)
                 return 2
             skip = done_keys(partial, args.output)
-            items = [item for item in read_inputs(args.input, args.text_column, args.id_column) if item[0] not in skip]
-            written = 0
-            with partial.open("a", encoding="utf-8") as out, tqdm(total=len(items), unit="input",
-                                                                        desc="scoring", file=sys.stderr) as bar:
-                for start in range(0, len(items), args.chunk):
-                    chunk = items[start:start + args.chunk]
-                    lines = await score_chunk(state, chunk, args)
-                    out.writelines(json.dumps(line) + "\n" for line in lines)
-                    out.flush()
-                    written += len(lines)
-                    bar.update(len(chunk))
+            written = await write_lines(state, [item for item in items if item[0] not in skip], partial, args)
     partial.replace(args.output)
     print(f"{written} inputs scored into {args.output} ({len(skip)} already there)", file=sys.stderr)
     return 0
+
+
+async def write_lines(state: AppState, items: list[Item], partial: Path, args: argparse.Namespace) -> int:
+    """Score ``items`` chunk by chunk, each chunk's lines appended to the partial file; how many were written."""
+    written = 0
+    with partial.open("a", encoding="utf-8") as out, tqdm(total=len(items), unit="input", desc="scoring",
+                                                          file=sys.stderr) as bar:
+        for start in range(0, len(items), args.chunk):
+            chunk = items[start:start + args.chunk]
+            lines = await score_chunk(state, chunk, args)
+            out.writelines(json.dumps(line) + "\n" for line in lines)
+            out.flush()
+            written += len(lines)
+            bar.update(len(chunk))
+    return written
 
 
 async def wait_scanned(state: AppState, timeout_s: float = 600.0) -> None:
@@ -221,31 +235,133 @@ def decision_flags(parser: argparse.ArgumentParser) -> None:
                         help="with --max-risk: OOD-flagged inputs abstain (default: yes)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """Why the flags cannot make a run, in one line, before any model is loaded (None when they can)."""
+    if not args.input.exists():
+        return f"no such input: {args.input}"
+    try:
+        asked(args)
+    except ApiError as exc:
+        return str(exc)
+    problem = output_problem(args.output)
+    if problem is None and (any(same_file(path, args.input) for path in (args.output, partial_path(args.output)))
+                            or args.output.resolve() == args.input.resolve()):
+        problem = f"the output {args.output} is the input: scoring would overwrite it"
+    return problem or columns_problem(args)
+
+
+def output_problem(output: Path) -> str | None:
+    """Why the run could not write its partial file or rename it to the output (None when it can): tried with a
+    file of its own, since permissions do not say it for root or a read-only mount."""
+    folder = output.parent
+    if not folder.exists():
+        return f"the output's folder {folder} does not exist"
+    if not folder.is_dir():
+        return f"the output's folder {folder} is not a folder"
+    if output.is_dir():
+        return f"the output {output} is a folder"
+    if partial_path(output).is_dir():
+        return f"the output's partial file {partial_path(output)} is a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".director-scoring-"):
+            pass
+    except OSError as exc:
+        return f"cannot write in the output's folder {folder}: {exc.strerror or exc}"
+    return None
+
+
+def columns_problem(args: argparse.Namespace) -> str | None:
+    """The columns the flags name must be in the CSV's header; an input that is no CSV file has none."""
+    named = [name for name in (args.text_column, args.id_column) if name is not None]
+    if args.input.is_dir() or args.input.suffix.lower() != ".csv":
+        flag = "--text-column" if args.text_column is not None else "--id-column"
+        return f"{flag} is for a CSV input, and {args.input} is not one" if named else None
+    with args.input.open(newline="", encoding="utf-8", errors="surrogateescape") as handle:
+        header = next(csv.reader(handle), [])
+    missing = [name for name in (args.text_column or "text", args.id_column) if name is not None and name not in header]
+    if missing:
+        return f"the CSV has no column {shown(missing[0])} (its columns: {shown(', '.join(header))})"
+    return None
+
+
+def duplicate_key(items: list[Item]) -> str | None:
+    """Keys name one input each: a resumed run skips the keys already written, so a second input under one key would
+    never be scored (an id may be neither another input's id nor the line number that keys a line without one)."""
+    seen: set[str] = set()
+    for key, _ in items:
+        if key in seen:
+            return (f"key {shown(key)} names two inputs (an id, or the line number of an input without one): give "
+                    "each input an id of its own")
+        seen.add(key)
+    return None
+
+
+def model_problem(repository: Path, only: Only) -> str | None:
+    """Why the repository has no folder for the version to score (None when it has one)."""
+    folder = repository / only.model
+    if not is_published(folder):
+        return f"no model {shown(only.model)} in {repository} (its models: {published(repository)})"
+    if only.version is not None and not is_published(folder / only.version):
+        return f"model {shown(only.model)} has no version {shown(only.version)} (its versions: {published(folder)})"
+    return None
+
+
+def published(folder: Path) -> str:
+    names = [d.name for d in filter(is_published, sorted(folder.iterdir()))] if folder.is_dir() else []
+    return ", ".join(names) or "none"
+
+
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``)."""
+    bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text[:40]!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, required=True, help="image folder, .jsonl or .csv")
     parser.add_argument("--output", type=Path, required=True, help="JSONL of predictions (appended; resumes)")
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--model", help="model name (default: fashion-vit)")
-    parser.add_argument("--version", help="model version (default: the highest ready one)")
-    parser.add_argument("--n-samples", type=int, help="samples per input (default: the manifest's)")
-    parser.add_argument("--seed", type=int, help="reproducible samples (each chunk runs under this seed)")
-    parser.add_argument("--chunk", type=int, default=64, help="inputs per forward request")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--text-column", default="text", help="CSV column holding the texts")
+    parser.add_argument("--model", help=f"model name (default: {DEFAULT_MODEL})")
+    parser.add_argument("--version", help="model version (default: the highest; only it is loaded)")
+    parser.add_argument("--n-samples", type=whole(1), help="samples per input (default: the manifest's)")
+    parser.add_argument("--seed", type=whole(0, SEED_MAX), help="reproducible samples (each chunk runs under it)")
+    parser.add_argument("--chunk", type=whole(1), default=64, help="inputs per forward request")
+    parser.add_argument("--threads", type=whole(0), default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--text-column", help="CSV column holding the texts (default: text)")
     parser.add_argument("--id-column", help="CSV column holding each row's key (default: its line number)")
     decision_flags(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
     args = parser.parse_args(argv)
-    if not args.input.exists():
-        parser.error(f"no such input: {args.input}")
+    items: list[Item] = []
     try:
-        asked(args)
-    except ApiError as exc:
-        parser.error(str(exc))
-    if any(same_file(path, args.input) for path in (args.output, partial_path(args.output))) or (
-            args.output.resolve() == args.input.resolve()):
-        parser.error(f"the output {args.output} is the input: scoring would overwrite it")
-    return asyncio.run(run(args))
+        problem = argument_problem(args)
+        if problem is None:
+            items = list(read_inputs(args.input, args.text_column or "text", args.id_column))
+    except OSError as exc:
+        problem = f"cannot read the input {args.input}: {exc.strerror or exc}"
+    if problem is not None:
+        parser.error(problem)
+    problem = duplicate_key(items) or model_problem(args.model_repository, Only(args.model or DEFAULT_MODEL,
+                                                                                args.version))
+    if problem is not None:
+        print(f"cannot score: {problem}", file=sys.stderr)
+        return 2
+    return asyncio.run(run(args, items))
 
 
 if __name__ == "__main__":

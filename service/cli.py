@@ -29,9 +29,15 @@ def _kind(annotation: Any) -> Any:
     return annotation
 
 
+def _secret(annotation: Any) -> bool:
+    """A key, or named keys: from the environment or a file only, never a flag (flags show on the process list)."""
+    kind = _kind(annotation)
+    return kind is SecretStr or (get_origin(kind) is dict and SecretStr in get_args(kind))
+
+
 def _secrets_epilog() -> str:
     secrets = [f"{ENV_PREFIX}{name.upper()}: {field.description or ''}"
-               for name, field in Settings.model_fields.items() if _kind(field.annotation) is SecretStr]
+               for name, field in Settings.model_fields.items() if _secret(field.annotation)]
     return "secrets, from the environment only: " + "; ".join(secrets).replace("%", "%%")
 
 
@@ -43,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False)  # no prefix of --api-key-file is a flag
     for name, field in Settings.model_fields.items():
         kind = _kind(field.annotation)
-        if kind is SecretStr:
+        if _secret(field.annotation):
             continue  # environment or file only: listed in the epilog
         flag = "--" + name.replace("_", "-")
         env = ENV_PREFIX + name.upper()

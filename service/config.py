@@ -6,6 +6,7 @@ the command line overrides the environment.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -84,6 +85,16 @@ class Settings(BaseSettings):
                                                         "only, never a flag: a flag shows on the process list")
     api_key_file: Path | None = Field(None, description="read the API key from this file instead (e.g. a mounted "
                                       "secret; surrounding whitespace stripped; an empty file is an error)")
+    feedback_keys: Annotated[dict[str, SecretStr], NoDecode] = Field(
+        default_factory=dict, description="named keys of their own for POST /feedback, as JSON {name: key}: when set, "
+        "/feedback takes only these (not the API key) and each label is attributed to its key's name; environment "
+        "only")
+    feedback_min_clients: int | None = Field(None, ge=1, le=100, description="feedback clients a live coverage or "
+                                             "risk window needs before its alert may fire (exported as "
+                                             "director_feedback_min_clients); default: 1 with feedback keys (each "
+                                             "named labeller trusted), else 2 (no one client can fire an alert)")
+    feedback_keys_file: Path | None = Field(None, description="read the feedback keys from this file instead: one "
+                                            "'name:key' per line (a mounted secret)")
     public_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the API key (when a "
                               "key is set they need it unless this is on)")
     metrics_require_key: bool = Field(False, description="/metrics needs the API key too (when one is set); off by "
@@ -108,8 +119,11 @@ class Settings(BaseSettings):
                                                                          "are dropped")
     feedback_window: int = Field(1000, ge=1, description="latest labelled predictions behind live accuracy/ECE")
     feedback_timeout_s: float = Field(2.0, gt=0, description="longest a feedback store call may take before "
-                                      "/feedback answers 503 (a locked or unreachable store); /metrics waits at "
-                                      "most this long for live accuracy and then shows the last values")
+                                      "/feedback answers 503 (a locked or unreachable store)")
+    live_refresh_s: float = Field(5.0, gt=0, description="how often the live gauges (accuracy, ECE, coverage, "
+                                  "selective risk) are read from the feedback store, off the request path: a "
+                                  "/metrics scrape only reads the gauges, and this read also finds a store that "
+                                  "recovered")
     feedback_threads: int = Field(2, ge=1, description="threads of the feedback store's own pool (never shared "
                                   "with inference or decoding)")
     feedback_retry_s: float = Field(1.0, gt=0, description="after a feedback store call fails, how long its calls "
@@ -134,6 +148,20 @@ class Settings(BaseSettings):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
 
+    @field_validator("feedback_keys", mode="before")
+    @classmethod
+    def _named_keys_from_json(cls, value: object) -> object:
+        """``DIRECTOR_FEEDBACK_KEYS``: a JSON object of name -> key; empty (compose passing an unset variable) is
+        none."""
+        if isinstance(value, str):
+            if not value.strip():
+                return {}
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError('feedback keys must be a JSON object such as {"labeller": "<key>"}') from exc
+        return value
+
     @field_validator("api_key", "feedback_url", mode="before")
     @classmethod
     def _empty_key_is_no_key(cls, value: object) -> object:
@@ -152,6 +180,28 @@ class Settings(BaseSettings):
         if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
             raise ValueError("the feedback URL must start with postgresql:// (or postgres://)")
         return value
+
+    @model_validator(mode="after")
+    def _feedback_keys_from_file(self) -> Settings:
+        """Named feedback keys: from the file when one is named (an unreadable, empty or malformed file stops the
+        server, as the API key file does); a name or key that is blank, or a key given twice, is an error."""
+        if self.feedback_keys_file is not None:
+            if self.feedback_keys:
+                raise ValueError("set DIRECTOR_FEEDBACK_KEYS or DIRECTOR_FEEDBACK_KEYS_FILE, not both")
+            self.feedback_keys = read_named_keys(self.feedback_keys_file)
+        secrets = [key.get_secret_value().strip() for key in self.feedback_keys.values()]
+        if any(not name.strip() for name in self.feedback_keys) or not all(secrets):
+            raise ValueError("every feedback key needs a name and a non-empty key")
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two feedback keys are the same key: a label could not be attributed to one name")
+        return self
+
+    @property
+    def alert_min_clients(self) -> int:
+        """``feedback_min_clients``, or its default."""
+        if self.feedback_min_clients is not None:
+            return self.feedback_min_clients
+        return 1 if self.feedback_keys else 2
 
     @property
     def grpc_bytes_in_flight_limit(self) -> int:
@@ -182,3 +232,22 @@ class Settings(BaseSettings):
             raise ValueError(f"the API key file {self.api_key_file} is empty")
         self.api_key = SecretStr(key)
         return self
+
+
+def read_named_keys(path: Path) -> dict[str, SecretStr]:
+    """``name:key`` lines (blank lines and ``#`` comments skipped)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the feedback keys file {path}: {exc}") from exc
+    keys: dict[str, SecretStr] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, colon, key = line.partition(":")
+        if not colon or name.strip() in keys:
+            raise ValueError(f"{path} line {number}: expected 'name:key' with a name not used before")
+        keys[name.strip()] = SecretStr(key.strip())
+    if not keys:
+        raise ValueError(f"the feedback keys file {path} names no key")
+    return keys

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from service.config import Settings
@@ -12,13 +12,14 @@ from service.engine.device import Device
 from service.engine.predictor import Predictor
 from service.engine.repository import ModelRepository, VersionState
 from service.feedback.calls import StoreCalls
-from service.feedback.decisions import LiveDecisions
+from service.feedback.decisions import NO_LIVE_DECISIONS, LiveDecisions
 from service.feedback.flusher import LogFlusher
 from service.feedback.store import FeedbackStore, FeedbackUnavailable, LiveStats
 from service.observability.metrics import UNKNOWN, Metrics
 from service.observability.statistics import Statistics
 
 log = logging.getLogger("service.state")
+LIVE_REFRESH_TIMEOUT_S = 60.0  # one refresh of the live gauges: a background read, so it may take long
 
 
 class Readiness(NamedTuple):
@@ -50,6 +51,8 @@ class AppState:
     statistics: Statistics  # Triton's statistics extension
     predictor: Predictor  # the prediction use-case the protocols share
     flusher: LogFlusher  # writes the prediction log; closes the store
+    # per version, the live levels exported last: the next refresh keeps those still short of their promise
+    exported_levels: dict[tuple[str, str], LiveDecisions] = field(default_factory=dict)
 
     def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:
         """Bounded label values: names the repository does not know become ``unknown``."""
@@ -73,28 +76,36 @@ class AppState:
             metrics.publish_version(name, version, entry.artifact.manifest, entry.worker.max_queue)
 
     async def refresh_live_gauges(self) -> None:
-        """Live accuracy and ECE of every known version, and its live coverage and selective risk per level asked
-        for, read from the feedback store (on its own threads, within its timeout): labels that reached another
-        replica sharing the store (or an earlier process) count too. The gauges keep their last values while the
-        store is slow or unavailable, so a scrape never waits past the timeout and never fails on the store."""
+        """Live accuracy and ECE of every known version, and its live coverage and selective risk per exported level,
+        read from the feedback store on its own threads (``LiveRefresher`` calls this on a schedule, never a scrape):
+        labels that reached another replica sharing the store (or an earlier process) count too. The gauges follow
+        the store: a version with no labelled row left loses its live series. While the store is slow or away they
+        keep their last values."""
+        live = self.metrics.live
         try:
-            stats = await self.store_calls.run(self._live_stats)
+            stats = await self.store_calls.run(self._live_stats, dict(self.exported_levels),
+                                               timeout_s=LIVE_REFRESH_TIMEOUT_S)
         except FeedbackUnavailable as exc:
-            log.warning("live accuracy and ECE not refreshed: %s", exc)
+            log.warning("live gauges not refreshed: %s", exc)
             return
-        for (model, version), (live, decided) in stats.items():
+        for model, version in live.versions() - set(stats):
+            live.forget(model, version)
+            self.exported_levels.pop((model, version), None)
+        for (model, version), (stats_of, decided) in stats.items():
             if not self.repository.is_known(model, version):
                 continue
-            if live is not None:
-                self.metrics.live_accuracy.labels(model, version).set(live.accuracy)
-                self.metrics.live_ece.labels(model, version).set(live.ece)
-            self.metrics.set_live_decisions(
-                model, version, {level: (rate.value, rate.n) for level, rate in decided.coverage.items()},
-                {level: (rate.value, rate.n) for level, rate in decided.selective_risk.items()})
+            if stats_of is not None:
+                live.set_stats(model, version, stats_of.accuracy, stats_of.ece, stats_of.clients)
+            live.set_decisions(model, version, decided.by_kind())
+            self.exported_levels[(model, version)] = decided
 
-    def _live_stats(self) -> dict[tuple[str, str], tuple[LiveStats | None, LiveDecisions]]:
+    def _live_stats(self, exported: dict[tuple[str, str], LiveDecisions]
+                    ) -> dict[tuple[str, str], tuple[LiveStats | None, LiveDecisions]]:
+        """Prunes first, so rows past their age leave the gauges even while no prediction is logged."""
+        self.feedback.prune()
         return {(model, version): (self.feedback.live_stats(model, version),
-                                   self.feedback.live_decisions(model, version))
+                                   self.feedback.live_decisions(model, version,
+                                                                exported.get((model, version), NO_LIVE_DECISIONS)))
                 for model, version in self.feedback.labelled_versions()}
 
     def readiness(self) -> Readiness:

@@ -1,4 +1,4 @@
-"""Typed FastAPI dependencies: the shared state and the API-key guard."""
+"""Typed FastAPI dependencies: the shared state, the API-key guard and the feedback client."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.api.auth import CHALLENGE, KEY_CHECKED, MESSAGE, authorized
+from service.api.auth import CHALLENGE, FEEDBACK_CLIENT, KEY_CHECKED, MESSAGE, authorized, feedback_key_name
 from service.errors import ApiError
 from service.state import AppState
 
@@ -30,3 +30,21 @@ async def require_api_key(request: Request, state: AppStateDep,
     scheme on every guarded route, and as a second line for a request the gateway did not check."""
     if not request.scope.get(KEY_CHECKED) and not authorized(state.settings.api_key, request.scope):
         raise ApiError(401, MESSAGE, headers=CHALLENGE)
+
+
+async def feedback_client(request: Request, state: AppStateDep,
+                          _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+    """Who sent a label: the name of the feedback key it carried when the server has feedback keys (then only they
+    are taken), else the peer's address (behind a proxy, the proxy's unless uvicorn trusts its forwarded headers)."""
+    keys = state.settings.feedback_keys
+    if not keys:
+        if not request.scope.get(KEY_CHECKED) and not authorized(state.settings.api_key, request.scope):
+            raise ApiError(401, MESSAGE, headers=CHALLENGE)
+        return f"address:{request.client.host}" if request.client is not None else "address:unknown"
+    name = request.scope.get(FEEDBACK_CLIENT) or feedback_key_name(keys, request.scope)
+    if name is None:
+        raise ApiError(401, MESSAGE, headers=CHALLENGE)
+    return f"key:{name}"
+
+
+FeedbackClientDep = Annotated[str, Depends(feedback_client)]

@@ -38,7 +38,15 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.admission import TICKET_KEY, Refusal, decide, match, refusal_response
-from service.api.auth import CHALLENGE, KEY_CHECKED, MESSAGE, authorized
+from service.api.auth import (
+    CHALLENGE,
+    FEEDBACK_CLIENT,
+    FEEDBACK_PATH,
+    KEY_CHECKED,
+    MESSAGE,
+    authorized,
+    feedback_key_name,
+)
 from service.api.request_context import BAD_REQUEST_ID, RequestIds, request_ids
 from service.config import Settings
 from service.engine.batching import BatchWorker
@@ -197,7 +205,12 @@ class Gateway:
             exchange.endpoint = self.templates.of(path)
             return error_response(400, BAD_REQUEST_ID)
         if path not in self.open_paths:
-            if not authorized(self.settings.api_key, scope):
+            if path == FEEDBACK_PATH and self.settings.feedback_keys:
+                scope[FEEDBACK_CLIENT] = feedback_key_name(self.settings.feedback_keys, scope)
+                allowed = scope[FEEDBACK_CLIENT] is not None
+            else:
+                allowed = authorized(self.settings.api_key, scope)
+            if not allowed:
                 exchange.endpoint = self.templates.of(path)
                 return error_response(401, MESSAGE, headers=CHALLENGE)
             scope[KEY_CHECKED] = True  # the routes' own check (service.api.deps) need not compare it again

@@ -59,8 +59,9 @@ def request_body(request: Any, limit: int) -> tuple[dict[str, Any], bytes]:
             raise invalid(f"inputs.{i}: sent both in typed contents and in raw_input_contents; send one of them",
                           ["body", "inputs", i])
         data = raw[i] if raw else contents_bytes(tensor, i)
+        own = parameters_of(tensor.parameters)  # checked as HTTP's are: a request's parameter there is refused
         inputs.append({"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape),
-                       "parameters": {"binary_data_size": len(data)}})
+                       "parameters": {**own, "binary_data_size": len(data)}})
         chunks.append(data)
     body: dict[str, Any] = {"inputs": inputs, "parameters": parameters_of(request.parameters)}
     if not inputs:

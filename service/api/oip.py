@@ -4,11 +4,12 @@ Inputs: the model decoder's one tensor (``service.engine.modalities``): ``pixels
 models (FP64, FP16 and UINT8 accepted), ``text`` BYTES ``[-1, 1]`` for text models (UTF-8, one string per input as
 Triton batches them; ``[N]`` accepted too); JSON data (flat or nested) or the binary tensor extension
 (``Inference-Header-Content-Length``; BYTES elements as 4-byte little-endian length + bytes). Parameters:
-``n_samples`` and ``seed``. Outputs (JSON): ``probabilities`` FP32 ``[N, K]``, ``confidence``,
-``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``ood_score`` FP32 ``[N]``,
-``is_ood`` BOOL ``[N]``, ``label`` BYTES ``[N]``, ``class_index`` INT64 ``[N]``, the decoder's per-input extras
-(text models: ``tokens`` INT64, ``truncated`` BOOL and ``dropped_tokens`` INT64 ``[N]``) and, when the request's
-parameters ask for them, the prediction sets and abstentions (``service.api.oip_decisions``)."""
+``n_samples`` and ``seed``, the request's (in an input's ``parameters``, refused: ``request_wide``). Outputs (JSON):
+``probabilities`` FP32 ``[N, K]``, ``confidence``, ``predictive_entropy``, ``expected_entropy``,
+``mutual_information``, ``ood_score`` FP32 ``[N]``, ``is_ood`` BOOL ``[N]``, ``label`` BYTES ``[N]``, ``class_index``
+INT64 ``[N]``, the decoder's per-input extras (text models: ``tokens`` INT64, ``truncated`` BOOL and
+``dropped_tokens`` INT64 ``[N]``) and, when the request's parameters ask for them, the prediction sets and
+abstentions (``service.api.oip_decisions``)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ OUTPUT_TYPES = {"probabilities": "FP32", "confidence": "FP32", "predictive_entro
                 "mutual_information": "FP32", "ood_score": "FP32", "is_ood": "BOOL", "label": "BYTES",
                 "class_index": "INT64"}
 OUTPUTS = tuple(OUTPUT_TYPES)
+REQUEST_PARAMETERS = ("n_samples", "seed", *oip_decisions.ASKS)  # the request's, never an input's
 SINGLE = ServedTask()  # a single-label model: no per-label outputs
 
 
@@ -72,7 +74,9 @@ def named_inputs(body: dict[str, Any], tail: bytes) -> dict[str, Found]:
     for i, spec in enumerate(body["inputs"]):
         if not isinstance(spec, dict):
             raise invalid(f"inputs.{i} is not an object", ["body", "inputs", i])
-        size = parameters_of(spec, ["body", "inputs", i, "parameters"]).get("binary_data_size")
+        parameters = parameters_of(spec, ["body", "inputs", i, "parameters"])
+        request_wide(parameters, i)
+        size = parameters.get("binary_data_size")
         chunk = None
         if size is not None:
             if not _is_int(size) or size < 0 or offset + size > len(tail):
@@ -205,6 +209,16 @@ def parameters_of(holder: dict[str, Any], loc: list[str | int]) -> dict[str, Any
     if not isinstance(value, dict):
         raise invalid(f"{'.'.join(map(str, loc[1:]))} must be an object, got {type(value).__name__}", loc)
     return value
+
+
+def request_wide(parameters: dict[str, Any], index: int) -> None:
+    """Refuse a request's parameter given in one input's ``parameters`` (422 saying where it goes). The sample count,
+    seed and decision asks are the request's: they apply to every input the tensor holds, and the request's own
+    would contradict a tensor's; read nowhere, they would be dropped without a word."""
+    for name in REQUEST_PARAMETERS:
+        if name in parameters:
+            raise invalid(f"parameter {name} applies to the whole request: give it in the request's parameters, not "
+                          f"in those of inputs.{index}", ["body", "inputs", index, "parameters", name])
 
 
 def _is_int(value: Any) -> bool:

@@ -21,12 +21,14 @@ from service.engine.decisions import DecisionRequest, Decisions
 from service.errors import bad_input, invalid
 
 SCORES = ("lac", "aps", "raps")
+ASKS = ("coverage", "conformal_score", "class_conditional", "max_risk", "abstain_if_ood")  # the parameters read
 OUTPUT_TYPES = {"prediction_set": "BYTES", "set_size": "INT64", "abstain": "BOOL"}
 NEEDS = {"prediction_set": "coverage", "set_size": "coverage", "abstain": "max_risk"}  # output -> its ask
 CONTENTS = {"prediction_set": "the set's labels, most probable first, as a JSON array string ([] for an empty set)",
             "set_size": "the number of labels in prediction_set",
             "abstain": "true when the input should go to a person"}
 Loc = list[str | int]
+SHOWN_DIGITS = 20  # of an integer quoted in an error
 
 
 def decision_request(parameters: dict[str, Any], loc: Loc | None = None) -> DecisionRequest:
@@ -50,9 +52,17 @@ def _fraction(parameters: dict[str, Any], name: str, loc: Loc) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise invalid(f"parameter {name} must be a number, got {type(value).__name__}", [*loc, name])
-    if not (math.isfinite(value) and 0 < value < 1):
-        raise invalid(f"parameter {name} must be between 0 and 1 (both excluded), got {value}", [*loc, name])
-    return float(value)
+    # no integer lies between 0 and 1, and one of hundreds of digits is past any float (math.isfinite overflows)
+    if isinstance(value, int) or not (math.isfinite(value) and 0 < value < 1):
+        raise invalid(f"parameter {name} must be between 0 and 1 (both excluded), got {_number(value)}", [*loc, name])
+    return value
+
+
+def _number(value: int | float) -> str:
+    """A number as an error quotes it: an integer of hundreds of digits is not echoed back."""
+    if isinstance(value, int) and abs(value) >= 10**SHOWN_DIGITS:
+        return f"an integer of {value.bit_length()} bits"
+    return str(value)
 
 
 def _flag(parameters: dict[str, Any], name: str, default: bool, loc: Loc) -> bool:

@@ -81,7 +81,8 @@ class PredictRequest(BaseModel):
                              "torch.manual_seed(seed) (a JSON integer): the same request gives the same answer")
     return_probabilities: bool = Field(True, strict=True, description="include the label -> probability map per "
                                                                       "input")
-    coverage: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, description=(
+    # strict too: "0.9" is no coverage (as OIP's parameters and n_samples refuse it); a JSON integer is a number
+    coverage: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, strict=True, description=(
         "return each input's prediction_set: the labels a split-conformal rule keeps so that the true label is in "
         "the set with at least this probability, marginally over exchangeable inputs (the version's range, usually "
         "[0.5, 0.999]; 400 for a version exported without a conformal calibration). A multi-label version returns "
@@ -92,7 +93,7 @@ class PredictRequest(BaseModel):
         "a rank penalty); the version's default when omitted"))
     class_conditional: bool = Field(False, strict=True, description="sets with the coverage within each true class "
                                                                    "(Mondrian), not only on average")
-    max_risk: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, description=(
+    max_risk: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, strict=True, description=(
         "return each input's abstain flag: answered only when its confidence reaches the threshold chosen on the "
         "calibration split so that the error rate among answered inputs is at most max_risk with probability "
         "1 - delta (Learn then Test)"))

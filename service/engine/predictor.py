@@ -25,7 +25,7 @@ from service.engine.modalities.base import InputBatch, InputLimits, RawInput, Te
 from service.engine.repository import ModelRepository, ModelVersion, ReadyVersion, VersionState
 from service.errors import ApiError, invalid, not_found, overloaded, shown, too_large
 from service.feedback.decisions import DecisionLog, set_mask
-from service.feedback.store import FeedbackStore
+from service.feedback.store import FeedbackStore, LabelSet
 from service.observability.drift import DriftMonitor
 from service.observability.metrics import DRAINING, QUEUE_FULL, TIMEOUT, Metrics
 from service.observability.statistics import Statistics
@@ -290,7 +290,8 @@ class Predictor:
                     self.metrics.drift_psi.labels(entry.name, entry.version).set(drift.psi)
         try:
             self.feedback.log(outcome.id, entry.name, entry.version, outcome.n_samples, rows,  # buffered: no I/O
-                              outcome.client_request_id, decision_log(outcome.decisions))
+                              outcome.client_request_id, decision_log(outcome.decisions),
+                              LabelSet(tuple(manifest.labels), entry.artifact.task.multi_label))
         except Exception:  # the prediction is still good: losing its log only weakens live accuracy
             log.exception("could not log prediction %s", outcome.id)
 

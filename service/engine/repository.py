@@ -116,6 +116,21 @@ def without_paths(reason: str, root: Path) -> str:
     return reason
 
 
+@dataclass(frozen=True)
+class Only:
+    """The one model version a repository loads, for a process that serves nothing else (the batch scorer: the
+    other models' gigabytes are none of its business): the version named, else the model's highest one that its
+    version policy selects."""
+
+    model: str
+    version: str | None = None
+
+    def narrowed(self, chosen: set[str]) -> set[str]:
+        if self.version is not None:
+            return chosen & {self.version}
+        return {max(chosen, key=version_key)} if chosen else set()
+
+
 WorkerFactory = Callable[[str, str, Artifact, ServingSettings], BatchWorker]
 SettingsFactory = Callable[[ModelConfigFile | None], ServingSettings]
 
@@ -134,7 +149,9 @@ class ModelRepository:
         self.scanned_once = False
         self._scan_lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self._defaults: dict[str, str] = {}  # per model: the version serving as its default
         self.unloaded: set[str] = set()  # models taken out by ``unload``: scans skip their folders until ``load``
+        self.only: Only | None = None  # set before the first scan: every other folder is left alone
         self._scanner: asyncio.Task[None] | None = None
         self._first_scan = asyncio.Event()  # set once the first scan is over, even one that failed
         self.settings_of = settings_of  # a model's config.yaml (or None) -> its serving settings
@@ -149,8 +166,20 @@ class ModelRepository:
         return sorted(self.models.get(name, {}).values(), key=lambda v: version_key(v.version))
 
     def default_version(self, name: str) -> ModelVersion | None:
-        ready = [v for v in self.versions(name) if v.state is VersionState.READY]
-        return ready[-1] if ready else None
+        """The highest ready version. While a higher one is still loading, the version already serving as the default
+        keeps serving and no other becomes it: the default never moves backwards through older versions as they
+        become ready (requests get 503 with ``Retry-After`` until the newest is ready). A higher version that failed
+        to load does not hold it back."""
+        versions = self.versions(name)
+        ready = [v for v in versions if v.state is VersionState.READY]
+        if not ready:
+            return None
+        newest = version_key(ready[-1].version)
+        if any(v.state is VersionState.LOADING and version_key(v.version) > newest for v in versions):
+            serving = self._defaults.get(name)
+            return next((v for v in ready if v.version == serving), None)
+        self._defaults[name] = ready[-1].version
+        return ready[-1]
 
     def get(self, name: str, version: str | None) -> ModelVersion | None:
         """The named version, or the highest ready one; None when there is none."""
@@ -173,12 +202,14 @@ class ModelRepository:
         if not self.root.is_dir():
             return found
         for model_dir in filter(is_published, sorted(self.root.iterdir())):
-            if model_dir.name in self.unloaded:
+            if model_dir.name in self.unloaded or (self.only is not None and model_dir.name != self.only.model):
                 continue
             config = await self._config(model_dir)
             folders = {d.name: d for d in filter(is_published, sorted(model_dir.iterdir()))}
             policy = config.version_policy if isinstance(config, ModelConfigFile) else None
             chosen = policy.selects(list(folders), version_key) if policy is not None else set(folders)
+            if self.only is not None:
+                chosen = self.only.narrowed(chosen)
             for name in sorted(chosen):
                 found[(model_dir.name, name)] = folders[name]
         return found
@@ -209,7 +240,9 @@ class ModelRepository:
             found = await self._folders()
             loaded = False
             allowlist = file_print(self.trusted_digests)  # an edit of the allowlist re-checks every version
-            for (name, version), folder in found.items():
+            # newest first: the version a model's default will be is the first of it to become ready
+            newest_first = sorted(found.items(), key=lambda item: version_key(item[0][1]), reverse=True)
+            for (name, version), folder in sorted(newest_first, key=lambda item: item[0][0]):
                 current = self.models.get(name, {}).get(version)
                 print_ = (fingerprint(folder), allowlist, self.config_prints.get(name))
                 if current is not None and print_ in (current.fingerprint, current.failed_fingerprint):
@@ -226,6 +259,7 @@ class ModelRepository:
                         self._retire(entry)
                 if not self.models[name]:
                     del self.models[name]
+                    self._defaults.pop(name, None)
             if loaded:  # the new versions live until replaced: keep them out of the collector's full scans
                 freeze_long_lived()
             self.scanned_once = True
@@ -280,6 +314,8 @@ class ModelRepository:
         return load_artifact(folder, self.device)
 
     def _notify(self) -> None:
+        for name in self.models:  # each model's default as of this change (``default_version`` records it)
+            self.default_version(name)
         if self.on_change is not None:
             self.on_change()
 

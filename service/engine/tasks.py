@@ -17,6 +17,7 @@ from artifact.contract import Manifest
 from models.tasks import MULTI_LABEL, SOFTMAX, MultiLabelSummary, Task, task_for
 from models.uncertainty import UncertaintySummary
 from service.engine.decisions import DecisionRequest
+from service.errors import shown
 
 # per-input outputs of a multi-label model, one value per label ([n, C]): OIP name -> datatype
 LABEL_OUTPUTS = {"predicted": "BOOL", "label_entropy": "FP32", "label_mutual_information": "FP32"}
@@ -107,9 +108,17 @@ def label_outcomes(logged: str, truth: list[str | int], labels: list[str] | None
                                  f"{'unknown' if labels is None else f'0..{len(labels) - 1}'}")
             names.add(labels[value])
         elif labels is not None and value not in labels:
-            raise ValueError(f"unknown label {value!r}; labels: {labels}")
+            raise ValueError(f"unknown label {shown(value)}; labels: {shown_labels(labels)}")
         else:
             names.add(value)
     predicted = logged_labels(logged)
     judged = labels if labels is not None else sorted(names | predicted)
     return {name: (name in predicted) == (name in names) for name in judged}
+
+
+def shown_labels(labels: list[str], limit: int = 20) -> str:
+    """A version's labels as an error lists them: the first ``limit`` and how many there are (a tagger's thousands of
+    labels are not echoed)."""
+    if len(labels) <= limit:
+        return str(labels)
+    return f"{labels[:limit]}... ({len(labels):,} labels)"

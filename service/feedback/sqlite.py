@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from service.feedback.decisions import window_sql
+from service.feedback.decisions import levels_sql, window_sql
 from service.feedback.store import (
     FeedbackStore,
     FeedbackUnavailable,
     LoggedPrediction,
     Row,
     client_ids,
+    label_set_of,
     prediction_rows,
 )
 
@@ -38,10 +39,18 @@ CREATE TABLE IF NOT EXISTS predictions (
     abstain INTEGER,
     covered INTEGER,
     recall REAL,
+    feedback_client TEXT,
     PRIMARY KEY (request_id, idx)
 );
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
+CREATE TABLE IF NOT EXISTS label_sets (
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    multi_label INTEGER NOT NULL,
+    PRIMARY KEY (model, version)
+);
 CREATE TABLE IF NOT EXISTS client_requests (
     request_id TEXT PRIMARY KEY,
     client_request_id TEXT NOT NULL,
@@ -56,12 +65,27 @@ CLIENT_ID_COLUMN = "ALTER TABLE predictions ADD COLUMN client_request_id TEXT"
 CLIENT_ID_INDEX = "CREATE INDEX IF NOT EXISTS predictions_client ON predictions (client_request_id, created)"
 # a request's prediction sets and abstentions (service.feedback.decisions), and the label's verdict on the set; NULL in
 # rows logged before these columns existed, or by a request that asked for neither
+# and the feedback client that sent the label (NULL before it was kept: those labels count as one client)
 DECISION_COLUMNS = {"coverage": "REAL", "prediction_set": "BLOB", "max_risk": "REAL", "abstain": "INTEGER",
-                    "covered": "INTEGER", "recall": "REAL"}
+                    "covered": "INTEGER", "recall": "REAL", "feedback_client": "TEXT"}
+# each live window's read is one index range of at most ``window`` rows, whatever the labelled rows in the store
+WINDOW_INDEXES = ("CREATE INDEX IF NOT EXISTS predictions_coverage ON predictions (model, version, coverage, "
+                  "feedback_at) WHERE feedback_at IS NOT NULL",
+                  "CREATE INDEX IF NOT EXISTS predictions_max_risk ON predictions (model, version, max_risk, "
+                  "feedback_at) WHERE feedback_at IS NOT NULL")
 INSERT = ("INSERT OR REPLACE INTO predictions (request_id, idx, model, version, n_samples, class_index, label, "
           "confidence, created, coverage, prediction_set, max_risk, abstain) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
           "?, ?)")
+INSERT_LABEL_SET = "INSERT OR REPLACE INTO label_sets (model, version, labels, multi_label) VALUES (?, ?, ?, ?)"
+# a logged prediction with its version's labels as they were logged (NULL for rows an earlier release wrote)
+LOOKUP = ("SELECT p.model, p.version, p.class_index, p.label, p.prediction_set, s.labels, s.multi_label FROM "
+          "predictions p LEFT JOIN label_sets s ON s.model = p.model AND s.version = p.version WHERE p.request_id = "
+          "? AND p.idx = ?")
 INSERT_CLIENT_ID = "INSERT OR REPLACE INTO client_requests (request_id, client_request_id, created) VALUES (?, ?, ?)"
+# beyond max_rows: the oldest rows but the newest ``kept_labelled`` labelled ones
+PRUNE_BY_ROWS = ("DELETE FROM predictions WHERE rowid IN (SELECT rowid FROM predictions WHERE rowid NOT IN (SELECT "
+                 "rowid FROM predictions WHERE correct IS NOT NULL ORDER BY feedback_at DESC LIMIT ?) ORDER BY "
+                 "created, rowid LIMIT ?)")
 # a client id whose request has no row left goes with it: rows are pruned oldest first, so those are the ones older
 # than the oldest row (all of them when no row is left)
 PRUNE_CLIENT_IDS = ("DELETE FROM client_requests WHERE created < COALESCE((SELECT MIN(created) FROM predictions), "
@@ -96,6 +120,8 @@ class SqliteFeedbackStore(FeedbackStore):
         for name, kind in DECISION_COLUMNS.items():
             if name not in columns:
                 self._conn.execute(f"ALTER TABLE predictions ADD COLUMN {name} {kind}")
+        for index in WINDOW_INDEXES:
+            self._conn.execute(index)
 
     @contextmanager
     def _database(self) -> Iterator[None]:
@@ -108,12 +134,13 @@ class SqliteFeedbackStore(FeedbackStore):
                 raise FeedbackUnavailable(f"the feedback database cannot be used: {type(exc).__name__}: "
                                           f"{exc}") from exc
 
-    def _insert(self, rows: list[Row]) -> None:
+    def _insert(self, rows: list[Row], label_sets: list[tuple[str, str, str, int]]) -> None:
         with self._database():
             self._conn.execute("BEGIN")
             try:
                 self._conn.executemany(INSERT, prediction_rows(rows))
                 self._conn.executemany(INSERT_CLIENT_ID, client_ids(rows))
+                self._conn.executemany(INSERT_LABEL_SET, label_sets)
             except BaseException:
                 if self._conn.in_transaction:  # SQLite rolls back itself on some errors (a full disk, SQLITE_FULL)
                     self._conn.execute("ROLLBACK")
@@ -123,11 +150,11 @@ class SqliteFeedbackStore(FeedbackStore):
     def _prune(self, cutoff: float) -> int:
         with self._database():
             removed = self._conn.execute("DELETE FROM predictions WHERE created < ?", (cutoff,)).rowcount
-            cur = self._conn.execute(
-                "DELETE FROM predictions WHERE rowid IN (SELECT rowid FROM predictions ORDER BY created DESC, "
-                "rowid DESC LIMIT -1 OFFSET ?)", (self.max_rows,))
+            excess = int(self._conn.execute("SELECT COUNT(*) FROM predictions").fetchone()[0]) - self.max_rows
+            if excess > 0:
+                removed += self._conn.execute(PRUNE_BY_ROWS, (self.kept_labelled, excess)).rowcount
             self._conn.execute(PRUNE_CLIENT_IDS)
-            return removed + cur.rowcount
+            return removed
 
     def _count(self) -> int:
         with self._database():
@@ -135,9 +162,9 @@ class SqliteFeedbackStore(FeedbackStore):
 
     def _lookup(self, request_id: str, index: int) -> LoggedPrediction | None:
         with self._database():
-            row = self._conn.execute("SELECT model, version, class_index, label, prediction_set FROM predictions "
-                                     "WHERE request_id = ? AND idx = ?", (request_id, index)).fetchone()
-        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3], row[4])
+            row = self._conn.execute(LOOKUP, (request_id, index)).fetchone()
+        return None if row is None else LoggedPrediction(row[0], row[1], int(row[2]), row[3], row[4],
+                                                         label_set_of(row[5], row[6]))
 
     def _prediction_of(self, client_request_id: str) -> str | None:
         with self._database():
@@ -145,21 +172,27 @@ class SqliteFeedbackStore(FeedbackStore):
         return None if row is None else str(row[0])
 
     def _record(self, request_id: str, index: int, correct: bool, covered: bool | None, recall: float | None,
-                at: float) -> None:
+                client: str | None, at: float) -> None:
         with self._database():
-            self._conn.execute("UPDATE predictions SET correct = ?, covered = ?, recall = ?, feedback_at = ? WHERE "
-                               "request_id = ? AND idx = ?", (int(correct), None if covered is None else int(covered),
-                                                               recall, at, request_id, index))
+            self._conn.execute("UPDATE predictions SET correct = ?, covered = ?, recall = ?, feedback_client = ?, "
+                               "feedback_at = ? WHERE request_id = ? AND idx = ?",
+                               (int(correct), None if covered is None else int(covered), recall, client, at,
+                                request_id, index))
 
-    def _labelled(self, model: str, version: str) -> list[tuple[float, int]]:
+    def _labelled(self, model: str, version: str) -> list[tuple[float, int, str | None]]:
         with self._database():
             return self._conn.execute(
-                "SELECT confidence, correct FROM predictions WHERE model = ? AND version = ? AND correct IS NOT "
-                "NULL ORDER BY feedback_at DESC, request_id, idx LIMIT ?", (model, version, self.window)).fetchall()
+                "SELECT confidence, correct, feedback_client FROM predictions WHERE model = ? AND version = ? AND "
+                "correct IS NOT NULL ORDER BY feedback_at DESC, request_id, idx LIMIT ?",
+                (model, version, self.window)).fetchall()
 
-    def _decided(self, kind: str, model: str, version: str) -> list[tuple[float, int, int, int]]:
+    def _levels(self, kind: str, model: str, version: str) -> list[tuple[float, int]]:
         with self._database():
-            return self._conn.execute(window_sql(kind, "?"), (model, version, self.window)).fetchall()
+            return self._conn.execute(levels_sql(kind, "?"), (model, version)).fetchall()
+
+    def _window(self, kind: str, model: str, version: str, level: float) -> list[tuple[float, str | None]]:
+        with self._database():
+            return self._conn.execute(window_sql(kind, "?"), (model, version, level, self.window)).fetchall()
 
     def _labelled_versions(self) -> list[tuple[str, str]]:
         with self._database():

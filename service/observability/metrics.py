@@ -8,7 +8,8 @@ doubled every counter's series). Gauges of a value between 0 and 1 end in ``_rat
 and selective risk, the reference accuracy, ECE, OOD share and confidence quantiles); ``director_confidence_drift_ks``
 is a distance between distributions and keeps its name. Live coverage and selective risk carry the level a request
 asked for as a label (``coverage``, ``max_risk``), at most 16 per version (``service.feedback.decisions``), with the
-level as a value beside them (``_target_ratio``, ``_bound_ratio``) for alerts to compare with.
+level as a value beside them (``_target_ratio``, ``_bound_ratio``) for alerts to compare with
+(``service.observability.live_gauges``).
 ``director_class_predictions_total{label}`` counts predictions per class, its ``label`` values bounded by the
 version's manifest.
 
@@ -54,6 +55,7 @@ from artifact.contract import Manifest
 from models.tasks import MultiLabelSummary
 from models.uncertainty import UncertaintySummary
 from service.observability.gpu_metrics import GpuMemoryCollector, GpuUtilisationCollector
+from service.observability.live_gauges import LiveGauges
 from service.observability.multiprocess import expose_workers, multiprocess_dir
 from service.observability.reference import REFERENCE_QUANTILES, ood_thresholds, reference_values
 
@@ -102,12 +104,11 @@ class Metrics:
         self._requests_and_batches(r)
         self._predictions(r)
         self._feedback_and_device(r)
-        self._live_decisions(r)
+        self.live = LiveGauges(r, self._remove)  # accuracy, ECE, coverage, selective risk from feedback
         self._references(r)
         self._published: dict[tuple[str, str], set[SeriesKey]] = {}  # per-version gauges, to remove on unload
         self._info: set[tuple[str, str, str, str]] = set()
         self._class_labels: dict[tuple[str, str], list[str]] = {}  # the manifest's labels of each ready version
-        self._live_levels: dict[tuple[str, str], set[SeriesKey]] = {}  # live coverage / risk series per version
 
     def _requests_and_batches(self, r: CollectorRegistry) -> None:
         self.requests = Counter("director_requests_total", "HTTP requests by route template and status",
@@ -175,10 +176,6 @@ class Metrics:
                                        registry=r, multiprocess_mode="livemin")
         self.prediction_log_pending = Gauge("director_prediction_log_pending", "logged predictions waiting to be "
                                             "written to the feedback store", registry=r, multiprocess_mode="livesum")
-        self.live_accuracy = Gauge("director_live_accuracy_ratio", "accuracy over the latest labelled predictions",
-                                   MV, registry=r, multiprocess_mode="mostrecent")
-        self.live_ece = Gauge("director_live_ece_ratio", "ECE over the latest labelled predictions", MV, registry=r,
-                              multiprocess_mode="mostrecent")
         self.gpu_memory = Gauge("director_gpu_memory_allocated_bytes", "torch CUDA memory allocated", registry=r,
                                 multiprocess_mode="livesum")
         self.gpu_memory_reserved = Gauge("director_gpu_memory_reserved_bytes", "torch CUDA memory held by the "
@@ -192,43 +189,6 @@ class Metrics:
         r.register(GpuUtilisationCollector())  # director_gpu_utilization_ratio, through NVML when installed
         self.model_info = Gauge("director_model_info", "1 per served model version, with its state", [
             *MV, "method", "state"], registry=r, multiprocess_mode="livemostrecent")
-
-    def _live_decisions(self, r: CollectorRegistry) -> None:
-        """Live coverage and selective risk per requested level, from feedback joined to the logged decisions."""
-        def live(name: str, documentation: str, level: str) -> Gauge:
-            return Gauge(name, documentation, [*MV, level], registry=r, multiprocess_mode="mostrecent")
-
-        self.live_coverage = {
-            "ratio": live("director_live_coverage_ratio", "share of the latest labelled inputs asked for this coverage "
-                          "whose prediction set held the true label (multi-label: their sets' mean recall of the true "
-                          "labels)", "coverage"),
-            "count": live("director_live_coverage_count", "labelled inputs behind director_live_coverage_ratio",
-                          "coverage"),
-            "level": live("director_live_coverage_target_ratio", "the coverage asked for (the label, as a value)",
-                          "coverage")}
-        self.live_selective_risk = {
-            "ratio": live("director_live_selective_risk_ratio", "error rate of the latest answered (not abstained), "
-                          "labelled inputs asked for this max_risk", "max_risk"),
-            "count": live("director_live_selective_risk_count", "answered, labelled inputs behind "
-                          "director_live_selective_risk_ratio", "max_risk"),
-            "level": live("director_live_selective_risk_bound_ratio", "the max_risk asked for (the label, as a value)",
-                          "max_risk")}
-
-    def set_live_decisions(self, model: str, version: str, coverage: Mapping[float, tuple[float, int]],
-                           selective_risk: Mapping[float, tuple[float, int]]) -> None:
-        """A version's live (value, count) per level; series of levels it no longer reports are removed, so the
-        series stay as few as the levels exported (at most 16 of each kind)."""
-        values: dict[SeriesKey, float] = {}
-        for gauges, levels in ((self.live_coverage, coverage), (self.live_selective_risk, selective_risk)):
-            for level, (value, count) in levels.items():
-                labels = (model, version, repr(float(level)))
-                values.update({(gauges["ratio"], labels): value, (gauges["count"], labels): float(count),
-                               (gauges["level"], labels): float(level)})
-        for key in self._live_levels.get((model, version), set()) - set(values):
-            self._remove(*key)
-        for (gauge, series), value in values.items():
-            gauge.labels(*series).set(value)
-        self._live_levels[(model, version)] = set(values)
 
     def _references(self, r: CollectorRegistry) -> None:
         """The manifest's validation reference of each ready version (what the alerts and dashboard compare with)."""

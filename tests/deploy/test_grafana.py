@@ -178,7 +178,8 @@ def test_ratio_gauges_are_named_ratio_and_plotted_as_percentages() -> None:
                     if family.type == "gauge" and family.name.endswith("_ratio")}
     assert ratio_gauges == {"director_live_accuracy_ratio", "director_live_ece_ratio", "director_live_coverage_ratio",
                             "director_live_coverage_target_ratio", "director_live_selective_risk_ratio",
-                            "director_live_selective_risk_bound_ratio",
+                            "director_live_selective_risk_bound_ratio", "director_live_coverage_robust_ratio",
+                            "director_live_selective_risk_robust_ratio",
                             "director_reference_accuracy_ratio", "director_reference_ece_ratio",
                             "director_reference_ood_ratio", "director_reference_confidence_ratio",
                             "director_gpu_utilization_ratio"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 from PIL import Image
 
 from service.batch_scoring import main
-from tests.service.conftest import TEXT_MODEL, serve, settings_for
+from tests.service.conftest import TEXT_MODEL, copy_version, serve, settings_for
 
 
 def png(seed: int) -> bytes:
@@ -161,3 +162,107 @@ def test_a_crashed_run_leaves_the_finished_output_whole(tiny_repository: Path, t
     assert main(args) == 0
     scored = lines(out)
     assert set(scored) == {"k0", "k1", "k2", "k3"} and scored["k0"]["label"] == "kept"
+
+
+@pytest.fixture
+def loaded(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The version folders the scorer loads, in order (each still loaded)."""
+    import service.engine.repository as repository
+
+    folders: list[Path] = []
+    real = repository.load_artifact
+
+    def spy(folder: Path, *args: object, **kwargs: object) -> object:
+        folders.append(folder)
+        return real(folder, *args, **kwargs)
+
+    monkeypatch.setattr(repository, "load_artifact", spy)
+    return folders
+
+
+def pixels_lines(path: Path, ids: list[str | None]) -> Path:
+    path.write_text("".join(json.dumps({**({"id": key} if key is not None else {}), "pixels": [[0.5] * 28] * 28})
+                            + "\n" for key in ids))
+    return path
+
+
+def test_an_id_that_is_another_inputs_key_is_refused_before_loading(tiny_repository: Path, tmp_path: Path,
+                                                                    loaded: list[Path],
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Line 1's id "3" was also line 3's key (its number): both were scored under "3", and a resumed run skipped
+    the second, exit 0. Every key names one input, or nothing is scored."""
+    out = tmp_path / "out.jsonl"
+    common = ["--model-repository", str(tiny_repository), "--model", "tiny", "--output", str(out)]
+    for ids, key in (([None, "3", None], "3"), (["a", "b", "a"], "a"), (["7", None, "7"], "7")):
+        source = pixels_lines(tmp_path / "in.jsonl", ids)
+        assert main([*common, "--input", str(source)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert f"key {key!r} names two inputs" in error and len(error.splitlines()) == 1, error
+    table = tmp_path / "in.csv"
+    table.write_text("id,text\nx,good\n3,fine\n,nice\n")  # row 3 has no id: its key is its number, row 2's id
+    assert main([*common, "--input", str(table), "--id-column", "id"]) == 2
+    assert "key '3' names two inputs" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "out.jsonl.partial").exists() and loaded == []
+    source = pixels_lines(tmp_path / "in.jsonl", [None, "x", None])  # no collision: every line scored once
+    assert main([*common, "--input", str(source)]) == 0
+    assert set(lines(out)) == {"1", "x", "3"} and len(out.read_text().splitlines()) == 3
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder no file can be created in: a read-only one, or sysfs where permissions do not stop root."""
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    return Path("/sys") if os.geteuid() == 0 else folder
+
+
+def test_a_bad_output_or_flag_is_one_line_before_any_model_loads(tiny_repository: Path, tmp_path: Path,
+                                                                 loaded: list[Path],
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """An output in a missing or read-only folder and --chunk 0 gave tracebacks once the models were loaded, an
+    output that is a folder failed only at the final rename, and --chunk -1 exited 0 with an empty output."""
+    source = pixels_lines(tmp_path / "in.jsonl", [None, None])
+    table = tmp_path / "in.csv"
+    table.write_text("review\ngood\n")
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "taken.jsonl.partial").mkdir()
+    good = ["--output", str(tmp_path / "out.jsonl")]
+    cases = [(["--output", str(tmp_path / "missing" / "out.jsonl")], "does not exist"),
+             (["--output", str(unwritable_folder(tmp_path) / "out.jsonl")], "cannot write"),
+             (["--output", str(tmp_path / "a-folder")], "is a folder"),
+             (["--output", str(tmp_path / "taken.jsonl")], "is a folder"),
+             (["--output", str(tmp_path / "a-file" / "out.jsonl")], "is not a folder"),
+             ([*good, "--chunk", "0"], "--chunk"), ([*good, "--chunk", "-1"], "--chunk"),
+             ([*good, "--threads", "-1"], "--threads"), ([*good, "--n-samples", "0"], "--n-samples"),
+             ([*good, "--seed", "-1"], "--seed"), ([*good, "--seed", str(2**63)], "--seed"),
+             ([*good, "--id-column", "id"], "--id-column"),
+             ([*good, "--input", str(table)], "no column 'text'"),
+             ([*good, "--input", str(table), "--text-column", "review", "--id-column", "key"], "no column 'key'")]
+    for flags, words in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main(["--model-repository", str(tiny_repository), "--model", "tiny", "--input", str(source), *flags])
+        error = capsys.readouterr().err
+        assert exit_.value.code == 2 and "Traceback" not in error, (flags, error)
+        assert words in error.strip().splitlines()[-1], (flags, error)
+    assert loaded == [] and not (tmp_path / "out.jsonl").exists()
+
+
+def test_only_the_model_version_it_scores_is_loaded(tiny_artifact: Path, tmp_path: Path, loaded: list[Path],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Every model of the repository was loaded to score one (2.08 GB for two lines)."""
+    repository = tmp_path / "repository"
+    for name, version in (("tiny", "1"), ("tiny", "2"), ("other", "1")):
+        copy_version(tiny_artifact, repository, name, version)
+    (repository / "broken" / "1").mkdir(parents=True)  # no artifact at all: loading it fails
+    source = pixels_lines(tmp_path / "in.jsonl", [None])
+    common = ["--model-repository", str(repository), "--input", str(source), "--model", "tiny"]
+    assert main([*common, "--version", "1", "--output", str(tmp_path / "one.jsonl")]) == 0
+    assert loaded == [repository / "tiny" / "1"]
+    assert main([*common, "--output", str(tmp_path / "highest.jsonl")]) == 0  # no version: the highest one
+    assert loaded[1:] == [repository / "tiny" / "2"] and lines(tmp_path / "highest.jsonl")["1"]["model_version"] == "2"
+    capsys.readouterr()
+    assert main([*common, "--version", "3", "--output", str(tmp_path / "none.jsonl")]) == 2
+    assert "no version '3'" in capsys.readouterr().err
+    assert main([*common[:-1], "nope", "--output", str(tmp_path / "none.jsonl")]) == 2
+    assert "no model 'nope'" in capsys.readouterr().err
+    assert len(loaded) == 2 and not (tmp_path / "none.jsonl").exists()

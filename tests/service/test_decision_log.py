@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from service.feedback.decisions import MAX_LEVELS, DecisionLog, LiveRate, in_set, set_mask
+from service.feedback.decisions import MAX_LEVELS, DecisionLog, LiveDecisions, LiveRate, in_set, set_mask
 from service.feedback.postgres import PostgresFeedbackStore
 from service.feedback.sqlite import SqliteFeedbackStore
-from service.feedback.store import FeedbackStore
+from service.feedback.store import FeedbackStore, LabelSet
 from service.observability.metrics import Metrics
 from tests.service.conftest import metric_value
 from tests.service.pg_cluster import PostgresCluster
@@ -34,6 +34,12 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., 
         return lambda **bounds: SqliteFeedbackStore(tmp_path / "f.sqlite3", **bounds)
     url = request.getfixturevalue("postgres_cluster").create_database(f"decided_{tmp_path.name.lower()}")
     return lambda **bounds: PostgresFeedbackStore(url, **bounds)
+
+
+def one_client(value: float, n: int) -> LiveRate:
+    """A level's rate when one client (here: none named) sent every label: it is the majority, so the robust reading
+    is the whole window."""
+    return LiveRate(value, n, clients=1, robust_value=value, robust_n=n)
 
 
 def test_a_set_is_stored_in_at_most_one_bit_per_label() -> None:
@@ -57,8 +63,8 @@ def test_coverage_and_risk_per_level_over_the_latest_window(open_store: Callable
     store.record("b", 0, True, True)
     store.record("c", 0, True)
     live = store.live_decisions("m", "1")
-    assert live.coverage == {0.9: LiveRate(2 / 3, 3), 0.8: LiveRate(1.0, 1)}  # rows 3-5 of a, row 0 of b
-    assert live.selective_risk == {0.1: LiveRate(2 / 3, 3)}  # rows 2-4: row 5 abstained; b abstained on all
+    assert live.coverage == {0.9: one_client(2 / 3, 3), 0.8: one_client(1.0, 1)}  # rows 3-5 of a, row 0 of b
+    assert live.selective_risk == {0.1: one_client(2 / 3, 3)}  # rows 2-4: row 5 abstained; b abstained on all
     stats = store.live_stats("m", "1")
     assert stats is not None and stats.n == 3  # the same window
     assert store.live_decisions("m", "2").coverage == {}
@@ -73,10 +79,10 @@ def test_multi_label_sets_count_their_recall(open_store: Callable[..., FeedbackS
               decisions=DecisionLog(0.9, [set_mask([0]), set_mask([0, 1]), set_mask([])], None, None))
     for index, recall in enumerate([0.5, 1.0, 0.0]):
         store.record("t", index, recall == 1.0, None, recall)
-    assert store.live_decisions("tags", "1").coverage == {0.9: LiveRate(0.5, 3)}
+    assert store.live_decisions("tags", "1").coverage == {0.9: one_client(0.5, 3)}
     store.close()
     reopened = open_store(max_rows=100, max_age_s=3600, window=10)
-    assert reopened.live_decisions("tags", "1").coverage == {0.9: LiveRate(0.5, 3)}
+    assert reopened.live_decisions("tags", "1").coverage == {0.9: one_client(0.5, 3)}
     reopened.close()
 
 
@@ -106,7 +112,7 @@ def test_a_database_of_the_previous_schema_opens_and_gains_the_columns(tmp_path:
     check_old_rows_and_new_ones(store)
     store.close()
     reopened = SqliteFeedbackStore(path, max_rows=100, max_age_s=3600, window=100)  # migrated once, opens again
-    assert reopened.live_decisions("m", "1").coverage == {0.9: LiveRate(0.0, 1)}
+    assert reopened.live_decisions("m", "1").coverage == {0.9: one_client(0.0, 1)}
     reopened.close()
 
 
@@ -132,7 +138,7 @@ def check_old_rows_and_new_ones(store: FeedbackStore) -> None:
     new = store.lookup("new", 0)
     assert new is not None and new.prediction_set == set_mask([0, 3])
     store.record("new", 0, False, False)
-    assert store.live_decisions("m", "1").coverage == {0.9: LiveRate(0.0, 1)}
+    assert store.live_decisions("m", "1").coverage == {0.9: one_client(0.0, 1)}
 
 
 def test_decisions_grow_the_sqlite_file_by_their_bounded_row_size(tmp_path: Path) -> None:
@@ -158,7 +164,8 @@ def test_decisions_grow_the_sqlite_file_by_their_bounded_row_size(tmp_path: Path
 
 def test_gauges_of_levels_no_longer_reported_are_removed() -> None:
     metrics = Metrics()
-    metrics.set_live_decisions("m", "1", {0.9: (0.875, 8), 0.8: (0.75, 4)}, {0.05: (0.02, 50)})
+    metrics.live.set_decisions("m", "1", LiveDecisions({0.9: one_client(0.875, 8), 0.8: one_client(0.75, 4)},
+                                                      {0.05: one_client(0.02, 50)}).by_kind())
     text = metrics.expose().decode()
     assert metric_value(text, "director_live_coverage_ratio", model="m", version="1", coverage="0.9") == 0.875
     assert metric_value(text, "director_live_coverage_count", model="m", version="1", coverage="0.8") == 4.0
@@ -166,9 +173,111 @@ def test_gauges_of_levels_no_longer_reported_are_removed() -> None:
     assert metric_value(text, "director_live_selective_risk_ratio", model="m", version="1", max_risk="0.05") == 0.02
     assert metric_value(text, "director_live_selective_risk_bound_ratio", model="m", version="1",
                         max_risk="0.05") == 0.05
-    metrics.set_live_decisions("m", "1", {0.9: (0.9, 10)}, {})
+    metrics.live.set_decisions("m", "1", LiveDecisions({0.9: one_client(0.9, 10)}, {}).by_kind())
     text = metrics.expose().decode()
     assert metric_value(text, "director_live_coverage_ratio", model="m", version="1", coverage="0.9") == 0.9
-    for name in ("director_live_coverage_ratio", "director_live_coverage_count", "director_live_coverage_target_ratio"):
+    for name in ("director_live_coverage_ratio", "director_live_coverage_count", "director_live_coverage_target_ratio",
+                 "director_live_coverage_robust_ratio", "director_live_coverage_clients"):
         assert metric_value(text, name, model="m", version="1", coverage="0.8") is None, name
     assert "director_live_selective_risk_ratio{" not in text
+
+
+def test_unlabelled_predictions_are_pruned_before_labelled_ones(open_store: Callable[..., FeedbackStore]) -> None:
+    """Prediction volume cannot erase the live windows: 200 labelled rows survive 22 requests of 256 unlabelled inputs
+    at max_rows 5000, and feedback on them still finds them; the gauges' window stays whole."""
+    store = open_store(max_rows=5000, max_age_s=3600, window=1000)
+    store.log("labelled", "m", "1", 4, [(0, "a", 0.9)] * 200,
+              decisions=DecisionLog(0.9, [set_mask([0])] * 200, None, None))
+    for index in range(200):
+        store.record("labelled", index, True, True, client="key:labeller")
+    for n in range(22):
+        store.log(f"u{n}", "m", "1", 4, [(0, "a", 0.9)] * 256)
+        store.flush()
+    store.prune()
+    assert store.count() <= 5000 and store.lookup("labelled", 199) is not None
+    stats = store.live_stats("m", "1")
+    assert stats is not None and stats.n == 200 and store.live_decisions("m", "1").coverage[0.9].n == 200
+    assert store.lookup("u21", 255) is not None and store.lookup("u0", 0) is None  # the oldest unlabelled went
+    store.close()
+
+
+def test_labelled_rows_beyond_their_share_are_pruned_oldest_first(open_store: Callable[..., FeedbackStore]) -> None:
+    """Labelled rows are kept up to max_rows * LABELLED_SHARE: beyond that the oldest go too, so new predictions
+    always have room to be labelled."""
+    store = open_store(max_rows=100, max_age_s=3600, window=1000)
+    for n in range(3):
+        store.log(f"l{n}", "m", "1", 4, [(0, "a", 0.9)] * 40)
+        for index in range(40):
+            store.record(f"l{n}", index, True)
+    store.log("new", "m", "1", 4, [(0, "a", 0.9)] * 40)
+    store.prune()
+    assert store.count() == 100 and store.lookup("new", 39) is not None
+    stats = store.live_stats("m", "1")
+    assert stats is not None and 50 <= stats.n < 120  # 120 labelled rows could not all stay
+    store.close()
+
+
+def test_a_level_counts_its_clients_and_reads_without_a_minority_client(
+        open_store: Callable[..., FeedbackStore]) -> None:
+    """42 wrong labels from one client among 958 right ones from another: the level reads 0.958 with both, 1.0
+    robustly (without the minority client); the majority cannot be left out, so a few right labels from a second
+    client cannot hide 100 wrong ones; one client alone is its whole window."""
+    store = open_store(max_rows=2000, max_age_s=3600, window=1000)
+    store.log("r", "m", "1", 4, [(0, "a", 0.9)] * 1000, decisions=DecisionLog(0.9, [set_mask([0])] * 1000, None, None))
+    for index in range(1000):
+        store.record("r", index, index >= 42, index >= 42, client="key:attacker" if index < 42 else "key:labeller")
+    rate = store.live_decisions("m", "1").coverage[0.9]
+    assert (rate.n, rate.clients, rate.robust_n) == (1000, 2, 958)
+    assert rate.value == pytest.approx(0.958) and rate.robust_value == 1.0
+    stats = store.live_stats("m", "1")
+    assert stats is not None and stats.clients == 2
+    store.log("s", "m", "1", 4, [(0, "a", 0.9)] * 100, decisions=DecisionLog(0.8, [set_mask([0])] * 100, None, None))
+    for index in range(100):
+        store.record("s", index, False, False, client="key:attacker")
+    alone = store.live_decisions("m", "1").coverage[0.8]
+    assert (alone.value, alone.n, alone.clients, alone.robust_value, alone.robust_n) == (0.0, 100, 1, 0.0, 100)
+    store.log("t", "m", "1", 4, [(0, "a", 0.9)] * 3, decisions=DecisionLog(0.8, [set_mask([0])] * 3, None, None))
+    for index in range(3):
+        store.record("t", index, True, True, client="key:silencer")
+    diluted = store.live_decisions("m", "1").coverage[0.8]
+    assert (diluted.clients, diluted.robust_n) == (2, 103) and diluted.robust_value == pytest.approx(3 / 103)
+    store.close()
+
+
+def test_a_level_short_of_its_promise_is_never_pushed_out(open_store: Callable[..., FeedbackStore]) -> None:
+    """A level exported while short of its promise stays exported when more than MAX_LEVELS others gain more labels;
+    a level meeting its promise gives way to the most labelled."""
+    store = open_store(max_rows=5000, max_age_s=3600, window=1000)
+    store.log("short", "m", "1", 4, [(0, "a", 0.9)] * 10, decisions=DecisionLog(0.9, [set_mask([0])] * 10, None, None))
+    store.log("fine", "m", "1", 4, [(0, "a", 0.9)] * 10, decisions=DecisionLog(0.5, [set_mask([0])] * 10, None, None))
+    for index in range(10):
+        store.record("short", index, False, False)
+        store.record("fine", index, True, True)
+    before = store.live_decisions("m", "1")
+    assert set(before.coverage) == {0.9, 0.5}
+    for n in range(MAX_LEVELS):
+        level = round(0.6 + 0.01 * n, 2)
+        store.log(f"new{n}", "m", "1", 4, [(0, "a", 0.9)] * 20,
+                  decisions=DecisionLog(level, [set_mask([0])] * 20, None, None))
+        for index in range(20):
+            store.record(f"new{n}", index, True, True)
+    after = store.live_decisions("m", "1", before)
+    assert len(after.coverage) == MAX_LEVELS and 0.9 in after.coverage and 0.5 not in after.coverage
+    assert 0.9 not in store.live_decisions("m", "1").coverage  # without what was exported: the most labelled
+    store.close()
+
+
+def test_a_logged_prediction_keeps_its_versions_labels(open_store: Callable[..., FeedbackStore]) -> None:
+    """Feedback is checked against the labels a prediction was logged with, whether or not its version is loaded:
+    the store keeps each version's label set once, and a reopened store still has it."""
+    store = open_store(max_rows=100, max_age_s=3600, window=10)
+    store.log("a", "m", "1", 4, [(1, "b", 0.9)], label_set=LabelSet(("a", "b"), multi_label=False))
+    store.log("t", "tags", "2", 1, [(0, '["x"]', 0.7)], label_set=LabelSet(("x", "y", "z"), multi_label=True))
+    store.log("old", "m", "0", 4, [(0, "a", 0.9)])
+    store.close()
+    reopened = open_store(max_rows=100, max_age_s=3600, window=10)
+    single, tagged, old = reopened.lookup("a", 0), reopened.lookup("t", 0), reopened.lookup("old", 0)
+    assert single is not None and single.label_set == LabelSet(("a", "b"), multi_label=False)
+    assert tagged is not None and tagged.label_set == LabelSet(("x", "y", "z"), multi_label=True)
+    assert old is not None and old.label_set is None
+    reopened.close()

@@ -243,11 +243,11 @@ def test_the_log_is_written_in_bounded_transactions_and_what_overflows_is_counte
     calls: list[int] = []
     insert = store._insert
 
-    def failing_third(rows: list) -> None:  # the third transaction fails once: the disk is full
+    def failing_third(rows: list, label_sets: list) -> None:  # the third transaction fails once: the disk is full
         calls.append(len(rows))
         if len(calls) == 3:
             raise FeedbackUnavailable("disk full")
-        insert(rows)
+        insert(rows, label_sets)
 
     store._insert = failing_third  # type: ignore[method-assign]
     store.log("a", "m", "1", 1, [(0, "x", 0.5)] * (FLUSH_CHUNK * 2 + 10))

@@ -52,7 +52,7 @@ def test_two_replicas_share_labels_and_a_restart_loses_nothing(tiny_repository: 
     url = postgres_cluster.create_database("replicas")
     env = {"DIRECTOR_FEEDBACK_URL": url, "DIRECTOR_TORCH_THREADS": "1"}
     args = ["--model-repository", str(tiny_repository), "--default-model", "tiny", "--poll-interval-s", "0",
-            "--log-level", "warning"]
+            "--live-refresh-s", "0.2", "--log-level", "warning"]
     rights = [True, False, True, True, False, True]  # labels 0-2 for replica a's request, 3-5 for b's
     with service_process(args, env) as (_, a), service_process(args, env) as (proc_b, b):
         out_a, out_b = predict(a, 3, seed=1), predict(b, 3, seed=2)
@@ -63,7 +63,9 @@ def test_two_replicas_share_labels_and_a_restart_loses_nothing(tiny_repository: 
             assert response.json()["correct"] is right and response.json()["labelled"] == n + 1
         accuracy, ece = live(a)
         assert accuracy == sum(rights) / len(rights) and ece is not None
-        assert live(b) == (accuracy, ece)  # the same rows, the same order: equal to the last bit
+        # b's gauges follow the store on its schedule: the same rows, the same order, equal to the last bit
+        wait_for(lambda: live(b) == (accuracy, ece), "replica b's live gauges to read the shared store",
+                 timeout_s=30.0, poll_s=0.1)
         assert response.json()["live_accuracy"] == accuracy and response.json()["live_ece"] == ece
 
         unlabelled = predict(b, 2, seed=3)
@@ -73,7 +75,8 @@ def test_two_replicas_share_labels_and_a_restart_loses_nothing(tiny_repository: 
         assert response.status_code == 200, response.text
         assert response.json()["labelled"] == len(rights) + 1
     with service_process(args, env) as (_, restarted):
-        assert live(restarted) == (response.json()["live_accuracy"], response.json()["live_ece"])
+        wait_for(lambda: live(restarted) == (response.json()["live_accuracy"], response.json()["live_ece"]),
+                 "the restarted replica's live gauges to read the shared store", timeout_s=30.0, poll_s=0.1)
         assert label(restarted, unlabelled, 0, right=False).json()["labelled"] == len(rights) + 2
 
 

@@ -1,4 +1,5 @@
-"""GET /metrics in the Prometheus text format (no API key)."""
+"""GET /metrics in the Prometheus text format (no API key). A scrape reads gauges only: the live ones are set on a
+schedule (``service.feedback.live_refresh``), never per scrape, so scrapers cannot reach the feedback store."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(state: AppStateDep) -> Response:
-    await state.refresh_live_gauges()  # replicas sharing a store report the same values; bounded by its timeout
     state.metrics.observe_device_memory(state.device.memory_stats())
     state.metrics.prediction_log_pending.set(state.feedback.pending)
     state.metrics.feedback_store_up.set(0 if state.store_calls.failing else 1)
