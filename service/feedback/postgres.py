@@ -17,6 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from service.feedback.decisions import levels_sql, window_sql
 from service.feedback.store import (
+    LABEL_SETS_SCHEMA,
     FeedbackStore,
     FeedbackUnavailable,
     LoggedPrediction,
@@ -64,13 +65,6 @@ CREATE INDEX IF NOT EXISTS predictions_coverage ON predictions (model, version, 
     WHERE feedback_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS predictions_max_risk ON predictions (model, version, max_risk, feedback_at)
     WHERE feedback_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS label_sets (
-    model TEXT NOT NULL,
-    version TEXT NOT NULL,
-    labels TEXT NOT NULL,
-    multi_label INTEGER NOT NULL,
-    PRIMARY KEY (model, version)
-);
 CREATE TABLE IF NOT EXISTS client_requests (
     request_id TEXT PRIMARY KEY,
     client_request_id TEXT NOT NULL,
@@ -78,7 +72,7 @@ CREATE TABLE IF NOT EXISTS client_requests (
 );
 CREATE INDEX IF NOT EXISTS client_requests_client ON client_requests (client_request_id, created);
 CREATE INDEX IF NOT EXISTS client_requests_created ON client_requests (created);
-"""
+""" + LABEL_SETS_SCHEMA
 # as in the SQLite store: the client's request id is stored once per request in client_requests; the predictions
 # column keeps the ids of rows written before (or by a replica of an earlier release during an upgrade) readable.
 # The decision columns (service.feedback.decisions) and the feedback client are NULL in rows an earlier release

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from service.feedback.decisions import levels_sql, window_sql
 from service.feedback.store import (
+    LABEL_SETS_SCHEMA,
     FeedbackStore,
     FeedbackUnavailable,
     LoggedPrediction,
@@ -44,13 +45,6 @@ CREATE TABLE IF NOT EXISTS predictions (
 );
 CREATE INDEX IF NOT EXISTS predictions_created ON predictions (created);
 CREATE INDEX IF NOT EXISTS predictions_feedback ON predictions (model, version, feedback_at);
-CREATE TABLE IF NOT EXISTS label_sets (
-    model TEXT NOT NULL,
-    version TEXT NOT NULL,
-    labels TEXT NOT NULL,
-    multi_label INTEGER NOT NULL,
-    PRIMARY KEY (model, version)
-);
 CREATE TABLE IF NOT EXISTS client_requests (
     request_id TEXT PRIMARY KEY,
     client_request_id TEXT NOT NULL,
@@ -58,7 +52,7 @@ CREATE TABLE IF NOT EXISTS client_requests (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS client_requests_client ON client_requests (client_request_id, created);
 CREATE INDEX IF NOT EXISTS client_requests_created ON client_requests (created);
-"""
+""" + LABEL_SETS_SCHEMA
 # the client's request id was once a column of every prediction row: a database written then keeps its rows' ids
 # readable there (new rows leave it NULL and store the id once in client_requests); an older one gains the column
 CLIENT_ID_COLUMN = "ALTER TABLE predictions ADD COLUMN client_request_id TEXT"

@@ -54,7 +54,17 @@ Row = tuple[str, int, str, str, int, int, str, float, float, float | None, bytes
 # confidence, created, coverage, prediction_set, max_risk, abstain (``DecisionLog.row``), client_request_id (the
 # X-Request-ID of the request that made it, shared by its rows in memory and stored once per request: ``client_ids``)
 STORED = 13  # the columns of a row the predictions table stores (all but the client's id)
-ClientId = tuple[str, str, float]  # request_id, client_request_id, created: one per request that carried an id
+ClientId = tuple[str, str, float]
+# each version's labels as its predictions were logged (``LabelSet``), in the same words for both backends
+LABEL_SETS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS label_sets (
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    multi_label INTEGER NOT NULL,
+    PRIMARY KEY (model, version)
+);
+"""  # request_id, client_request_id, created: one per request that carried an id
 
 
 @dataclass(frozen=True)

@@ -54,11 +54,13 @@ def serving(max_queue: int = 8, request_timeout_s: float = 10.0) -> ServingSetti
 
 
 def predictor(*versions: ModelVersion, **settings: Any) -> Predictor:
-    """A predictor over a repository holding ``versions`` (never scanned), with a one-thread decode pool."""
+    """A predictor over a repository holding ``versions`` (never scanned), added in order as a scan would add them,
+    each change recording the model's default; with a one-thread decode pool."""
     repository = ModelRepository(Path("."), Device(torch.device("cpu")), lambda *_: None,  # type: ignore[arg-type]
                                  lambda _: serving(), drain_timeout_s=1.0)
     for version in versions:
         repository.models.setdefault(version.name, {})[version.version] = version
+        repository.default_version(version.name)
     settings = {"default_model": "fake", "decode_threads": 1, **settings}
     return Predictor(Settings(**settings), repository, DecodePool(1), Metrics(), Statistics(),
                      LoggedPredictions())  # type: ignore[arg-type]
@@ -124,8 +126,14 @@ def test_resolve_names_why_a_model_cannot_serve() -> None:
     serving_one, loading = ready(artifact, "1"), ModelVersion("fake", "2", Path("."), ())
     broken = ModelVersion("other", "1", Path("."), (), VersionState.UNAVAILABLE, reason="sha256 mismatch")
     serve = predictor(serving_one, loading, broken)
-    assert serve.resolve(None, None).version == "1"  # the default model's highest ready version
+    assert serve.resolve(None, None).version == "1"  # serving before 2 began to load: it goes on serving
     assert serve.resolve("fake", "1").artifact is artifact
+    newest_first = predictor(ModelVersion("fake", "2", Path("."), ()), ready(artifact, "1"))
+    with pytest.raises(ApiError) as waiting:  # 1 became ready while 2 loads: never the default meanwhile
+        newest_first.resolve(None, None)
+    assert waiting.value.status == 503 and "version 2 is still loading" in waiting.value.message
+    assert waiting.value.headers == {"Retry-After": "5"}
+    newest_first.decoder.close()
     for model, version, status, words in [("nope", None, 404, "known: fake, other"),
                                           ("fake", "9", 404, "known: 1, 2"), ("fake", "2", 503, "still loading"),
                                           ("other", None, 503, "sha256 mismatch")]:
