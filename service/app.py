@@ -30,6 +30,7 @@ from service.feedback.calls import StoreCalls
 from service.feedback.configured import open_feedback_store
 from service.feedback.flusher import LogFlusher
 from service.feedback.live_refresh import LiveRefresher
+from service.observability.exposition import Exposition
 from service.observability.metrics import Metrics
 from service.observability.multiprocess import mark_process_dead
 from service.observability.statistics import Statistics
@@ -84,7 +85,8 @@ def build_state(settings: Settings, metrics_: Metrics, lifecycle: Lifecycle, tra
     predictor = Predictor(settings, repository, decoder, metrics_, statistics, store, tracing)
     calls = StoreCalls(settings.feedback_threads, settings.feedback_timeout_s, settings.feedback_retry_s)
     state = AppState(settings, device, metrics_, repository, store, lifecycle, decoder, calls, statistics, predictor,
-                     LogFlusher(store, calls))
+                     LogFlusher(store, calls), Exposition(lambda: holder["state"].metrics_body(),
+                                                          settings.metrics_max_age_s))
     holder["state"] = state
     return state
 

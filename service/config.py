@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     metrics_require_key: bool = Field(False, description="/metrics needs the API key too (when one is set); off by "
                                       "default because a Prometheus scrape sends no credentials unless its job is "
                                       "given them (authorization.credentials_file); see docs/operations.md")
+    metrics_max_age_s: float = Field(1.0, ge=0, le=60, description="a /metrics body is made at most once per this "
+                                     "many seconds (in a thread, one at a time) and served to every scrape meanwhile, "
+                                     "so a flood of scrapes cannot hold the server; 0: a body per scrape")
     health_details: bool = Field(True, description="/health/ready lists every model, version and state; off: the "
                                  "status alone (probes read only the status code), for a port untrusted clients "
                                  "reach")

@@ -15,6 +15,7 @@ from service.feedback.calls import StoreCalls
 from service.feedback.decisions import NO_LIVE_DECISIONS, LiveDecisions
 from service.feedback.flusher import LogFlusher
 from service.feedback.store import FeedbackStore, FeedbackUnavailable, LiveStats
+from service.observability.exposition import Exposition
 from service.observability.metrics import UNKNOWN, Metrics
 from service.observability.statistics import Statistics
 
@@ -51,8 +52,16 @@ class AppState:
     statistics: Statistics  # Triton's statistics extension
     predictor: Predictor  # the prediction use-case the protocols share
     flusher: LogFlusher  # writes the prediction log; closes the store
+    exposition: Exposition  # the /metrics body, made at most once per metrics_max_age_s
     # per version, the live levels exported last: the next refresh keeps those still short of their promise
     exported_levels: dict[tuple[str, str], LiveDecisions] = field(default_factory=dict)
+
+    def metrics_body(self) -> bytes:
+        """The values read at scrape time (device memory, the log's backlog, the store's health), then the body."""
+        self.metrics.observe_device_memory(self.device.memory_stats())
+        self.metrics.prediction_log_pending.set(self.feedback.pending)
+        self.metrics.feedback_store_up.set(0 if self.store_calls.failing else 1)
+        return self.metrics.expose()
 
     def metric_labels(self, model: str | None, version: str | None) -> tuple[str, str]:
         """Bounded label values: names the repository does not know become ``unknown``."""

@@ -125,7 +125,7 @@ def settings_for(repository: Path, tmp: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "host": "127.0.0.1", "port": 0, "model_repository": repository, "default_model": "tiny",
         "torch_threads": 1, "poll_interval_s": 0, "feedback_db": tmp / "feedback.sqlite3", "log_level": "warning",
-        "max_batch_delay_ms": 5.0,
+        "max_batch_delay_ms": 5.0, "metrics_max_age_s": 0.0,  # a scrape sees what the request before it did
     }
     values.update(overrides)
     return Settings(**values)

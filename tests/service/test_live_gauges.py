@@ -4,6 +4,7 @@ to feedback clients, and fed only by the feedback keys when the server has them.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +125,21 @@ def test_feedback_keys_come_from_json_or_a_file_and_bad_ones_stop_the_server(tmp
     monkeypatch.setenv("DIRECTOR_FEEDBACK_KEYS", "labeller=k1")
     with pytest.raises(ValidationError, match="JSON object"):
         Settings()
+
+
+def test_a_scrape_flood_shares_one_body_a_second(tiny_repository: Path, tmp_path: Path) -> None:
+    """Sixty concurrent scrapes are answered from a handful of bodies (one per metrics_max_age_s, made off the event
+    loop), and a prediction made meanwhile is not held behind them; the next body made shows it."""
+    settings = settings_for(tiny_repository, tmp_path, metrics_max_age_s=30.0)
+    with serve(settings) as server:
+        state = server.app_state
+        made: list[float] = []
+        original = state.metrics_body
+        state.exposition._make = lambda: made.append(1) or original()  # type: ignore[method-assign]
+        before = scrape(server.url)
+        with ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(lambda _: scrape(server.url), range(60)))
+        assert len(made) == 1 and all(text == before for text in texts)  # within 30 s: the same body
+        predict(server.url, 1)
+        state.exposition.max_age_s = 0.0
+        assert metric_value(scrape(server.url), "director_predictions_total", **TINY) == 1.0 and len(made) == 2

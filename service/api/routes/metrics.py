@@ -1,5 +1,7 @@
 """GET /metrics in the Prometheus text format (no API key). A scrape reads gauges only: the live ones are set on a
-schedule (``service.feedback.live_refresh``), never per scrape, so scrapers cannot reach the feedback store."""
+schedule (``service.feedback.live_refresh``), never per scrape, so scrapers cannot reach the feedback store; and the
+body is made at most once per ``DIRECTOR_METRICS_MAX_AGE_S``, in a thread (``service.observability.exposition``), so
+a flood of scrapes cannot hold the event loop."""
 
 from __future__ import annotations
 
@@ -15,7 +17,4 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (prefix director_)",
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(state: AppStateDep) -> Response:
-    state.metrics.observe_device_memory(state.device.memory_stats())
-    state.metrics.prediction_log_pending.set(state.feedback.pending)
-    state.metrics.feedback_store_up.set(0 if state.store_calls.failing else 1)
-    return Response(state.metrics.expose(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await state.exposition.body(), media_type=CONTENT_TYPE_LATEST)
