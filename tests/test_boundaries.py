@@ -2,6 +2,7 @@
 training never imports service, service never imports timm, transformers or training, the artifact contract imports
 none of them (nor torch), benchmarks read data with the pipeline's readers only, the service's engine, observability
 and feedback parts never import its API, the training stages import shared modules, never each other's entry points,
+the post-hoc tools import none of the stages that build on them and the export imports nothing of the evaluation,
 and no module imports itself back through others (no import cycle, lazy imports included); no module is over 400
 lines and no function over 60."""
 
@@ -28,13 +29,23 @@ SERVICE_FORBIDDEN = {
     "service.feedback": ("service.api", "service.app", "service.state", "service.engine"),
 }
 PACKAGES = ("artifact", "models", "training", "service", "benchmarks")
-# each stage's entry point; a stage's sub-package may hold shared pieces other stages import (export.calibration)
+# each stage's entry point; what several stages share sits outside their sub-packages (training.posthoc, loading)
 STAGES = {"training.fit.backbone", "training.distil.stage", "training.export.stage", "training.evaluate.stage",
           "training.baselines.export"}
 # modules whose job is to run stages: the CLI, calibrate and its depth search, the ablation variants (distillations)
 # and the ensemble members (fits)
 ORCHESTRATORS = {"training.cli", "training.calibrate.stage", "training.calibrate.depth_search",
                  "training.evaluate.ablations", "training.baselines.builders"}
+
+# the post-hoc tools (calibration, served statistics, OOD selection, ...) sit under export, evaluation and baselines,
+# which use them as peers: export, evaluation and baselines never import each other's modules, save the evaluation
+# comparing the baselines it fits
+TRAINING_FORBIDDEN = {
+    "training.posthoc": ("training.export", "training.evaluate", "training.baselines"),
+    "training.export": ("training.evaluate", "training.baselines"),
+    "training.evaluate": ("training.export",),
+    "training.baselines": ("training.export", "training.evaluate"),
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -63,6 +74,15 @@ def test_training_stages_do_not_import_each_other() -> None:
         if module not in ORCHESTRATORS and others:
             bad.append(f"{module}: {sorted(others)}")
     assert not bad, bad
+
+
+@pytest.mark.parametrize("part", sorted(TRAINING_FORBIDDEN))
+def test_post_hoc_tools_sit_under_export_evaluation_and_baselines(part: str) -> None:
+    folder = ROOT / part.replace(".", "/")
+    bad = {f"{path.relative_to(ROOT)}: {name}" for path in sorted(folder.rglob("*.py"))
+           for name in imported_modules(path)
+           if any(name == f or name.startswith(f + ".") for f in TRAINING_FORBIDDEN[part])}
+    assert not bad, sorted(bad)
 
 
 def test_benchmarks_use_only_the_pipelines_data_readers() -> None:

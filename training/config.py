@@ -187,7 +187,7 @@ class EvaluateConfig:
     samples: int = 16  # S for MC dropout and DIRECTOR
     sweep_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     noise_scale_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])
-    # the shift-fitted noise (training.export.served_statistics.fit_noise_shape): token correlation x noise
+    # the shift-fitted noise (training.posthoc.served_statistics.fit_noise_shape): token correlation x noise
     # temperature chosen on validation and a held-out shift of it; an empty correlation grid leaves that method out
     noise_correlation_grid: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     shift_noise_scale_grid: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0, 3.0])

@@ -22,9 +22,9 @@ from artifact.contract import ARTIFACT, Manifest, parse_manifest, read_document
 from models.backbones import build_vit, unfold_batch_norms
 from models.kernel import KernelConfig
 from training.config import PipelineConfig, config_dict, load_config
-from training.export.writing import load_scripted
 from training.families.registry import family_of
 from training.loading import BACKBONE_FILE, DIRECTOR_FILE
+from training.posthoc.writing import load_scripted
 from training.runtime import save_checkpoint
 
 RESTORED = "restored from committed artifacts"

@@ -5,7 +5,8 @@ and abstentions"). The decisions themselves are ``service.engine.decisions``'s, 
 
 Outputs, present only when their ask is: ``prediction_set`` BYTES ``[N]``, each element the set's labels as a JSON
 array string (``["Shirt", "T-shirt/top"]``, most probable first; ``[]`` for an empty set), since a tensor holds one
-value per input and a set has any number of labels; ``set_size`` INT64 ``[N]``; ``abstain`` BOOL ``[N]``. A version
+value per input and a set has any number of labels; ``set_size`` INT64 ``[N]``; ``abstain`` BOOL ``[N]``;
+``exchangeable`` BOOL ``[N]`` with either ask (``service.engine.shift``). A version
 declares those its decisions can produce in its model metadata and Triton configuration (all three with a conformal
 part, the first two for a multi-label version's label sets), each marked as produced only when its ask is given; one
 without decisions declares none."""
@@ -21,12 +22,17 @@ from service.engine.decisions import DecisionRequest, Decisions
 from service.errors import bad_input, invalid
 
 SCORES = ("lac", "aps", "raps")
-ASKS = ("coverage", "conformal_score", "class_conditional", "max_risk", "abstain_if_ood")  # the parameters read
-OUTPUT_TYPES = {"prediction_set": "BYTES", "set_size": "INT64", "abstain": "BOOL"}
-NEEDS = {"prediction_set": "coverage", "set_size": "coverage", "abstain": "max_risk"}  # output -> its ask
+ASKS = ("coverage", "conformal_score", "class_conditional", "max_risk", "abstain_if_ood",
+        "widen_if_shifted")  # the parameters read
+EITHER = "coverage or max_risk"
+OUTPUT_TYPES = {"prediction_set": "BYTES", "set_size": "INT64", "abstain": "BOOL", "exchangeable": "BOOL"}
+NEEDS = {"prediction_set": "coverage", "set_size": "coverage", "abstain": "max_risk",
+         "exchangeable": EITHER}  # output -> its ask
 CONTENTS = {"prediction_set": "the set's labels, most probable first, as a JSON array string ([] for an empty set)",
             "set_size": "the number of labels in prediction_set",
-            "abstain": "true when the input should go to a person"}
+            "abstain": "true when the input should go to a person",
+            "exchangeable": "false when the input, its request or the live traffic looks shifted from the "
+                            "calibration data, so the set's or abstention's guarantee may not hold"}
 Loc = list[str | int]
 SHOWN_DIGITS = 20  # of an integer quoted in an error
 
@@ -42,7 +48,8 @@ def decision_request(parameters: dict[str, Any], loc: Loc | None = None) -> Deci
     return DecisionRequest(coverage=_fraction(parameters, "coverage", where),
                            max_risk=_fraction(parameters, "max_risk", where), score=score,
                            class_conditional=_flag(parameters, "class_conditional", False, where),
-                           abstain_if_ood=_flag(parameters, "abstain_if_ood", True, where))
+                           abstain_if_ood=_flag(parameters, "abstain_if_ood", True, where),
+                           widen_if_shifted=_flag(parameters, "widen_if_shifted", True, where))
 
 
 def _fraction(parameters: dict[str, Any], name: str, loc: Loc) -> float | None:
@@ -79,6 +86,7 @@ def answered_outputs(ask: DecisionRequest | None) -> list[str]:
     if ask is None:
         return []
     asked = {"coverage": ask.coverage is not None, "max_risk": ask.max_risk is not None}
+    asked[EITHER] = asked["coverage"] or asked["max_risk"]
     return [name for name, need in NEEDS.items() if asked[need]]
 
 
@@ -118,6 +126,8 @@ def output_values(decisions: Decisions | None, labels: list[str]) -> dict[str, t
         values["set_size"] = ("INT64", [len(sets)], [len(s) for s in sets])
     if decisions.abstain is not None:
         values["abstain"] = ("BOOL", [len(decisions.abstain)], list(decisions.abstain))
+    if decisions.exchangeable is not None:
+        values["exchangeable"] = ("BOOL", [len(decisions.exchangeable)], list(decisions.exchangeable))
     return values
 
 

@@ -97,12 +97,16 @@ class PredictRequest(BaseModel):
         "return each input's abstain flag: answered only when its confidence reaches the threshold chosen on the "
         "calibration split so that the error rate among answered inputs is at most max_risk with probability "
         "1 - delta (Learn then Test)"))
-    abstain_if_ood: bool = Field(True, strict=True, description="with max_risk: an OOD-flagged input abstains "
-                                                                "whatever its confidence")
+    abstain_if_ood: bool = Field(True, strict=True, description="with max_risk: an input that does not look "
+                                 "exchangeable with the calibration data (flagged OOD, or in a request or live "
+                                 "traffic that looks shifted) abstains whatever its confidence")
+    widen_if_shifted: bool = Field(True, strict=True, description="with coverage: when the request's inputs as a "
+                                   "whole look shifted (decisions.shift says why), every set holds every label: no "
+                                   "narrower set keeps its promise there")
 
     def decision_request(self) -> DecisionRequest:
         return DecisionRequest(self.coverage, self.max_risk, self.conformal_score, self.class_conditional,
-                               self.abstain_if_ood)
+                               self.abstain_if_ood, self.widen_if_shifted)
 
 
 class Prediction(BaseModel):
@@ -137,7 +141,10 @@ class Prediction(BaseModel):
                                                                "(may be empty or every label)")
     set_size: int | None = Field(None, description="with coverage: the number of labels in prediction_set")
     abstain: bool | None = Field(None, description="with max_risk: true when the input should go to a person "
-                                                   "(confidence under the threshold, or flagged OOD)")
+                                                   "(confidence under the threshold, or not exchangeable)")
+    exchangeable: bool | None = Field(None, description="with coverage or max_risk: false when the input (its OOD "
+                                      "flag), its request or the live traffic looks shifted from the calibration "
+                                      "data: the set's and the abstention's guarantees assume it is true")
 
 
 class OodInfo(BaseModel):
@@ -158,7 +165,10 @@ class DecisionInfo(BaseModel):
     confidence_threshold: float | None = Field(None, description="answered when confidence >= this (null: no "
                                                                  "threshold meets the risk; every input abstains)")
     delta: float | None = Field(None, description="the guarantee's failure probability over calibration splits")
-    abstain_if_ood: bool | None = Field(None, description="OOD-flagged inputs abstain")
+    abstain_if_ood: bool | None = Field(None, description="inputs that are not exchangeable abstain")
+    widen_if_shifted: bool | None = Field(None, description="sets hold every label when the request looks shifted")
+    shift: str | None = Field(None, description="why the request's inputs as a whole look shifted from the "
+                              "calibration data (their OOD flags, or the live drift): no guarantee holds for them")
     reason: str | None = Field(None, description="why every input abstains, when that is the answer")
 
 

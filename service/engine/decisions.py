@@ -6,7 +6,14 @@ what a request asks (``DecisionRequest``) for the probabilities its batch served
   threshold at that coverage, most probable first (``models.conformal``);
 - ``max_risk`` -> each input's abstention: answered when its confidence reaches the Learn-then-Test threshold of the
   largest risk level in the manifest at or below ``max_risk`` (a smaller level's guarantee is stricter, so it holds
-  for ``max_risk`` too; ``models.selective``). An OOD-flagged input abstains too unless the request says otherwise.
+  for ``max_risk`` too; ``models.selective``). An input that does not look exchangeable with the calibration data (its
+  OOD flag, or a shifted batch or live window: ``service.engine.shift``) abstains too unless the request says
+  otherwise (``abstain_if_ood``).
+
+When the request's inputs as a whole look shifted, no coverage is promised for them: unless the request says
+otherwise (``widen_if_shifted``), every set holds every label, most probable first, and the answer says why. A
+single flagged input keeps its set (an in-distribution input is flagged one time in twenty by construction), and
+says it is not exchangeable.
 
 What depends only on the ask (the thresholds of a coverage, the risk level) is computed once per version and ask
 (``Plan``); a request pays for scoring its own inputs, on Python floats when it is small
@@ -27,6 +34,7 @@ from artifact.conformal import Conformal, read_conformal_file
 from artifact.contract import Manifest
 from models.conformal import ConformalTable, ScoreRule
 from service.engine.prediction_sets import python_rows, row_sets, tensor_sets
+from service.engine.shift import Shift
 
 PLANS = 128  # asks whose plan a version keeps (a client may cycle through levels: the least recently used go)
 
@@ -40,6 +48,7 @@ class DecisionRequest:
     score: str | None = None  # the conformal score; the manifest's default when None
     class_conditional: bool = False
     abstain_if_ood: bool = True
+    widen_if_shifted: bool = True
 
     @property
     def asked(self) -> bool:
@@ -47,8 +56,8 @@ class DecisionRequest:
 
     def incomplete(self) -> str | None:
         """A set's options without a coverage, or abstain_if_ood off without a max_risk, would be dropped: why."""
-        if self.coverage is None and (self.score is not None or self.class_conditional):
-            return "conformal_score and class_conditional shape prediction sets: give coverage too"
+        if self.coverage is None and (self.score is not None or self.class_conditional or not self.widen_if_shifted):
+            return "conformal_score, class_conditional and widen_if_shifted shape prediction sets: give coverage too"
         if self.max_risk is None and not self.abstain_if_ood:
             return "abstain_if_ood applies to abstentions: give max_risk too"
         return None
@@ -70,6 +79,9 @@ class Decisions:
     delta: float | None
     reason: str | None  # why every input abstains, when none could be answered
     abstain_if_ood: bool = True
+    exchangeable: list[bool] | None = None  # per input: whether it looks exchangeable with the calibration data
+    shift: str | None = None  # why the request's inputs as a whole look shifted (``service.engine.shift``)
+    widen_if_shifted: bool = True
 
     def rules(self) -> dict[str, Any]:
         """The rules applied, named as every protocol reports them (``/predict``'s ``decisions`` object, the OIP
@@ -79,6 +91,7 @@ class Decisions:
                  "class_conditional": self.class_conditional if sets else None, "max_risk": self.max_risk,
                  "risk_level": self.risk_level, "confidence_threshold": self.confidence_threshold,
                  "delta": self.delta, "abstain_if_ood": self.abstain_if_ood if abstain else None,
+                 "widen_if_shifted": self.widen_if_shifted if sets else None, "shift": self.shift,
                  "reason": self.reason}
         return {name: value for name, value in rules.items() if value is not None}
 
@@ -113,13 +126,13 @@ class AnswersDecisions(Protocol):
 
     def problem(self, ask: DecisionRequest) -> str | None: ...
 
-    def decide(self, probs: torch.Tensor, is_ood: list[bool], ask: DecisionRequest) -> Decisions: ...
+    def decide(self, probs: torch.Tensor, shift: Shift, ask: DecisionRequest) -> Decisions: ...
 
 
 class VersionDecisions:
     """A version's conformal tables and selective thresholds, from its manifest's ``conformal`` section and file."""
 
-    outputs = ("prediction_set", "set_size", "abstain")
+    outputs = ("prediction_set", "set_size", "abstain", "exchangeable")
 
     def __init__(self, section: Conformal, document: dict, num_classes: int) -> None:
         self.section = section
@@ -169,23 +182,26 @@ class VersionDecisions:
             level, threshold, reason = self.selective_rule(ask.max_risk)
         return Plan(score, sets, level, threshold, reason)
 
-    def decide(self, probs: torch.Tensor, is_ood: list[bool], ask: DecisionRequest) -> Decisions:
-        """The answers for a request's served probabilities ``[n, C]`` and its OOD flags."""
+    def decide(self, probs: torch.Tensor, shift: Shift, ask: DecisionRequest) -> Decisions:
+        """The answers for a request's served probabilities ``[n, C]`` and its shift signals."""
         plan = self.plan(ask)
         rows = python_rows(probs)  # None: large, or not finite; scored on tensors
         sets, rule = None, plan.sets
-        if rule is not None:
+        if rule is not None and shift.population is not None and ask.widen_if_shifted:
+            sets = every_label(probs)
+        elif rule is not None:
             sets = row_sets(rows, rule.rule, rule.thresholds) if rows is not None else \
                 tensor_sets(probs, rule.rule, rule.tensor)
         abstain = None
+        exchangeable = shift.exchangeable
         if ask.max_risk is not None:
             confidence = [max(row) for row in rows] if rows is not None else probs.max(dim=1).values.tolist()  # [n]
             threshold = plan.confidence_threshold
-            abstain = [threshold is None or c < threshold or (flag and ask.abstain_if_ood)
-                       for c, flag in zip(confidence, is_ood, strict=True)]
+            abstain = [threshold is None or c < threshold or (not fits and ask.abstain_if_ood)
+                       for c, fits in zip(confidence, exchangeable, strict=True)]
         return Decisions(sets, abstain, ask.coverage, plan.score, ask.class_conditional, ask.max_risk, plan.risk_level,
                          plan.confidence_threshold, self.section.selective_delta if abstain is not None else None,
-                         plan.reason, ask.abstain_if_ood)
+                         plan.reason, ask.abstain_if_ood, exchangeable, shift.population, ask.widen_if_shifted)
 
     def selective_rule(self, max_risk: float) -> tuple[float | None, float | None, str | None]:
         """(the level used, its confidence threshold, why every input abstains): the largest level <= ``max_risk``."""
@@ -200,3 +216,8 @@ class VersionDecisions:
                                  f"with probability {1 - self.section.selective_delta:g} on this version's "
                                  "calibration split: every input abstains")
         return level, float(threshold), None
+
+
+def every_label(probs: torch.Tensor) -> list[list[int]]:
+    """Each input's set of every label, most probable first: what a set promises nothing narrower than."""
+    return probs.argsort(dim=1, descending=True, stable=True).tolist()  # [n, C]

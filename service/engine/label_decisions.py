@@ -15,7 +15,8 @@ import torch
 from artifact.contract import Manifest
 from artifact.multi_label import LabelRecall, read_label_recall_file
 from models.label_recall import RecallTable, sets_at
-from service.engine.decisions import PLANS, DecisionRequest, Decisions
+from service.engine.decisions import PLANS, DecisionRequest, Decisions, every_label
+from service.engine.shift import Shift
 from service.engine.tasks import NO_ABSTENTIONS
 
 RULE = "label_recall"  # the sets' rule as responses name it (``conformal_score``)
@@ -26,7 +27,7 @@ SINGLE_LABEL_OPTIONS = ("conformal_score and class_conditional shape single-labe
 class LabelRecallDecisions:
     """The calibration split's recall table; the threshold of each coverage asked is computed once."""
 
-    outputs = ("prediction_set", "set_size")  # the OIP outputs it can produce
+    outputs = ("prediction_set", "set_size", "exchangeable")  # the OIP outputs it can produce
 
     def __init__(self, section: LabelRecall, document: dict[str, list[float]]) -> None:
         self.section = section
@@ -53,9 +54,11 @@ class LabelRecallDecisions:
             return f"coverage must be in [{low}, {high}] for this version, got {ask.coverage}"
         return None
 
-    def decide(self, probs: torch.Tensor, is_ood: list[bool], ask: DecisionRequest) -> Decisions:
-        """Each input's label set for the request's served probabilities ``[n, C]`` (``is_ood`` is not read: a set
-        answers for the labels, whatever the flag)."""
+    def decide(self, probs: torch.Tensor, shift: Shift, ask: DecisionRequest) -> Decisions:
+        """Each input's label set for the request's served probabilities ``[n, C]``: every label when the request's
+        inputs as a whole look shifted (unless ``widen_if_shifted`` is off), as a single-label version's sets."""
         assert ask.coverage is not None, "problem() refuses every other ask"
-        sets = sets_at(probs, self.threshold(ask.coverage))
-        return Decisions(sets, None, ask.coverage, RULE, False, None, None, None, None, None, ask.abstain_if_ood)
+        widen = shift.population is not None and ask.widen_if_shifted
+        sets = every_label(probs) if widen else sets_at(probs, self.threshold(ask.coverage))
+        return Decisions(sets, None, ask.coverage, RULE, False, None, None, None, None, None, ask.abstain_if_ood,
+                         shift.exchangeable, shift.population, ask.widen_if_shifted)

@@ -23,10 +23,11 @@ from service.engine.decoding import DecodePool
 from service.engine.device import DeviceOutOfMemory
 from service.engine.modalities.base import InputBatch, InputLimits, RawInput, Text
 from service.engine.repository import ModelRepository, ModelVersion, ReadyVersion, VersionState
+from service.engine.shift import Shift, check_shift
 from service.errors import ApiError, invalid, not_found, overloaded, shown, too_large
 from service.feedback.decisions import DecisionLog, set_mask
 from service.feedback.store import FeedbackStore, LabelSet
-from service.observability.drift import DriftMonitor
+from service.observability.drift import Drift, DriftMonitor
 from service.observability.metrics import DRAINING, QUEUE_FULL, TIMEOUT, Metrics
 from service.observability.statistics import Statistics
 from service.observability.tracing import Tracing
@@ -65,6 +66,7 @@ class Predictor:
         self.feedback = feedback
         self.limits = InputLimits(settings.max_text_chars, settings.max_image_pixels, settings.max_request_pixels)
         self.drift: dict[tuple[str, str], DriftMonitor] = {}
+        self.last_drift: dict[tuple[str, str], Drift | None] = {}  # each version's latest live drift
         self.tracing = tracing if tracing is not None else Tracing(None)
 
     def resolve(self, model: str | None, version: str | None) -> ReadyVersion:
@@ -225,7 +227,8 @@ class Predictor:
             self._trace(entry, n_samples, batch, queued_ns)
         scores = ood_score(batch.summary, rule.score, batch.input_scores, rule.terms).tolist()  # named by the worker
         flags = [score > rule.threshold for score in scores]
-        decisions = None if decide is None else decide[0].decide(batch.summary.probabilities, flags, decide[1])
+        decisions = None if decide is None else decide[0].decide(batch.summary.probabilities, self.shift(entry, flags),
+                                                                 decide[1])
         outcome = Outcome(random_hex(16), entry, n_samples, rule, batch.summary, scores, flags, batch,
                           inputs.extras, request_id, decisions)
         self.record(outcome)
@@ -285,6 +288,7 @@ class Predictor:
             monitor = self.drift_monitor(entry)
             if monitor is not None:
                 drift = monitor.observe(confidence)
+                self.last_drift[(entry.name, entry.version)] = drift
                 if drift is not None:
                     self.metrics.drift_ks.labels(entry.name, entry.version).set(drift.ks)
                     self.metrics.drift_psi.labels(entry.name, entry.version).set(drift.psi)
@@ -294,6 +298,16 @@ class Predictor:
                               LabelSet(tuple(manifest.labels), entry.artifact.task.multi_label))
         except Exception:  # the prediction is still good: losing its log only weakens live accuracy
             log.exception("could not log prediction %s", outcome.id)
+
+    def shift(self, entry: ReadyVersion, flagged: list[bool]) -> Shift:
+        """The request's shift signals: its inputs' OOD flags against the share the manifest expects, and the
+        version's live drift (``service.engine.shift``)."""
+        tpr = entry.artifact.manifest.ood.tpr
+        expected = 1.0 - (tpr if tpr is not None else 0.95)  # manifests before tpr was written chose at 95%
+        monitor = self.drift.get((entry.name, entry.version))
+        drift = self.last_drift.get((entry.name, entry.version)) if monitor is not None \
+            and monitor.owner == id(entry.artifact) else None
+        return check_shift(flagged, min(max(expected, 1e-6), 1 - 1e-6), drift)
 
     def drift_monitor(self, entry: ReadyVersion) -> DriftMonitor | None:
         """The version's live confidence window against its manifest's reference (None without one); a reloaded

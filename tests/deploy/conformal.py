@@ -13,7 +13,7 @@ import torch
 
 from artifact.contract import MANIFEST
 from tests.service.conftest import rehash
-from training.export.conformal import write_conformal
+from training.posthoc.conformal import write_conformal
 
 CALIBRATION_INPUTS = 2000
 

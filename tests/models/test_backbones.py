@@ -9,7 +9,7 @@ import torch
 from timm.layers import BatchNormAct2d
 
 from models.backbones import VitConfig, build_vit, fold_batch_norms, unfold_batch_norms
-from training.export.writing import script_module
+from training.posthoc.writing import script_module
 
 
 def trained_stem_vit() -> torch.nn.Module:

@@ -14,7 +14,7 @@ from models.director import ImageDirector, StochasticRollout
 from models.feature_scores import FEATURE_SCORES, fit_feature_scorer, served_scores
 from models.vit_view import VitTransitionView
 from tests.models.test_kernel_error import lively_kernel
-from training.export.writing import script_module
+from training.posthoc.writing import script_module
 
 
 def clusters(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 from models.folded_kernel import FoldedKernel
 from models.kernel import TransitionKernel
-from training.export.writing import script_module
+from training.posthoc.writing import script_module
 
 
 def trained_like(causal: bool = False) -> TransitionKernel:

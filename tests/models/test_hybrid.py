@@ -16,7 +16,7 @@ from models.text_director import fold_for_artifact, text_director_from_view
 from tests.models.test_bert_view import _padded_batch, _tiny_classifier
 from tests.models.test_feature_scores import director_with_teacher
 from tests.models.test_kernel_error import lively_kernel
-from training.export.writing import script_module
+from training.posthoc.writing import script_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

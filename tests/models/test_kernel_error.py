@@ -1,6 +1,6 @@
 """The artifact's kernel error: ``scored_rows`` returns the rows ``sample_rows`` draws under the same seed and, per
 input, the kernel's squared mean error against the backbone's own next state exactly as the evaluation's diagnostic
-measures it (``training.evaluate.rollout_diagnostics.error_and_variance``), scripted, for images and texts, at
+measures it (``training.posthoc.rollout_diagnostics.error_and_variance``), scripted, for images and texts, at
 partial and whole-stack depth; padding a text does not move it."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from models.kernel import TransitionKernel
 from models.text_director import fold_for_artifact, text_director_from_view
 from models.vit_view import VitTransitionView
 from tests.models.test_bert_view import _padded_batch, _tiny_classifier
-from training.evaluate.rollout_diagnostics import error_and_variance
-from training.export.writing import script_module
+from training.posthoc.rollout_diagnostics import error_and_variance
+from training.posthoc.writing import script_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -25,7 +25,7 @@ from models.text_director import (
 )
 from models.text_layers import gelu_approximation
 from tests.models.test_bert_view import _padded_batch, _tiny_classifier
-from training.export.writing import load_scripted, save_scripted, script_module
+from training.posthoc.writing import load_scripted, save_scripted, script_module
 
 VOCAB = 100
 

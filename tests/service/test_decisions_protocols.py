@@ -37,8 +37,8 @@ from tests.service.test_grpc import free_port
 LIMIT = 8  # inputs per request
 PIXELS = random_pixels(np.random.default_rng(1), 6)  # [6][1][28][28], 4 decimals: exact in float32
 SEEDED = {"n_samples": 4, "seed": 7}
-ASK = {"coverage": 0.9, "conformal_score": "lac", "max_risk": 0.42, "abstain_if_ood": False}
-DECISION_OUTPUTS = ("prediction_set", "set_size", "abstain")
+ASK = {"coverage": 0.9, "conformal_score": "lac", "max_risk": 0.42, "abstain_if_ood": False, "widen_if_shifted": False}
+DECISION_OUTPUTS = ("prediction_set", "set_size", "abstain", "exchangeable")
 OWN_PARAMETERS = {"n_samples", "prediction_id", "ood_score_name", "ood_threshold"}
 
 
@@ -95,6 +95,8 @@ def assert_same_decisions(result: Any, expected: dict[str, Any]) -> None:
     assert sizes.dtype == np.int64 and sizes.tolist() == [p["set_size"] for p in predictions]
     abstain = result.as_numpy("abstain")
     assert abstain.dtype == np.bool_ and abstain.tolist() == [p["abstain"] for p in predictions]
+    exchangeable = result.as_numpy("exchangeable")
+    assert exchangeable.dtype == np.bool_ and exchangeable.tolist() == [p["exchangeable"] for p in predictions]
     labels = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("label").tolist()]
     assert labels == [p["label"] for p in predictions]
 
@@ -144,14 +146,16 @@ def test_oip_http_answers_the_sets_and_abstentions_predict_gives(served: Served,
     assert parameters["confidence_threshold"] == 0.0 and not result.as_numpy("abstain").any()
 
 
-def test_oip_http_abstentions_follow_the_threshold_and_the_ood_flag(served: Served) -> None:
+def test_oip_http_abstentions_follow_the_threshold_and_the_shift_signal(served: Served) -> None:
     client = triton_http.InferenceServerClient(served.running.url.removeprefix("http://"), network_timeout=60.0)
-    for max_risk in (0.42, 0.2):  # confidence >= 0: every input answered unless flagged OOD; >= 1: none answered
+    for max_risk in (0.42, 0.2):  # confidence >= 0: every input answered unless not exchangeable; >= 1: none
         result = client.infer("tiny", [pixels_tensor(triton_http)], parameters={**SEEDED, "max_risk": max_risk})
         expected = predicted(served, max_risk=max_risk)
         abstain = result.as_numpy("abstain").tolist()
         assert abstain == [p["abstain"] for p in expected["predictions"]]
-        assert abstain == ([p["is_ood"] for p in expected["predictions"]] if max_risk == 0.42 else [True] * 6)
+        assert abstain == ([not p["exchangeable"] for p in expected["predictions"]] if max_risk == 0.42
+                           else [True] * 6)
+        assert result.as_numpy("exchangeable").tolist() == [p["exchangeable"] for p in expected["predictions"]]
         assert result.get_response()["parameters"]["confidence_threshold"] == (0.0 if max_risk == 0.42 else 1.0)
 
 
@@ -163,7 +167,7 @@ def test_oip_http_outputs_follow_what_is_asked(served: Served) -> None:
     assert isinstance(json.loads(body["outputs"][0]["data"][0]), list) and "max_risk" not in body["parameters"]
     every = oip_json(served, {"max_risk": 0.3}).json()  # no outputs named: every one, abstain among them
     names = [o["name"] for o in every["outputs"]]
-    assert names[-1] == "abstain" and "prediction_set" not in names and "label" in names
+    assert names[-2:] == ["abstain", "exchangeable"] and "prediction_set" not in names and "label" in names
     plain = oip_json(served, {}).json()  # nothing asked: the outputs and parameters as before
     assert not set(DECISION_OUTPUTS) & {o["name"] for o in plain["outputs"]}
     assert set(plain["parameters"]) == OWN_PARAMETERS
@@ -233,7 +237,8 @@ def test_grpc_refusals_are_invalid_argument(grpc_client: triton_grpc.InferenceSe
 # ---- the outputs declared in the metadata and the configuration ----------------------------------------------
 
 DECLARED = {"prediction_set": ("BYTES", "TYPE_STRING", "coverage"), "set_size": ("INT64", "TYPE_INT64", "coverage"),
-            "abstain": ("BOOL", "TYPE_BOOL", "max_risk")}  # name: (OIP datatype, Triton type, the ask it needs)
+            "abstain": ("BOOL", "TYPE_BOOL", "max_risk"),
+            "exchangeable": ("BOOL", "TYPE_BOOL", "coverage or max_risk")}  # name: (OIP datatype, Triton type, ask)
 
 
 def test_http_metadata_and_config_declare_the_outputs_as_they_are_returned(served: Served) -> None:
@@ -248,7 +253,7 @@ def test_http_metadata_and_config_declare_the_outputs_as_they_are_returned(serve
         assert configured[name] == {"name": name, "data_type": triton_type, "dims": [1], "reshape": {"shape": []}}
         returned = result.get_output(name)  # the batch dimension, then what the declarations say
         assert returned["datatype"] == datatype and returned["shape"] == [len(PIXELS)]
-    assert list(outputs)[-3:] == list(DECLARED) and list(configured)[-3:] == list(DECLARED)
+    assert list(outputs)[-4:] == list(DECLARED) and list(configured)[-4:] == list(DECLARED)
     parameters = {key: value["string_value"] for key, value in config["parameters"].items()}
     assert json.loads(parameters["decision_outputs"]) == {name: ask for name, (_, _, ask) in DECLARED.items()}
     assert "only when" in parameters["decision_outputs_note"]
@@ -277,17 +282,18 @@ def test_every_declared_output_named_without_its_ask_is_left_out(
     every = [o["name"] for o in oip_json(served, {}).json()["outputs"]] + list(DECLARED)
     plain = oip_json(served, {}, outputs=every)
     assert plain.status_code == 200, plain.text
-    assert [o["name"] for o in plain.json()["outputs"]] == every[:-3]
-    left_out = "prediction_set (needs coverage), set_size (needs coverage), abstain (needs max_risk)"
+    assert [o["name"] for o in plain.json()["outputs"]] == every[:-4]
+    left_out = ("prediction_set (needs coverage), set_size (needs coverage), abstain (needs max_risk), exchangeable "
+                "(needs coverage or max_risk)")
     assert plain.json()["parameters"]["outputs_left_out"] == left_out  # said, not silently dropped
     with_sets = oip_json(served, {"coverage": 0.9}, outputs=every).json()
-    assert [o["name"] for o in with_sets["outputs"]] == every[:-1]  # abstain needs max_risk
+    assert [o["name"] for o in with_sets["outputs"]] == [*every[:-2], "exchangeable"]  # abstain needs max_risk
     assert with_sets["parameters"]["outputs_left_out"] == "abstain (needs max_risk)"
     assert "outputs_left_out" not in oip_json(served, {"coverage": 0.9, "max_risk": 0.1}, outputs=every).json()[
         "parameters"]
     named = grpc_client.infer("tiny", [pixels_tensor(triton_grpc, 2)],
                               outputs=[triton_grpc.InferRequestedOutput(name) for name in every])
-    assert [o.name for o in named.get_response().outputs] == every[:-3]
+    assert [o.name for o in named.get_response().outputs] == every[:-4]
     assert named.get_response().parameters["outputs_left_out"].string_param == left_out
 
 

@@ -39,7 +39,7 @@ from service.engine.artifact import Artifact, ArtifactError, load_artifact
 from service.engine.device import Device
 from service.engine.exported_artifact import CompiledDirector
 from training.export.torch_export import write_compiled
-from training.export.writing import save_scripted, script_module
+from training.posthoc.writing import save_scripted, script_module
 
 CPU = Device(torch.device("cpu"))
 

@@ -22,8 +22,8 @@ from service.batch_scoring import main as score_main
 from tests.service.conftest import Running, copy_version, random_pixels, serve, settings_for
 from tests.service.test_grpc import free_port
 from training.config import load_config
-from training.export.writing import load_scripted
 from training.loading import load_backbone
+from training.posthoc.writing import load_scripted
 
 PIXELS = random_pixels(np.random.default_rng(3), 5)  # [5][1][28][28], 4 decimals: exact in float32
 ASK = {"n_samples": 4, "seed": 7, "coverage": 0.9}

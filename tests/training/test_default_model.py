@@ -13,7 +13,7 @@ from artifact.contract import ARTIFACT, MANIFEST, major_version, parse_manifest,
 from models.uncertainty import summarize
 from tests.repository_facts import WHOLE_STACK_DIRECTOR_DIR
 from training.data.images import digits_images, load_fashion_mnist_split, uniform_noise_images
-from training.export.writing import load_scripted
+from training.posthoc.writing import load_scripted
 
 
 @pytest.fixture(scope="module")

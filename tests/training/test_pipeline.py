@@ -15,8 +15,8 @@ from tests.conftest import copy_export
 from tests.training.pipeline_checks import check_distil_resumes, check_partial_depth, check_runs_isolated
 from training.cli import main
 from training.config import load_config
-from training.export.writing import load_scripted
 from training.loading import load_backbone, load_director
+from training.posthoc.writing import load_scripted
 from training.runtime import load_checkpoint
 
 
@@ -75,8 +75,8 @@ def test_the_kernel_error_and_feature_scores_compete_for_the_ood_score(exported:
     the others dropped; a chosen combination is standardised on validation with the scores of that very file."""
     from models.uncertainty import FEATURE_SCORES, INPUT_SCORES
     from training.data.calibration_split import carve_calibration
-    from training.export.ood_selection import COMBINATION_WEIGHTS, LOG_SCALED, combination_label, split_input_scores
     from training.loading import load_data
+    from training.posthoc.ood_selection import COMBINATION_WEIGHTS, LOG_SCALED, combination_label, split_input_scores
 
     config, folder = exported
     manifest = json.loads((folder / MANIFEST).read_text())
@@ -161,7 +161,7 @@ def test_results_page_and_plot_are_written(exported: tuple[Path, Path]) -> None:
 def test_a_one_point_noise_grid_sets_the_buffer(exported: tuple[Path, Path]) -> None:
     """``noise_scale_grid: [0.0]`` must switch the noise off in the module, not only in the manifest."""
     from training.data.images import load_dataset
-    from training.export.served_statistics import fit_noise_scale
+    from training.posthoc.served_statistics import fit_noise_scale
 
     config, _ = exported
     cfg = load_config(config)

@@ -13,8 +13,8 @@ from artifact.contract import ARTIFACT
 from tests.conftest import copy_export
 from training.cli import main
 from training.config import load_config
-from training.export.writing import save_scripted, script_module
 from training.loading import load_backbone, load_director
+from training.posthoc.writing import save_scripted, script_module
 from training.restore_run import restore_run
 
 

@@ -22,8 +22,8 @@ from training.config import load_config
 from training.data.tokens import TokenSplit, encode, load_run_tokenizer, token_batches
 from training.data.unlabeled import load_package_descriptions
 from training.distil.stage import unlabeled_inputs
-from training.export.writing import load_scripted
 from training.loading import load_data, load_director, run_family
+from training.posthoc.writing import load_scripted
 from training.runtime import load_checkpoint
 
 

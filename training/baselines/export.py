@@ -14,14 +14,14 @@ from artifact.contract import ARTIFACT, FORMAT_VERSION, Manifest, Provenance, Sa
 from models.backbones import fold_batch_norms
 from training.baselines.builders import BaselineModel, build_baseline
 from training.config import PipelineConfig
-from training.export.parts import (
+from training.loading import RunBackbone
+from training.posthoc.modality_parts import (
     ExportParts,
     artifact_info,
     export_parts,
 )
-from training.export.served_statistics import sample_split, served_statistics, served_temperature
-from training.export.writing import git_commit, install_version, script_and_verify, staging_dir, write_manifest
-from training.loading import RunBackbone
+from training.posthoc.served_statistics import sample_split, served_statistics, served_temperature
+from training.posthoc.writing import git_commit, install_version, script_and_verify, staging_dir, write_manifest
 from training.runtime import set_threads
 
 

@@ -1,6 +1,6 @@
 """A shift kept for fitting only: validation images rotated by a random angle, validation texts with typos.
 
-What it is for: choosing how DIRECTOR's sampled noise is shaped (``training.export.served_statistics.
+What it is for: choosing how DIRECTOR's sampled noise is shaped (``training.posthoc.served_statistics.
 fit_noise_shape``) on inputs the model was not distilled on, without fitting on any reported set (docs/method.md,
 "Samples that carry information"). Images: no reported corruption (``training.data.corruptions``) rotates, and
 distillation's augmentation only pads, crops and flips. Texts: the reported shifts are other domains (tweets,

@@ -3,7 +3,7 @@
 One family decided the score before, and a score chosen on one far-off set does not generalise: on the walk-through
 model, licence sentences chose max softmax, which lost to the kernel error on both reported sets. So every export
 measures each candidate on several distinct kinds of input, none of them a reported OOD set or a held-out shift, and
-serves the one closest to the best on all of them (``training.export.ood_selection``):
+serves the one closest to the best on all of them (``training.posthoc.ood_selection``):
 
 - images: crops of scikit-learn's two sample photos (natural images), smooth Gaussian noise (blobs without edges;
   the reported set is uniform pixel noise), validation images with their pixels shuffled (the task's own

@@ -26,8 +26,8 @@ from typing import TypeVar
 
 import torch
 
-from training.export.ood_selection import returns_input_scores
-from training.export.writing import save_scripted, script_module
+from training.posthoc.ood_selection import returns_input_scores
+from training.posthoc.writing import save_scripted, script_module
 
 _CHILD = r"""
 import json, re, sys, warnings

@@ -28,10 +28,10 @@ from models.selective import answered_risk, learn_then_test
 from training.data.held_out_shift import held_out_shift
 from training.evaluate.evaluation import HYBRID, POSTHOC, Evaluation, Method, summary_of
 from training.evaluate.sets import shift_sets
-from training.export.conformal import score_rules
-from training.export.decision_figures import COVERAGES, RISKS
-from training.export.ood_selection import ScoreInputs
 from training.loading import AnySplit
+from training.posthoc.conformal import score_rules
+from training.posthoc.decision_figures import COVERAGES, RISKS
+from training.posthoc.ood_selection import ScoreInputs
 
 GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0)
 GAMMA_COVERAGE = 0.9  # the level the variant's gamma is chosen at

@@ -25,13 +25,6 @@ from training.config import PipelineConfig
 from training.data.held_out_shift import held_out_shift
 from training.evaluate.logit_cache import LogitCache, fingerprint
 from training.evaluate.sets import EvalInputs, load_eval_inputs
-from training.export.calibration import fit_temperature
-from training.export.feature_statistics import attach_feature_scores
-from training.export.ood_selection import Candidate, InputScores, combination_label, split_input_scores
-from training.export.parts import backbone_path_builder, with_teacher
-from training.export.served_path import fit_served_path
-from training.export.served_statistics import fit_noise_scale, fit_noise_shape
-from training.export.writing import json_safe
 from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
@@ -39,6 +32,13 @@ from training.loading import (
     RunBackbone,
     split_sampled_logits,
 )
+from training.posthoc.calibration import fit_temperature
+from training.posthoc.feature_statistics import attach_feature_scores
+from training.posthoc.modality_parts import backbone_path_builder, with_teacher
+from training.posthoc.ood_selection import Candidate, InputScores, combination_label, split_input_scores
+from training.posthoc.served_path import fit_served_path
+from training.posthoc.served_statistics import fit_noise_scale, fit_noise_shape
+from training.posthoc.writing import json_safe
 from training.runtime import save_checkpoint
 
 DetectorScores = dict[str, torch.Tensor]  # set name -> [N, detectors] (``training.evaluate.detectors``)
@@ -348,7 +348,7 @@ def served_method(served: dict[str, Any]) -> Method:
 
 def backbone_path_method(evaluation: Evaluation, key: str) -> Method:
     """The post-hoc path or the hybrid (``key``) with its tools fitted as an export fits them
-    (``training.export.served_path``), on the same validation split, held-out shift and OOD-validation families: the
+    (``training.posthoc.served_path``), on the same validation split, held-out shift and OOD-validation families: the
     temperature, kept only when it wins on held-out validation, then a temperature per input that follows its OOD score
     when ``export.temperature_slope_grid`` offers slopes. The post-hoc fit's record is kept in
     ``evaluation.posthoc_fit``."""

@@ -23,10 +23,10 @@ from training.config import PipelineConfig
 from training.evaluate.ablations import ablation_config, ensure_distilled
 from training.evaluate.detectors import paired_auroc_difference
 from training.evaluate.evaluation import Evaluation, family_set
-from training.export.ood_selection import Candidate, OodChoice, ScoreInputs, choose_ood_score, split_input_scores
-from training.export.parts import with_teacher
 from training.loading import AnySplit, RunBackbone
 from training.ood_metrics import ood_report
+from training.posthoc.modality_parts import with_teacher
+from training.posthoc.ood_selection import Candidate, OodChoice, ScoreInputs, choose_ood_score, split_input_scores
 
 
 def depth_variant(cfg: PipelineConfig, depth: int) -> PipelineConfig:

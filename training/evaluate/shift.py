@@ -10,8 +10,8 @@ from tqdm import tqdm
 
 from training.evaluate.evaluation import POSTHOC, Evaluation, Method, summary_of
 from training.evaluate.sets import shift_sets
-from training.export.ood_selection import ScoreInputs
 from training.metrics import classification_report, paired_bootstrap
+from training.posthoc.ood_selection import ScoreInputs
 
 
 def flag_split(flagged: torch.Tensor, correct: torch.Tensor) -> dict[str, float | None]:

@@ -37,16 +37,9 @@ from training.evaluate.evaluation import Evaluation, Method, build_methods, buil
 from training.evaluate.kernel_ablation import kernel_ablation
 from training.evaluate.kernel_depth import evaluate_kernel_depth
 from training.evaluate.logit_cache import fingerprint
-from training.evaluate.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
 from training.evaluate.shift import evaluate_shift
 from training.evaluate.target_checks import SERVED_ROWS
 from training.evaluate.targets import RESULTS, write_targets
-from training.export.ood_selection import (
-    Candidate,
-    ScoreInputs,
-    choose_ood_score,
-)
-from training.export.writing import git_commit, json_safe
 from training.loading import (
     BACKBONE_FILE,
     DIRECTOR_FILE,
@@ -55,6 +48,13 @@ from training.loading import (
 )
 from training.metrics import BINNING, accuracy_interval, classification_report, ece_bootstrap, paired_bootstrap
 from training.ood_metrics import ood_report, threshold_at_tpr
+from training.posthoc.ood_selection import (
+    Candidate,
+    ScoreInputs,
+    choose_ood_score,
+)
+from training.posthoc.rollout_diagnostics import KernelErrors, mean_logvar_score, variance_report
+from training.posthoc.writing import git_commit, json_safe
 from training.runtime import set_threads
 
 
@@ -66,7 +66,7 @@ def calibration_block(probs: torch.Tensor, labels: torch.Tensor, n_boot: int) ->
 
 def evaluate_test_and_ood(evaluation: Evaluation, methods: list[Method], draws_test: int) -> dict[str, Any]:
     """Test-split calibration table and, per OOD set, every reported score of every method; each method's own score is
-    chosen over the OOD-validation families as the exporter chooses the manifest's (``training.export.ood_selection``),
+    chosen over the OOD-validation families as the exporter chooses the manifest's (``training.posthoc.ood_selection``),
     except an exported version's row, which uses that manifest's own rule (``served_rule``).
     DIRECTOR's and the post-hoc path's candidates include what their artifacts' ``scored_rows`` return (the kernel
     error, the feature-space scores); DIRECTOR's S = 1 choice is recorded as the served score the detectors stage

@@ -190,7 +190,7 @@ def render(sections: list[tuple[TaskTargets, int, dict[str, Any], list[Check]]])
     return "\n".join(lines)
 
 
-# why a served score can trail a detector on a reported set (``training.export.ood_selection``'s rule)
+# why a served score can trail a detector on a reported set (``training.posthoc.ood_selection``'s rule)
 BELOW_A_DETECTOR = ("Where the served score is below a feature detector on a reported set: the score is chosen on the "
                     "OOD-validation families, never on these sets, by the lowest worst-case regret over the families "
                     "(docs/method.md, \"An OOD score chosen to generalise\"), and that detector's worst case there was "

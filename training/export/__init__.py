@@ -1,1 +1,2 @@
-"""Stage ``export``: script the DIRECTOR module, record what the manifest needs, write the artifact."""
+"""Stage ``export``: script the DIRECTOR module, decide the served path, record what the manifest needs, write the
+artifact (on the post-hoc tools of ``training.posthoc``)."""

@@ -11,15 +11,15 @@ from typing import Any
 import torch
 
 from models.uncertainty import summarize, temperature_for
-from training.evaluate.rollout_diagnostics import mean_logvar_score
-from training.export.calibration import fit_temperature
-from training.export.ood_selection import ScoreInputs
-from training.export.parts import ExportParts
-from training.export.served_path import ServedPath
-from training.export.served_statistics import sample_split
 from training.loading import Director
 from training.metrics import classification_report, ece_bootstrap, paired_bootstrap
 from training.ood_metrics import auroc
+from training.posthoc.calibration import fit_temperature
+from training.posthoc.modality_parts import ExportParts
+from training.posthoc.ood_selection import ScoreInputs
+from training.posthoc.rollout_diagnostics import mean_logvar_score
+from training.posthoc.served_path import ServedPath
+from training.posthoc.served_statistics import sample_split
 
 
 def metrics_block(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:

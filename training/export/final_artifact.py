@@ -12,10 +12,10 @@ from artifact.contract import ARTIFACT
 from artifact.formats import AOTI_FORMAT
 from models.director import NoFeatureScores
 from models.hybrid import HybridCore
-from training.export.feature_statistics import keep_scores
-from training.export.ood_selection import returns_input_scores, score_names
-from training.export.parts import ExportParts
-from training.export.writing import script_and_verify
+from training.posthoc.feature_statistics import keep_scores
+from training.posthoc.modality_parts import ExportParts
+from training.posthoc.ood_selection import returns_input_scores, score_names
+from training.posthoc.writing import script_and_verify
 
 
 def finish_artifact(parts: ExportParts, export_format: str, artifact_module: torch.nn.Module,

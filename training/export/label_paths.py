@@ -16,12 +16,12 @@ from models.uncertainty import ood_score
 from training.config import PipelineConfig
 from training.data.ood_families import OodFamily, selection_description
 from training.export.label_calibration import LabelCalibration, calibrate_labels, multi_label_reference
-from training.export.ood_selection import SELECTION_RULE, InputScoreCache, generalising, mean_auroc
-from training.export.parts import ExportParts
-from training.export.served_statistics import paired_difference, sample_split
 from training.loading import AnySplit
 from training.multi_label_metrics import multi_label_report
 from training.ood_metrics import auroc, threshold_at_tpr
+from training.posthoc.modality_parts import ExportParts
+from training.posthoc.ood_selection import SELECTION_RULE, InputScoreCache, generalising, mean_auroc
+from training.posthoc.served_statistics import paired_difference, sample_split
 
 # the candidates, simplest first: the joint energy of the logits, then the per-input scores the artifact returns (rmds
 # is 0 with one mean and is no candidate; the post-hoc path returns no kernel error)
@@ -30,7 +30,7 @@ OOD_CANDIDATES = ("energy", "mds", "knn", "vim", "kernel_error")
 
 class OodRuleFit:
     """The served OOD score, chosen over the OOD-validation families by the single-label export's rule
-    (``training.export.ood_selection.SELECTION_RULE``: the lowest worst-case regret), and its 95%-TPR threshold on
+    (``training.posthoc.ood_selection.SELECTION_RULE``: the lowest worst-case regret), and its 95%-TPR threshold on
     validation at each sample count. Every candidate's values on validation and on each family are kept: the verdict
     compares the served one."""
 

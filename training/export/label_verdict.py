@@ -24,11 +24,11 @@ from models.tasks import MultiLabel
 from training.config import ExportConfig, PipelineConfig
 from training.data.held_out_shift import HeldOutShift
 from training.export.label_paths import LabelPath, right_decisions
-from training.export.parts import ExportParts
-from training.export.served_statistics import paired_difference
 from training.export.verdict import as_path_comparison, comparison, decide, ood_comparisons, path_pair
 from training.multi_label_metrics import mean_label_ece
 from training.ood_metrics import bootstrap_interval
+from training.posthoc.modality_parts import ExportParts
+from training.posthoc.served_statistics import paired_difference
 
 
 def paired_per_input(set_name: str, metric: str, director: torch.Tensor, posthoc: torch.Tensor, margin: float,

@@ -7,7 +7,7 @@ from typing import Any
 
 from artifact.contract import Manifest, Ood, Provenance
 from training.export.backbone_accuracy import TEST_SPLIT, backbone_warning
-from training.export.decision_figures import decisions_section
+from training.posthoc.decision_figures import decisions_section
 
 
 def _pct(value: float) -> str:

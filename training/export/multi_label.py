@@ -1,6 +1,6 @@
 """The export of a multi-label run (``task.kind: multi_label``; docs/method.md, "Multi-label models"): the same
 artifacts as a single-label export (DIRECTOR's kernel, the hybrid and the post-hoc path, the readout's logits per
-label, the feature-space scores fitted without classes: ``training.export.feature_statistics``), with a sigmoid per
+label, the feature-space scores fitted without classes: ``training.posthoc.feature_statistics``), with a sigmoid per
 label read by the server from the manifest's ``task``. Each path gets the same post-hoc tools on validation
 (``training.export.label_paths``: the temperature, one or per label, each label's threshold, the OOD score chosen over
 the OOD-validation families with its thresholds per sample count, the reference distributions); the kernel's verdict
@@ -44,9 +44,10 @@ from training.export.label_paths import LabelPath, fit_label_path, test_figures,
 from training.export.label_recall import label_sets_on_test, write_label_recall
 from training.export.label_verdict import label_verdict
 from training.export.model_page import backbone_warning_section, verdict_section
-from training.export.parts import ExportParts, artifact_info
 from training.export.verdict import PATH_NAMES
-from training.export.writing import (
+from training.loading import Director
+from training.posthoc.modality_parts import ExportParts, artifact_info
+from training.posthoc.writing import (
     git_commit,
     install_version,
     script_path,
@@ -55,7 +56,6 @@ from training.export.writing import (
     staging_dir,
     write_manifest,
 )
-from training.loading import Director
 from training.runtime import StepProgress
 
 OOD_NOTE = ("the feature-space statistics hold one mean, the training features' (multi-label inputs name no single "

@@ -6,7 +6,7 @@ TorchScript artifact of DIRECTOR and of the post-hoc path, give each its post-ho
 and thresholds, reference distributions, a temperature per input), compare them paired (the kernel's verdict, which
 also decides what ``export.method: auto`` serves), measure the test split (its accuracy joins the verdict:
 ``training.export.backbone_accuracy``), write the manifest of the served path and the results page. ``ExportParts``
-(``training.export.parts``) is what a modality contributes.
+(``training.posthoc.modality_parts``) is what a modality contributes.
 """
 
 from __future__ import annotations
@@ -39,21 +39,22 @@ from artifact.contract import (
 from training.config import PipelineConfig
 from training.data.calibration_split import calibration_description
 from training.data.held_out_shift import HeldOutShift, held_out_shift
-from training.evaluate.rollout_diagnostics import split_rollout_trace
 from training.export.backbone_accuracy import backbone_warning, refuse_unless_as_accurate, with_test_split
-from training.export.conformal import score_rules, write_conformal
-from training.export.decision_figures import decisions_on_test
-from training.export.draws import shared_draws
 from training.export.figures import SplitFigures, test_split_figures
 from training.export.final_artifact import finish_artifact
 from training.export.model_page import write_results
 from training.export.multi_label import export_multi_label
-from training.export.parts import ExportParts, artifact_info, export_parts
 from training.export.plots import reliability_diagram
-from training.export.served_path import ServedPath, fit_served_path
-from training.export.served_statistics import choose_default_samples, fit_noise_scale, fit_noise_shape
 from training.export.verdict import kernel_verdict
-from training.export.writing import (
+from training.loading import AnySplit, Director, RunBackbone
+from training.posthoc.conformal import score_rules, write_conformal
+from training.posthoc.decision_figures import decisions_on_test
+from training.posthoc.draws import shared_draws
+from training.posthoc.modality_parts import ExportParts, artifact_info, export_parts
+from training.posthoc.rollout_diagnostics import split_rollout_trace
+from training.posthoc.served_path import ServedPath, fit_served_path
+from training.posthoc.served_statistics import choose_default_samples, fit_noise_scale, fit_noise_shape
+from training.posthoc.writing import (
     git_commit,
     install_version,
     script_path,
@@ -62,7 +63,6 @@ from training.export.writing import (
     staging_dir,
     write_manifest,
 )
-from training.loading import AnySplit, Director, RunBackbone
 from training.runtime import StepProgress, set_threads
 
 EXPORT_STEPS = ("noise temperature and default S", "DIRECTOR's artifact and feature statistics",
@@ -228,7 +228,7 @@ def temperature_by_score(path: ServedPath) -> TemperatureByScore | None:
 
 
 def conformal_part(run: ExportRun, path: ServedPath, tmp_dir: Path) -> Conformal | None:
-    """The version's prediction sets and abstentions (``training.export.conformal``), from the served path's
+    """The version's prediction sets and abstentions (``training.posthoc.conformal``), from the served path's
     probabilities on the calibration split carved off validation; None when ``export.calibration_share`` is 0."""
     calibration, ecfg = run.parts.calibration, run.cfg.export
     if calibration is None:
@@ -296,7 +296,7 @@ def measure_test_split(run: ExportRun, verdict: KernelVerdict, paths: dict[str, 
 
 
 def export(cfg: PipelineConfig, strict: bool = False) -> Path:
-    """``export_version`` with each of its forward passes made once (``training.export.draws``)."""
+    """``export_version`` with each of its forward passes made once (``training.posthoc.draws``)."""
     with shared_draws():
         return export_version(cfg, strict)
 

@@ -31,7 +31,7 @@ from torch.export.graph_signature import InputKind
 
 from artifact.formats import AOTI_FORMAT, EXPORTED_ARTIFACT
 from training.data.images import ForwardArgs
-from training.export.ood_selection import returns_input_scores
+from training.posthoc.ood_selection import returns_input_scores
 
 # Inductor options of every package: ATen's random numbers (the TorchScript artifact's draws under the same seed)
 COMPILE_OPTIONS: dict[str, Any] = {"aot_inductor.package": True, "fallback_random": True}

@@ -24,11 +24,11 @@ import torch
 
 from artifact.contract import ARTIFACT, MANIFEST, file_digests, parse_manifest, read_document
 from training.config import load_config, set_overrides
-from training.export.feature_statistics import keep_scores
-from training.export.parts import export_parts
 from training.export.torch_export import write_compiled
-from training.export.writing import json_safe, load_scripted
 from training.loading import RunBackbone
+from training.posthoc.feature_statistics import keep_scores
+from training.posthoc.modality_parts import export_parts
+from training.posthoc.writing import json_safe, load_scripted
 from training.runtime import set_threads
 
 

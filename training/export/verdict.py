@@ -28,12 +28,12 @@ from artifact.contract import KernelVerdict, VerdictComparison
 from artifact.verdict import PathComparison, PathPair
 from training.config import ExportConfig, PipelineConfig
 from training.data.held_out_shift import HeldOutShift
-from training.export.ood_selection import ScoreInputs
-from training.export.parts import ExportParts
-from training.export.served_path import ServedPath
-from training.export.served_statistics import paired_difference
 from training.metrics import ece, paired_bootstrap
 from training.ood_metrics import auroc, fpr_at_tpr, paired_ood_interval
+from training.posthoc.modality_parts import ExportParts
+from training.posthoc.ood_selection import ScoreInputs
+from training.posthoc.served_path import ServedPath
+from training.posthoc.served_statistics import paired_difference
 
 LOWER_IS_BETTER = {"nll": True, "ece": True, "fpr95": True, "auroc": False, "worst_auroc": False, "accuracy": False}
 

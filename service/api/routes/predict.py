@@ -99,6 +99,8 @@ def decisions_json(decisions: Decisions | None, labels: list[str], predictions: 
             prediction["set_size"] = len(decisions.sets[i])
         if decisions.abstain is not None:
             prediction["abstain"] = decisions.abstain[i]
+        if decisions.exchangeable is not None:
+            prediction["exchangeable"] = decisions.exchangeable[i]
     return decisions.rules()
 
 
@@ -139,7 +141,8 @@ async def predict_image(
     conformal_score: Annotated[Literal["lac", "aps", "raps"] | None, Form(description="the sets' score")] = None,
     class_conditional: Annotated[bool, Form(description="coverage within each class")] = False,
     max_risk: Annotated[float | None, Form(gt=0, lt=1, description="abstain above this risk")] = None,
-    abstain_if_ood: Annotated[bool, Form(description="OOD-flagged inputs abstain")] = True,
+    abstain_if_ood: Annotated[bool, Form(description="inputs that are not exchangeable abstain")] = True,
+    widen_if_shifted: Annotated[bool, Form(description="sets hold every label when the input looks shifted")] = True,
 ) -> Response:
     started = time.perf_counter()
     predictor = state.predictor
@@ -151,5 +154,5 @@ async def predict_image(
     outcome = await unless_client_leaves(request, predictor.predict(
         entry, [EncodedImage(data, ["body", "file"])], count, seed, ticket_of(request.scope),
         request_id_of(request.scope),
-        DecisionRequest(coverage, max_risk, conformal_score, class_conditional, abstain_if_ood)))
+        DecisionRequest(coverage, max_risk, conformal_score, class_conditional, abstain_if_ood, widen_if_shifted)))
     return to_response(outcome, return_probabilities, started)

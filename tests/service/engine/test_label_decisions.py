@@ -16,6 +16,7 @@ from artifact.multi_label import LABEL_RECALL_FILE, LabelRecall, read_label_reca
 from models.label_recall import RecallTable
 from service.engine.decisions import DecisionRequest
 from service.engine.label_decisions import RULE, LabelRecallDecisions
+from service.engine.shift import Shift
 
 LABELS = 5
 
@@ -39,20 +40,23 @@ def test_decide_gives_the_sets_of_the_table(tmp_path: Path) -> None:
     decisions, table = written(tmp_path)
     probs = torch.rand(9, LABELS, generator=torch.Generator().manual_seed(2))  # [N, K]
     for coverage in (0.5, 0.8, 0.9, 0.99):
-        answer = decisions.decide(probs, [False] * 9, DecisionRequest(coverage=coverage))
+        answer = decisions.decide(probs, Shift([False] * 9, None), DecisionRequest(coverage=coverage))
         assert answer.sets == table.sets(probs, coverage)
         assert answer.abstain is None
-        assert answer.rules() == {"coverage": coverage, "conformal_score": RULE, "class_conditional": False}
-    sizes = [len(s) for s in decisions.decide(probs, [False] * 9, DecisionRequest(coverage=0.99)).sets or []]
-    assert max(sizes) > min(len(s) for s in decisions.decide(probs, [False] * 9,
-                                                              DecisionRequest(coverage=0.5)).sets or [])
+        assert answer.rules() == {"coverage": coverage, "conformal_score": RULE, "class_conditional": False,
+                                  "widen_if_shifted": True}
+    calm = Shift([False] * 9, None)
+    sizes = [len(s) for s in decisions.decide(probs, calm, DecisionRequest(coverage=0.99)).sets or []]
+    assert max(sizes) > min(len(s) for s in decisions.decide(probs, calm, DecisionRequest(coverage=0.5)).sets or [])
+    shifted = decisions.decide(probs, Shift([True] * 9, "9 of 9 flagged"), DecisionRequest(coverage=0.5))
+    assert all(len(s) == LABELS for s in shifted.sets or []) and shifted.exchangeable == [False] * 9
 
 
 def test_each_coverage_threshold_is_computed_once(tmp_path: Path) -> None:
     decisions, _ = written(tmp_path)
     probs = torch.rand(3, LABELS)
     for _ in range(3):
-        decisions.decide(probs, [False] * 3, DecisionRequest(coverage=0.9))
+        decisions.decide(probs, Shift([False] * 3, None), DecisionRequest(coverage=0.9))
     assert decisions.threshold.cache_info().misses == 1 and decisions.threshold.cache_info().hits == 2
 
 

@@ -33,7 +33,7 @@ from tests.training.calibrate.tiny_checkpoints import (
 from training.cli import main
 from training.config import load_config
 from training.data import ood_families
-from training.export.writing import source_record
+from training.posthoc.writing import source_record
 
 TINY = ["--set", "distil.epochs=1", "--set", "distil.batch_size=32", "--set", "distil.warmup_steps=2",
         "--set", "distil.tau_images=40", "--set", "distil.stats_batches=1", "--set", "distil.val_images=40",

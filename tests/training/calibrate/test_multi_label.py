@@ -32,8 +32,8 @@ from tests.service.test_grpc import free_port
 from tests.training.calibrate.test_calibrate import calibrate
 from tests.training.calibrate.tiny_checkpoints import TOPICS, multi_label_texts, save_multi_label_checkpoint
 from training.cli import main
-from training.export.ood_selection import generalising
 from training.export.verdict import served_path
+from training.posthoc.ood_selection import generalising
 
 
 def write_jsonl(path: Path, rows: list[tuple[str, list[str]]]) -> Path:
@@ -225,11 +225,13 @@ def test_coverage_returns_the_labels_over_the_calibrated_threshold(served: tuple
     table = recall_table(multi_label_repo, name)
     for coverage in (0.6, 0.9, 0.99):
         response = httpx.post(f"{served[0].url}/predict", timeout=60, json={
-            "model": name, "inputs": [{"text": t} for t in TEXTS], "n_samples": 2, "coverage": coverage})
+            "model": name, "inputs": [{"text": t} for t in TEXTS], "n_samples": 2, "coverage": coverage,
+            "widen_if_shifted": False})  # the calibrated sets, whatever the shift signal says of three texts
         assert response.status_code == 200, response.text
         answer = response.json()
-        assert answer["decisions"] == {"coverage": coverage, "conformal_score": "label_recall",
-                                       "class_conditional": False}
+        assert {k: v for k, v in answer["decisions"].items() if k != "shift"} == {
+            "coverage": coverage, "conformal_score": "label_recall", "class_conditional": False,
+            "widen_if_shifted": False}
         lam = table.threshold(coverage)
         for prediction in answer["predictions"]:
             probabilities = prediction["probabilities"]
@@ -244,7 +246,7 @@ def test_live_coverage_is_the_mean_recall_of_the_labelled_sets(served: tuple[Run
     from the store."""
     url = served[0].url
     answer = httpx.post(f"{url}/predict", timeout=60, json={
-        "model": "tags", "inputs": [{"text": t} for t in TEXTS], "coverage": 0.8}).json()
+        "model": "tags", "inputs": [{"text": t} for t in TEXTS], "coverage": 0.8, "widen_if_shifted": False}).json()
     recalls = []
     for index, prediction in enumerate(answer["predictions"]):
         kept, left = prediction["prediction_set"], [t for t in TOPICS if t not in prediction["prediction_set"]]
@@ -293,8 +295,8 @@ def test_oip_http_declares_and_answers_the_per_label_outputs(served: tuple[Runni
     assert len(sets) == 3 and all(set(s) <= set(TOPICS) for s in sets)
     config = client.get_model_config("tags")
     assert {o["name"] for o in config["output"]} >= {"predicted", "label_entropy", "label_mutual_information"}
-    assert json.loads(config["parameters"]["decision_outputs"]["string_value"]) == {"prediction_set": "coverage",
-                                                                                   "set_size": "coverage"}
+    assert json.loads(config["parameters"]["decision_outputs"]["string_value"]) == {
+        "prediction_set": "coverage", "set_size": "coverage", "exchangeable": "coverage or max_risk"}
     assert config["parameters"]["task"]["string_value"] == "multi_label"
     assert len(json.loads(config["parameters"]["label_thresholds"]["string_value"])) == 3
 

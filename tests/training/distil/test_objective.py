@@ -7,7 +7,7 @@ from models.backbones import VitConfig, build_vit
 from models.kernel import TransitionKernel
 from models.vit_view import VitTransitionView
 from training.distil.objective import DistillationLoss, LossWeights, ObservedProcess, gaussian_kl, masked_mean
-from training.export.calibration import fit_temperature
+from training.posthoc.calibration import fit_temperature
 
 
 def test_gaussian_kl_matches_torch_distributions() -> None:

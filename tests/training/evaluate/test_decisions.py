@@ -16,7 +16,7 @@ from training.evaluate.decisions import (
     selective_figures,
     set_figures,
 )
-from training.export.conformal import score_rules
+from training.posthoc.conformal import score_rules
 
 RULES = score_rules(["aps", "lac"], 0.01, 1)
 

@@ -15,7 +15,7 @@ from models.uncertainty import KERNEL_ERROR, summarize
 from training.cli import main
 from training.config import PipelineConfig
 from training.evaluate.kernel_depth import cost, depth_report, depth_variant, winner
-from training.export.ood_selection import ScoreInputs
+from training.posthoc.ood_selection import ScoreInputs
 
 SETS = ["uniform_noise", "sklearn_digits", "letters"]
 

@@ -14,8 +14,8 @@ from models.director import ImageDirector
 from models.feature_scores import FEATURE_SCORES, fit_feature_scorer
 from tests.models.test_feature_scores import director_with_teacher
 from training.export.final_artifact import finish_artifact
-from training.export.ood_selection import returns_input_scores
-from training.export.writing import load_scripted, save_scripted, script_module
+from training.posthoc.ood_selection import returns_input_scores
+from training.posthoc.writing import load_scripted, save_scripted, script_module
 
 
 def scored_director() -> ImageDirector:

@@ -24,7 +24,7 @@ from tests.models.test_bert_view import _padded_batch, _tiny_classifier
 from tests.models.test_kernel_error import lively_kernel
 from tests.service.test_exported_artifact import loaded, write_version
 from training.export.torch_export import close, compile_package, export_methods, input_bounds
-from training.export.writing import script_module
+from training.posthoc.writing import script_module
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from artifact.verdict import PathPair
 from models.uncertainty import summarize
 from tests.conftest import export_zero_step_kernel
 from training.config import ExportConfig
-from training.export.ood_selection import ScoreInputs
 from training.export.verdict import (
     PATH_NAMES,
     PathFigures,
@@ -29,6 +28,7 @@ from training.export.verdict import (
     decide,
     path_pair,
 )
+from training.posthoc.ood_selection import ScoreInputs
 
 MARGINS = ExportConfig()
 
@@ -205,8 +205,8 @@ def test_the_hybrid_artifact_gives_the_backbone_labels_and_the_kernel_error(hybr
     scores lead with the kernel error; DIRECTOR's file and the post-hoc file stay in the run folder."""
     from training.config import load_config
     from training.data.images import load_dataset
-    from training.export.writing import load_scripted
     from training.loading import load_backbone
+    from training.posthoc.writing import load_scripted
 
     config, folder = hybrid_export
     cfg = load_config(config)
@@ -238,8 +238,8 @@ def test_the_posthoc_artifact_is_the_backbone_forward(posthoc_export: tuple[Path
     run folder."""
     from training.config import load_config
     from training.data.images import load_dataset
-    from training.export.writing import load_scripted
     from training.loading import load_backbone
+    from training.posthoc.writing import load_scripted
 
     config, folder = posthoc_export
     cfg = load_config(config)

@@ -12,7 +12,7 @@ from models.director import ImageDirector, StochasticRollout
 from models.kernel import TransitionKernel
 from models.vit_view import VitTransitionView
 from training.data.images import Split
-from training.evaluate.rollout_diagnostics import KernelErrors, error_and_variance, variance_report
+from training.posthoc.rollout_diagnostics import KernelErrors, error_and_variance, variance_report
 
 
 def partial_depth_director(noise_scale: float) -> tuple[ImageDirector, VitTransitionView]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from models.conformal import ConformalTable, ScoreRule
-from training.export.decision_figures import COVERAGES, RISKS, decisions_on_test, decisions_section
+from training.posthoc.decision_figures import COVERAGES, RISKS, decisions_on_test, decisions_section
 
 
 def _exchangeable(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,9 +28,9 @@ from models.uncertainty import (
     UncertaintySummary,
     ood_score,
 )
-from training.export import draws
 from training.loading import AnySplit
 from training.ood_metrics import auroc, paired_ood_interval
+from training.posthoc import draws
 
 SELECTION_RULE = ("lowest worst-case regret over the OOD-validation families: a candidate's regret on a family is the "
                   "best candidate's AUROC there minus its own (times the family's weight); ties to the higher mean "

@@ -12,7 +12,7 @@ import torch
 from artifact.conformal import CONFORMAL_FILE, Conformal, read_conformal_file
 from models.conformal import ConformalTable, ScoreRule
 from models.selective import learn_then_test
-from training.export.conformal import RISK_LEVELS, write_conformal
+from training.posthoc.conformal import RISK_LEVELS, write_conformal
 
 
 def calibration(n: int = 300, classes: int = 4) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""What each modality contributes to an export (``ExportParts``): its data, how its artifact is built and verified,
+"""What each modality contributes to an export, DIRECTOR's or a baseline's (``ExportParts``): its data, how its
+artifact is built and verified, the post-hoc path and the hybrid built from that artifact (also the evaluation's rows),
 its OOD sets, its manifest ``input`` section and signatures.
 
 Image: reported OOD sets uniform noise and upsampled digits. Text: the artifact also ships the run's
@@ -37,11 +38,11 @@ from training.data.calibration_split import carve_calibration
 from training.data.images import Dataset, Split, digits_images, uniform_noise_images
 from training.data.ood_families import OodFamily, image_ood_families, text_ood_families
 from training.data.tokens import TokenDataset, TokenSplit, text_ood_splits
-from training.export.feature_statistics import attach_feature_scores
-from training.export.ood_selection import returns_input_scores, score_names
-from training.export.writing import script_and_verify
 from training.families.base import Family
 from training.loading import AnySplit, Director, View
+from training.posthoc.feature_statistics import attach_feature_scores
+from training.posthoc.ood_selection import returns_input_scores, score_names
+from training.posthoc.writing import script_and_verify
 
 
 @dataclass

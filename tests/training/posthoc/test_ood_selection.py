@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from models.uncertainty import COMBINED, KERNEL_ERROR, summarize
-from training.export.ood_selection import COMBINATION_WEIGHTS, ScoreInputs, choose_ood_score, combination_label
+from training.posthoc.ood_selection import COMBINATION_WEIGHTS, ScoreInputs, choose_ood_score, combination_label
 
 
 def inputs(n: int, logit_scale: float, error_level: float, seed: int) -> ScoreInputs:

@@ -1,7 +1,7 @@
 """One served path of an export (docs/method.md, "The kernel earns its place, or steps aside"): DIRECTOR as it would
 be served, or the post-hoc path, each given the same post-hoc tools by the same rules on the same validation data:
 the served temperature, a temperature per input that follows the OOD score, the OOD score chosen over the
-OOD-validation families, its thresholds and the reference distributions (``training.export.served_statistics``).
+OOD-validation families, its thresholds and the reference distributions (``training.posthoc.served_statistics``).
 The verdict (``training.export.verdict``) compares the two; the version serves one."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from models.uncertainty import ScoreTemperature, Temperature, summarize, tempera
 from training.config import PipelineConfig
 from training.data.held_out_shift import HeldOutShift
 from training.data.ood_families import OodFamily
-from training.export.ood_selection import ScoreInputs
-from training.export.served_statistics import (
+from training.loading import AnySplit
+from training.posthoc.ood_selection import ScoreInputs
+from training.posthoc.served_statistics import (
     ServedStatistics,
     fit_temperature_slope,
     reference_section,
@@ -27,7 +28,6 @@ from training.export.served_statistics import (
     temperature_on_shift,
     temperature_terms,
 )
-from training.loading import AnySplit
 
 
 def temperature_draws(served: torch.nn.Module, val: AnySplit, cfg: PipelineConfig, default_s: int

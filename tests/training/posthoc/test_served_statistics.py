@@ -7,8 +7,8 @@ from torch import nn
 
 from models.uncertainty import COMBINED, KERNEL_ERROR, ScoreTerm
 from training.data.images import Split
-from training.export.ood_selection import Candidate, OodChoice
-from training.export.served_statistics import (
+from training.posthoc.ood_selection import Candidate, OodChoice
+from training.posthoc.served_statistics import (
     choose_default_samples,
     fit_temperature_slope,
     per_input_nll,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.export.writing import git_commit
+from training.posthoc.writing import git_commit
 
 
 def git(repo: Path, *args: str) -> str:

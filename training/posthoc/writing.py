@@ -16,7 +16,7 @@ import torch
 from artifact.contract import ARTIFACT, MANIFEST, Manifest, retired_folder, sha256_file, staging_folder
 from models.half_storage import drop_weight_caches
 from training.data.images import ForwardArgs
-from training.export.ood_selection import returns_input_scores
+from training.posthoc.ood_selection import returns_input_scores
 
 
 def script_module(module: torch.nn.Module) -> torch.jit.ScriptModule:

@@ -22,10 +22,13 @@ from models.uncertainty import (
 )
 from training.config import ExportConfig
 from training.data.ood_families import OodFamily, selection_description
-from training.export import draws
-from training.export.calibration import fit_temperature
-from training.export.draws import scored_pass
-from training.export.ood_selection import (
+from training.loading import AnySplit, Director, split_sampled_logits
+from training.metrics import classification_report
+from training.ood_metrics import threshold_at_tpr
+from training.posthoc import draws
+from training.posthoc.calibration import fit_temperature
+from training.posthoc.draws import scored_pass
+from training.posthoc.ood_selection import (
     FLOOR_RULE,
     LOG_SCALED,
     SELECTION_RULE,
@@ -38,16 +41,13 @@ from training.export.ood_selection import (
     score_names,
     standardised,
 )
-from training.loading import AnySplit, Director, split_sampled_logits
-from training.metrics import classification_report
-from training.ood_metrics import threshold_at_tpr
 
 QUANTILES = 101  # reference distributions are stored as this many evenly spaced quantiles
 
 
 def sample_split(model: torch.nn.Module, split: AnySplit, n_samples: int, seed: int) -> torch.Tensor:
     """Sampled logits [S, N, C] of an image or text split under ``seed``; inside an export, each pass once
-    (``training.export.draws``: with the per-input scores in the same pass where the model returns them)."""
+    (``training.posthoc.draws``: with the per-input scores in the same pass where the model returns them)."""
     cache = draws.active()
     if cache is None:
         torch.manual_seed(seed)
@@ -254,7 +254,7 @@ def served_statistics(served: torch.nn.Module, val: AnySplit, ecfg: ExportConfig
                       sample_counts: list[int], default_s: int, seed: int, families: dict[str, OodFamily],
                       temperature: float = 1.0) -> ServedStatistics:
     """Reference distributions on validation, the OOD score chosen over the OOD-validation ``families`` (none of the
-    reported sets; ``training.export.ood_selection``), and its 95%-TPR threshold per sample count, all under the
+    reported sets; ``training.posthoc.ood_selection``), and its 95%-TPR threshold per sample count, all under the
     served ``temperature``."""
     val_logits = sample_split(served, val, default_s, seed)  # [S, Nv, C]
     val_summary = summarize(val_logits, temperature)
