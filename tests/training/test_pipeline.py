@@ -142,7 +142,8 @@ def test_artifact_loads_with_torch_alone(exported: tuple[Path, Path]) -> None:
 
 
 def test_cli_help_lists_the_stages() -> None:
-    result = subprocess.run([sys.executable, "-m", "training", "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "training", "--help"], capture_output=True, text=True,
+                            timeout=300)  # imports torch and transformers: slow on a busy machine
     assert result.returncode == 0
     for command in ("fit-backbone", "distil", "export"):
         assert command in result.stdout
