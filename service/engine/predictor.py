@@ -23,7 +23,7 @@ from service.engine.decoding import DecodePool
 from service.engine.device import DeviceOutOfMemory
 from service.engine.modalities.base import InputBatch, InputLimits, RawInput, Text
 from service.engine.repository import ModelRepository, ModelVersion, ReadyVersion, VersionState
-from service.engine.shift import Shift, check_shift
+from service.engine.shift import Shift, check_shift, expected_flag_rate
 from service.errors import ApiError, invalid, not_found, overloaded, shown, too_large
 from service.feedback.decisions import DecisionLog, set_mask
 from service.feedback.store import FeedbackStore, LabelSet
@@ -302,12 +302,10 @@ class Predictor:
     def shift(self, entry: ReadyVersion, flagged: list[bool]) -> Shift:
         """The request's shift signals: its inputs' OOD flags against the share the manifest expects, and the
         version's live drift (``service.engine.shift``)."""
-        tpr = entry.artifact.manifest.ood.tpr
-        expected = 1.0 - (tpr if tpr is not None else 0.95)  # manifests before tpr was written chose at 95%
         monitor = self.drift.get((entry.name, entry.version))
         drift = self.last_drift.get((entry.name, entry.version)) if monitor is not None \
             and monitor.owner == id(entry.artifact) else None
-        return check_shift(flagged, min(max(expected, 1e-6), 1 - 1e-6), drift)
+        return check_shift(flagged, expected_flag_rate(entry.artifact.manifest.ood.tpr), drift)
 
     def drift_monitor(self, entry: ReadyVersion) -> DriftMonitor | None:
         """The version's live confidence window against its manifest's reference (None without one); a reloaded

@@ -46,6 +46,12 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(value - top) for value in logs))
 
 
+def expected_flag_rate(tpr: float | None) -> float:
+    """The share of in-distribution inputs the OOD flag takes: ``1 - ood.tpr`` (manifests written before ``tpr`` was
+    chose their thresholds at 95%), kept inside (0, 1) for the binomial test."""
+    return min(max(1.0 - (tpr if tpr is not None else 0.95), 1e-6), 1 - 1e-6)
+
+
 def check_shift(flagged: list[bool], expected_rate: float, drift: Drift | None) -> Shift:
     """The request's shift signals: ``flagged`` its inputs' OOD flags, ``expected_rate`` the share of in-distribution
     inputs the flag takes (``1 - ood.tpr``), ``drift`` the version's latest live drift (None before its window

@@ -147,11 +147,11 @@ def test_a_crashed_run_leaves_the_finished_output_whole(tiny_repository: Path, t
     before = out.read_text()
     real, calls = batch_scoring.score_chunk, []
 
-    async def dies_on_the_second_chunk(*a: object) -> list[dict]:
+    def dies_on_the_second_chunk(*a: object) -> list[dict]:
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("killed")
-        return await real(*a)
+        return real(*a)
 
     monkeypatch.setattr(batch_scoring, "score_chunk", dies_on_the_second_chunk)
     with pytest.raises(RuntimeError, match="killed"):
@@ -167,16 +167,16 @@ def test_a_crashed_run_leaves_the_finished_output_whole(tiny_repository: Path, t
 @pytest.fixture
 def loaded(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The version folders the scorer loads, in order (each still loaded)."""
-    import service.engine.repository as repository
+    import service.scoring.version as version
 
     folders: list[Path] = []
-    real = repository.load_artifact
+    real = version.load_artifact
 
     def spy(folder: Path, *args: object, **kwargs: object) -> object:
         folders.append(folder)
         return real(folder, *args, **kwargs)
 
-    monkeypatch.setattr(repository, "load_artifact", spy)
+    monkeypatch.setattr(version, "load_artifact", spy)
     return folders
 
 

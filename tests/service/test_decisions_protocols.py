@@ -349,7 +349,8 @@ def test_batch_scoring_writes_the_sets_and_abstentions_predict_gives(served: Ser
     out = tmp_path / "scores.jsonl"
     common = ["--model-repository", str(served.repository), "--input", str(source), "--threads", "1",
               "--n-samples", "4", "--seed", "7"]
-    flags = ["--coverage", "0.9", "--conformal-score", "lac", "--max-risk", "0.42", "--no-abstain-if-ood"]
+    flags = ["--coverage", "0.9", "--conformal-score", "lac", "--max-risk", "0.42", "--no-abstain-if-ood",
+             "--no-widen-if-shifted"]
     assert score_main([*common, "--model", "tiny", "--output", str(out), *flags]) == 0
     rows = {row["key"]: row for row in map(json.loads, out.read_text().splitlines())}
     expected = predicted(served, **ASK)

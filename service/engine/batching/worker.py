@@ -287,7 +287,8 @@ class BatchWorker:
         samples = [item.n_samples for item in batch]
         repeats = [s for size, s in zip(sizes, samples, strict=True) for _ in range(size)]
         seed = batch[0].seed if len(batch) == 1 else None
-        forward, summaries, scores_of = await asyncio.to_thread(self._infer, batch, repeats, sizes, samples, seed)
+        forward, summaries, scores_of = await asyncio.to_thread(self.infer, [item.inputs for item in batch], repeats,
+                                                                sizes, samples, seed)
         inference_s = time.perf_counter() - started
         self._measure(inference_s, sum(item.units for item in batch))
         waits = [started - item.enqueued for item in batch]
@@ -303,13 +304,13 @@ class BatchWorker:
         old = self.seconds_per_unit
         self.seconds_per_unit = rate if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * rate
 
-    def _infer(self, batch: list[WorkItem], repeats: list[int], sizes: list[int], samples: list[int],
-               seed: int | None) -> tuple[Forward, list[UncertaintySummary], list[dict[str, torch.Tensor] | None]]:
-        """The batch's forwards, then each request's summary and per-input scores (in the forward's thread). The
-        scores are named once here, for the whole batch: the temperature reads them now and the predictor's OOD rule
-        reads each request's share later."""
+    def infer(self, requests: list[InputBatch], repeats: list[int], sizes: list[int], samples: list[int],
+              seed: int | None) -> tuple[Forward, list[UncertaintySummary], list[dict[str, torch.Tensor] | None]]:
+        """The batch's forwards, then each request's summary and per-input scores (in the forward's thread; the
+        offline scorer calls it directly, ``service.scoring``). The scores are named once here, for the whole batch:
+        the temperature reads them now and the predictor's OOD rule reads each request's share later."""
         runner = self.artifact.runner
-        inputs = runner.join([item.inputs for item in batch])
+        inputs = runner.join(requests)
         forward = runner.forward(self.artifact.rows, self.device, inputs, repeats, self.batch_cost, seed)
         named = self.artifact.named_scores(forward.scores)  # {name: [n]} or None
         temperature = temperature_for(self.temperature, named)  # float or [n]
