@@ -54,7 +54,8 @@ def file_table(folder: Path, score: str) -> ConformalTable:
 
 def test_coverage_gives_each_input_the_set_the_calibration_gives(server: tuple[Running, Path]) -> None:
     running, folder = server
-    response = predict(running, coverage=0.9, conformal_score="lac")
+    # random pixels may look shifted to the tiny model (or drift its live window): the calibrated sets, guard off
+    response = predict(running, coverage=0.9, conformal_score="lac", widen_if_shifted=False)
     assert response.status_code == 200, response.text
     body = response.json()
     labels = list(body["predictions"][0]["probabilities"])
@@ -64,7 +65,8 @@ def test_coverage_gives_each_input_the_set_the_calibration_gives(server: tuple[R
     for prediction, indices in zip(body["predictions"], expected, strict=True):
         assert prediction["prediction_set"] == [labels[i] for i in indices]  # most probable first
         assert prediction["set_size"] == len(indices) and "abstain" not in prediction
-    assert body["decisions"] == {"coverage": 0.9, "conformal_score": "lac", "class_conditional": False}
+    assert {k: v for k, v in body["decisions"].items() if k != "shift"} == {
+        "coverage": 0.9, "conformal_score": "lac", "class_conditional": False, "widen_if_shifted": False}
     default = predict(running, coverage=0.9, conformal_score="aps").json()
     assert default["decisions"]["conformal_score"] == "aps"
     manifest = json.loads((folder / "manifest.json").read_text())

@@ -5,13 +5,16 @@ looks exchangeable; over OIP the same flag is an output."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 
 from tests.conftest import FASHION_ROOT
-from tests.service.conftest import Running
+from tests.service.conftest import Running, serve, settings_for
 from training.data.images import load_fashion_mnist_split
 
 INPUTS = 32  # the tiny server takes at most 32 inputs a request
@@ -32,7 +35,15 @@ def predict(server: Running, pixels: list[Any], **asks: Any) -> dict[str, Any]:
     return response.json()
 
 
-def test_a_rotated_batch_is_called_shifted_and_its_decisions_say_so(tiny_server: Running) -> None:
+@pytest.fixture
+def fresh_server(tiny_repository: Path, tmp_path: Path) -> Iterator[Running]:
+    """A server of its own: its live drift window has seen none of the other tests' random inputs."""
+    with serve(settings_for(tiny_repository, tmp_path)) as running:
+        yield running
+
+
+def test_a_rotated_batch_is_called_shifted_and_its_decisions_say_so(fresh_server: Running) -> None:
+    tiny_server = fresh_server
     upright = predict(tiny_server, images(rotate=False), coverage=0.9, max_risk=0.3)
     assert "shift" not in upright["decisions"] and upright["decisions"]["widen_if_shifted"] is True
     flagged = [p["is_ood"] for p in upright["predictions"]]
